@@ -1,0 +1,49 @@
+# Connex top-level targets. `make test` and `make demo` work on a fresh Debian 12 machine: they
+# install what is missing (scripts/install-deps.sh), configure, build, then test / run.
+JOBS ?= $(shell nproc)
+CTEST_ARGS ?=
+
+.PHONY: all deps build build-asan build-tsan test test-asan test-tsan demo bench fuzz clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+build/CMakeCache.txt: | deps
+	cmake --preset default
+
+build: deps build/CMakeCache.txt
+	cmake --build build -j$(JOBS)
+
+build-asan: deps
+	@test -f build-asan/CMakeCache.txt || cmake --preset asan
+	cmake --build build-asan -j$(JOBS)
+
+build-tsan: deps
+	@test -f build-tsan/CMakeCache.txt || cmake --preset tsan
+	cmake --build build-tsan -j$(JOBS)
+
+test: build
+	cd build && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
+
+test-asan: build-asan
+	cd build-asan && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
+
+# TSan covers the concurrent layers: directory, elastic, transport and pp.
+test-tsan: build-tsan
+	cd build-tsan && ctest --output-on-failure -j$(JOBS) -L 'directory|elastic|pp|transport' $(CTEST_ARGS)
+
+demo: build
+	./build/bin/mobile_endpoints
+
+bench: build
+	./build/bin/connex-bench transport --backend tcp --sizes 4K,64K,1M,16M --seconds 1
+
+fuzz: deps
+	@test -f build-fuzz/CMakeCache.txt || cmake --preset fuzz
+	cmake --build build-fuzz -j$(JOBS)
+	@bash scripts/run-fuzzers.sh build-fuzz/bin 20
+
+clean:
+	rm -rf build build-asan build-tsan build-clang build-fuzz
