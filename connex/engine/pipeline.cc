@@ -1,0 +1,36 @@
+#include "connex/engine/pipeline.h"
+
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
+
+namespace connex::engine {
+
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Load(const std::string& path, int stages,
+                                                         std::shared_ptr<ThreadPool> pool) {
+  if (stages < 1) return absl::InvalidArgumentError(StrCat("--stages ", stages, " must be >= 1"));
+  if (!pool) {
+    CONNEX_ASSIGN_OR_RETURN(int threads, EngineThreadsFromEnv());
+    pool = std::make_shared<ThreadPool>(threads);
+  }
+  auto pipeline = std::make_unique<Pipeline>();
+  for (int s = 0; s < stages; ++s) {
+    CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<StageEngine> engine,
+                            StageEngine::Load(path, {.stage = s, .stages = stages, .pool = pool}));
+    pipeline->stages_.push_back(std::move(engine));
+  }
+  return pipeline;
+}
+
+absl::StatusOr<TensorDict> Pipeline::Step(const TensorDict& in) {
+  CONNEX_ASSIGN_OR_RETURN(TensorDict out, stages_.front()->Step(in));
+  for (size_t s = 1; s < stages_.size(); ++s) {
+    CONNEX_ASSIGN_OR_RETURN(out, stages_[s]->Step(out));
+  }
+  return out;
+}
+
+void Pipeline::Release(uint64_t id) {
+  for (auto& s : stages_) s->Release(id);
+}
+
+}  // namespace connex::engine
