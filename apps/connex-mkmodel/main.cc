@@ -1,6 +1,6 @@
 // connex-mkmodel: writes a Llama-architecture checkpoint (safetensors, config in __metadata__)
 // with seeded random weights. The defaults make a decode step cost a few milliseconds on one core
-// while the file stays small enough for CI (~51 MB in F32).
+// while the file stays small enough for CI (~72 MB in F32).
 #include <cstdio>
 #include <iostream>
 

@@ -12,6 +12,13 @@ namespace connex::engine {
 namespace {
 
 constexpr int64_t kTokenBlock = 32;  // tokens per pass over a block of weight rows
+// Weight rows per register block when several tokens share a pass (4 x 4 accumulators fit the 32
+// AVX-512 registers; AVX2 has 16, so 2 x 4 x 2 halves).
+#if defined(__AVX512F__)
+constexpr int kRowBlock = 4;
+#else
+constexpr int kRowBlock = 2;
+#endif
 
 inline float ReduceLanes(const float* acc) {
   float s8[8], s4[4];
@@ -99,6 +106,12 @@ float Dot(const float* a, const float* b, int64_t n) {
   return out[0][0];
 }
 
+void Dot4(const float* const* rows, const float* x, int64_t n, float* out) {
+  float block[4][1];
+  DotBlock<4, 1>(rows, &x, n, block);
+  for (int k = 0; k < 4; ++k) out[k] = block[k][0];
+}
+
 float DotReference(const float* a, const float* b, int64_t n) {
   float acc[kDotLanes] = {};
   for (int64_t i = 0; i < n; ++i) acc[i % kDotLanes] = std::fma(a[i], b[i], acc[i % kDotLanes]);
@@ -111,7 +124,20 @@ void MatMulRows(const float* w, int64_t in, const float* x, int64_t tokens, floa
     int64_t t1 = std::min(tokens, t0 + kTokenBlock);
     int64_t full = t0 + (t1 - t0) / 4 * 4;  // tokens [t0, full) go four at a time
     if (full > t0) {
-      for (int64_t r = row_begin; r < row_end; ++r) {
+      int64_t r = row_begin;
+      for (; r + kRowBlock <= row_end; r += kRowBlock) {
+        const float* ws[kRowBlock];
+        for (int k = 0; k < kRowBlock; ++k) ws[k] = w + (r + k) * in;
+        for (int64_t t = t0; t < full; t += 4) {
+          const float* xs[4] = {x + t * in, x + (t + 1) * in, x + (t + 2) * in, x + (t + 3) * in};
+          float out[kRowBlock][4];
+          DotBlock<kRowBlock, 4>(ws, xs, in, out);
+          for (int k = 0; k < kRowBlock; ++k) {
+            for (int j = 0; j < 4; ++j) y[(t + j) * ldy + r + k] = out[k][j];
+          }
+        }
+      }
+      for (; r < row_end; ++r) {
         const float* wr = w + r * in;
         for (int64_t t = t0; t < full; t += 4) {
           const float* xs[4] = {x + t * in, x + (t + 1) * in, x + (t + 2) * in, x + (t + 3) * in};

@@ -19,6 +19,9 @@ inline constexpr int kDotLanes = 16;
 // The canonical dot product of a[0..n) and b[0..n).
 float Dot(const float* a, const float* b, int64_t n);
 
+// Four dot products sharing `x`: out[k] = Dot(rows[k], x, n), computed in one pass.
+void Dot4(const float* const* rows, const float* x, int64_t n, float* out);
+
 // The same reduction written one element at a time; tests check Dot against it bit for bit.
 float DotReference(const float* a, const float* b, int64_t n);
 

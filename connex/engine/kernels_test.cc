@@ -28,6 +28,17 @@ TEST(KernelsTest, DotMatchesScalarReferenceBitForBit) {
   }
 }
 
+TEST(KernelsTest, Dot4MatchesDot) {
+  std::mt19937 rng(4);
+  for (int64_t n : {3, 16, 18, 64, 77}) {
+    std::vector<float> m = RandomVector(4 * n, rng), x = RandomVector(n, rng);
+    const float* rows[4] = {m.data(), m.data() + n, m.data() + 2 * n, m.data() + 3 * n};
+    float out[4];
+    Dot4(rows, x.data(), n, out);
+    for (int k = 0; k < 4; ++k) EXPECT_TRUE(SameBits(out[k], Dot(rows[k], x.data(), n))) << n;
+  }
+}
+
 TEST(KernelsTest, DotReferenceIsNotASequentialSum) {
   // The fixed order is observable: 16 lanes then a tree, which rounds differently from a
   // left-to-right sum for these values. (Guards against a "reference" that equals anything.)

@@ -16,9 +16,9 @@ namespace connex::engine {
 
 struct ModelConfig {
   int64_t vocab_size = 258;   // 256 byte tokens + BOS + EOS
-  int64_t hidden_size = 384;  // model dimension
+  int64_t hidden_size = 512;  // model dimension
   int64_t num_hidden_layers = 8;
-  int64_t num_attention_heads = 6;
+  int64_t num_attention_heads = 8;
   int64_t num_key_value_heads = 2;   // grouped-query attention
   int64_t intermediate_size = 1024;  // SwiGLU width
   int64_t max_position_embeddings = 4096;

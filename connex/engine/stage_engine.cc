@@ -345,8 +345,16 @@ void StageEngine::RunLayer(const Layer& w, size_t li, const Batch& batch,
       const float* qv = q.data() + t * qd + hh * hd;
       scores.resize(pos + 1);
       float max = -INFINITY;
-      for (int64_t j = 0; j <= pos; ++j) {
-        scores[j] = Dot(qv, c.k.data() + j * kvd + kvh * hd, hd) * scale;
+      const float* keys = c.k.data() + kvh * hd;
+      int64_t j = 0;
+      for (; j + 4 <= pos + 1; j += 4) {
+        const float* rows[4] = {keys + j * kvd, keys + (j + 1) * kvd, keys + (j + 2) * kvd,
+                                keys + (j + 3) * kvd};
+        Dot4(rows, qv, hd, &scores[j]);
+      }
+      for (; j <= pos; ++j) scores[j] = Dot(keys + j * kvd, qv, hd);
+      for (j = 0; j <= pos; ++j) {
+        scores[j] *= scale;
         max = std::max(max, scores[j]);
       }
       float sum = 0.0f;
