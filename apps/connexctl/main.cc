@@ -145,15 +145,24 @@ int main(int argc, char** argv) {
   uint64_t epoch = 0;
   report->add_option("--epoch", epoch, "only this epoch (default: the current one)");
 
-  if (argc > 1 && argv[1][0] != '-') {
-    std::string command = argv[1];
+  // The first word that is neither a global option nor its value names the command.
+  for (int i = 1; i < argc; ++i) {
+    std::string word = argv[i];
+    if (word.rfind("-", 0) == 0) {
+      if (word.find('=') == std::string::npos && app.get_option_no_throw(word) != nullptr &&
+          app.get_option_no_throw(word)->get_expected_min() > 0) {
+        ++i;  // skip the option's value
+      }
+      continue;
+    }
     bool known = false;
-    for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == command;
+    for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == word;
     if (!known) {
-      std::cerr << "connexctl: unknown command '" << command
+      std::cerr << "connexctl: unknown command '" << word
                 << "' (commands: status, watch, resolve, join, leave, report-failed)\n";
       return 2;
     }
+    break;
   }
   try {
     app.parse(argc, argv);
