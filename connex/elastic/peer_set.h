@@ -27,7 +27,7 @@ struct ElasticPeerSetOptions {
   uint32_t group = 0;
   // The caller's own replica index: Pick prefers the peer of the same replica chain.
   uint32_t own_replica = 0;
-  // How long Send waits for a peer's acknowledgement (CONNEX_ELASTIC_SEND_TIMEOUT_MS).
+  // How long Send waits for a peer's acknowledgement.
   int64_t send_timeout_ms = 1000;
   // Recorded in the directory's FAILED event when this sender reports a peer.
   std::string reporter = "elastic-peer-set";
