@@ -1,6 +1,7 @@
 // The one place that picks a backend: an explicit switch, no static registration.
 #include "connex/base/strings.h"
 #include "connex/transport/mem/mem_engine.h"
+#include "connex/transport/tcp/tcp_engine.h"
 #include "connex/transport/transfer_engine.h"
 
 namespace connex::transport {
@@ -9,8 +10,9 @@ absl::StatusOr<TransferEnginePtr> CreateTransferEngine(const TransportOptions& o
   switch (options.backend) {
     case Backend::kMem:
       return mem::CreateMemEngine(options);
-    case Backend::kAuto:
     case Backend::kTcp:
+      return tcp::CreateTcpEngine(options);
+    case Backend::kAuto:
     case Backend::kShm:
     case Backend::kUcx:
       break;
