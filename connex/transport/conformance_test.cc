@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "connex/transport/mem/mem_engine.h"
+#include "connex/transport/shm/shm_engine.h"
 #include "connex/transport/testing/peer_server.h"
 #include "connex/transport/transfer_engine.h"
 #include "gmock/gmock.h"
@@ -430,7 +431,40 @@ TEST_P(ConformanceTest, Capabilities) {
   EXPECT_FALSE(engine_->LocalAddresses().empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ConformanceTest, ::testing::Values(Backend::kMem, Backend::kTcp),
+// shm: a clean exit removes the peer's socket; a SIGKILLed peer's socket is reaped by the next
+// engine on the host. Segments are memfds: the kernel frees them with the last mapping.
+TEST(ShmCleanupTest, SocketsRemovedOnExitAndReapedAfterKill) {
+  auto socket_of = [](const Peer& p) {
+    std::string a = p.ref.addresses.at(0);  // shm://host/path
+    return a.substr(a.find('/', 6));
+  };
+  // A private directory, so that other tests' engines do not reap our stale socket first.
+  std::string dir =
+      std::filesystem::temp_directory_path() / ("connex-shm-test-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  setenv("CONNEX_TRANSPORT_SHM_DIR", dir.c_str(), 1);
+  {
+    auto peer = ProcessPeer::Start(Backend::kShm, L("clean/g0/s0/r0"), 1);
+    ASSERT_NE(peer, nullptr);
+    std::string path = socket_of(*peer);
+    EXPECT_TRUE(std::filesystem::exists(path));
+    peer.reset();  // stdin EOF: normal exit
+    EXPECT_FALSE(std::filesystem::exists(path));
+  }
+  auto peer = ProcessPeer::Start(Backend::kShm, L("clean/g0/s0/r0"), 1);
+  ASSERT_NE(peer, nullptr);
+  std::string path = socket_of(*peer);
+  peer->Kill();
+  EXPECT_TRUE(std::filesystem::exists(path));  // nobody could clean up
+  EXPECT_EQ(path.rfind(dir, 0), 0u);
+  EXPECT_EQ(shm::ReapStaleSockets(dir), 1);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  unsetenv("CONNEX_TRANSPORT_SHM_DIR");
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ConformanceTest,
+                         ::testing::Values(Backend::kMem, Backend::kTcp, Backend::kShm),
                          [](const ::testing::TestParamInfo<Backend>& info) {
                            return std::string(BackendName(info.param));
                          });

@@ -1,6 +1,7 @@
 // The one place that picks a backend: an explicit switch, no static registration.
 #include "connex/base/strings.h"
 #include "connex/transport/mem/mem_engine.h"
+#include "connex/transport/shm/shm_engine.h"
 #include "connex/transport/tcp/tcp_engine.h"
 #include "connex/transport/transfer_engine.h"
 
@@ -12,8 +13,9 @@ absl::StatusOr<TransferEnginePtr> CreateTransferEngine(const TransportOptions& o
       return mem::CreateMemEngine(options);
     case Backend::kTcp:
       return tcp::CreateTcpEngine(options);
-    case Backend::kAuto:
     case Backend::kShm:
+      return shm::CreateShmEngine(options);
+    case Backend::kAuto:
     case Backend::kUcx:
       break;
   }
