@@ -569,7 +569,7 @@ class StageNode::Impl {
   void WatchPeer(const Hop& hop) {
     auto key = std::make_pair(hop.lid, hop.epoch);
     if (watched_.count(key)) return;
-    watched_.insert(key);
+    watched_.emplace(key, hop.addresses);
     absl::Status c = transfer_->Connect(PeerOf(hop));
     if (!c.ok()) {
       CONNEX_LOG_DEBUG("pp {}: cannot watch {}: {}", lid_.ToString(), hop.lid.ToString(),
@@ -635,15 +635,23 @@ class StageNode::Impl {
       return;  // only a suspicion: the step timeout and the probe decide
     }
     if (e.kind != transport::PeerEventKind::kDead) return;
-    // The transport's connection is keyed by LID: the epoch we route to is the one that died.
-    std::optional<uint64_t> epoch = KnownEpoch(e.lid);
-    if (epoch) PeerGone(e.lid, *epoch, StrCat("transport: ", e.detail), /*graceful=*/false);
+    // Connections are keyed by LID; the address tells which incarnation (epoch) died, so that
+    // a late event about a restarted endpoint's previous process does not condemn the new one.
+    std::optional<uint64_t> epoch = EpochOfConnection(e.lid, e.address);
+    if (!epoch) return;
+    PeerGone(e.lid, *epoch, StrCat("transport: ", e.detail), /*graceful=*/false);
+    // Tell everyone: if the peer is in fact alive, it learns it was evicted and joins again
+    // under a new epoch, rather than being avoided by this sender only.
+    Report(e.lid, *epoch);
   }
 
-  std::optional<uint64_t> KnownEpoch(const Lid& lid) const {
+  std::optional<uint64_t> EpochOfConnection(const Lid& lid, const std::string& address) const {
     std::optional<uint64_t> best;
-    for (const auto& [l, ep] : watched_) {
-      if (l == lid && (!best || ep > *best)) best = ep;
+    for (const auto& [key, addresses] : watched_) {
+      if (key.first != lid) continue;
+      bool match = address.empty() ||
+                   std::find(addresses.begin(), addresses.end(), address) != addresses.end();
+      if (match && (!best || key.second > *best)) best = key.second;
     }
     return best;
   }
@@ -1086,7 +1094,7 @@ class StageNode::Impl {
   std::deque<std::pair<Lid, uint64_t>> executed_order_;
   std::map<uint64_t, Outgoing> outgoing_;
   std::deque<PendingSend> pending_;
-  std::set<std::pair<Lid, uint64_t>> watched_;
+  std::map<std::pair<Lid, uint64_t>, std::vector<std::string>> watched_;  // -> its addresses
   std::set<std::pair<Lid, uint64_t>> dead_;
   std::set<std::pair<Lid, uint64_t>> draining_peers_;
   std::map<uint64_t, Request> requests_;
