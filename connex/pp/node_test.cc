@@ -3,6 +3,8 @@
 #include "connex/pp/node.h"
 
 #include "connex/base/wait.h"
+#include "connex/pp/messages.h"
+#include "connex/pp/send_ring.h"
 #include "connex/pp/testing/cluster.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -180,6 +182,169 @@ TEST_F(NodeTest, MigratedStageIsReachedWithoutRecompute) {
   ExpectAllMatchReference(*c, 300);
   EXPECT_GT(c->TotalStats().fenced + c->TotalStats().resends, 0u);
   EXPECT_EQ(c->TotalStats().reprefills, 0u);  // the state moved with the endpoint
+}
+
+}  // namespace
+}  // namespace connex::pp
+
+namespace connex::pp {
+namespace {
+
+// A hand-driven stage 0: it packs payloads into its own ring and sends crafted signals to the
+// last stage of a two-stage pipeline, then reads what comes back.
+class RawOwner {
+ public:
+  explicit RawOwner(Cluster& c) : c_(c), lid_{c.model(), 0, 0, 9} {
+    transport::TransportOptions t;
+    t.backend = transport::Backend::kMem;
+    t.local_lid = lid_;
+    t.fabric = std::shared_ptr<transport::mem::Fabric>(&c.fabric(), [](auto*) {});
+    transfer_ = *transport::CreateTransferEngine(t);
+    ring_ = *SendRing::Create(*transfer_, 4, 1 << 16);
+    endpoint_ = c.signals().NewEndpoint();
+    endpoint_->SetReceiver([this](std::string frame) {
+      absl::MutexLock lock(&mu_);
+      inbox_.push_back(*Decode(frame));
+    });
+  }
+
+  Hop Me() const { return Hop{lid_, 1, endpoint_->address(), transfer_->LocalAddresses()}; }
+
+  // A step for `id` at `start` with `n` tokens, addressed to `target`.
+  StepSignal Step(uint64_t corr, uint64_t step, uint32_t attempt, const Hop& target, uint64_t id,
+                  int32_t start, int32_t n) {
+    TensorDict d;
+    SetBatch(d, {id}, {start}, {n});
+    std::vector<int64_t> hidden(static_cast<size_t>(n), 42);
+    d.Set("hidden", Tensor::Of<int64_t>({n}, hidden));
+    uint32_t slot = *ring_->Acquire(corr);
+    StepSignal s;
+    s.layout = Pack(d, ring_->payload(slot));
+    uint64_t size = PackedSize(d);
+    ring_->Seal(slot, corr, size);
+    s.corr = corr;
+    s.step = step;
+    s.attempt = attempt;
+    s.owner = Me();
+    s.origin = Me();
+    s.route = {target};
+    s.hop = 0;
+    s.request_ids = {id};
+    s.start_positions = {start};
+    s.num_tokens = {n};
+    s.remote_addr = ring_->remote_addr(slot);
+    s.length = size;
+    return s;
+  }
+
+  void Send(const Hop& target, const StepSignal& s) { endpoint_->Send(target.signal, Encode(s)); }
+
+  // Signals received until `count` arrived (or 3 s passed).
+  std::vector<Signal> Await(size_t count) {
+    WaitUntil([&] {
+      absl::MutexLock lock(&mu_);
+      return inbox_.size() >= count;
+    }, 3000);
+    absl::MutexLock lock(&mu_);
+    return inbox_;
+  }
+
+ private:
+  Cluster& c_;
+  Lid lid_;
+  transport::TransferEnginePtr transfer_;
+  std::unique_ptr<SendRing> ring_;
+  std::unique_ptr<SignalTransport> endpoint_;
+  absl::Mutex mu_;
+  std::vector<Signal> inbox_ ABSL_GUARDED_BY(mu_);
+};
+
+template <typename T>
+std::vector<T> Only(const std::vector<Signal>& signals) {
+  std::vector<T> out;
+  for (const Signal& s : signals) {
+    if (auto* t = std::get_if<T>(&s)) out.push_back(*t);
+  }
+  return out;
+}
+
+class RuleTest : public NodeTest {
+ protected:
+  void SetUp() override {
+    NodeTest::SetUp();
+    c_ = MakeCluster(2, 1);
+    raw_ = std::make_unique<RawOwner>(*c_);
+    StageNode* last = c_->node(1, 0);
+    auto view = directory::DirectoryClient::Connect({server_->bind_address(), "", 0, 2000, true});
+    (*view)->Watch(c_->model()).IgnoreError();
+    for (const auto& r : (*view)->View(c_->model(), 1)) {
+      target_.lid = r.lid;
+      target_.epoch = r.epoch;
+      for (const auto& a : r.addresses) {
+        if (a.rfind("pp+", 0) == 0) target_.signal = a;
+      }
+    }
+    ASSERT_EQ(target_.epoch, last->epoch());
+  }
+  std::unique_ptr<Cluster> c_;
+  std::unique_ptr<RawOwner> raw_;
+  Hop target_;
+};
+
+TEST_F(RuleTest, FencingRefusesASignalForAnotherEpoch) {
+  Hop stale = target_;
+  stale.epoch = target_.epoch - 1;
+  raw_->Send(stale, raw_->Step(1, 100, 1, stale, 5, 0, 3));
+  auto acks = Only<AckSignal>(raw_->Await(1));
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].code, static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(acks[0].message, HasSubstr("refused"));
+  EXPECT_EQ(c_->engine(1, 0)->executions(), 0u);
+  EXPECT_EQ(c_->node(1, 0)->stats().fenced, 1u);
+}
+
+TEST_F(RuleTest, ADuplicateCorrelationIdRunsOnce) {
+  StepSignal s = raw_->Step(7, 101, 1, target_, 5, 0, 3);
+  raw_->Send(target_, s);
+  raw_->Send(target_, s);
+  auto got = raw_->Await(3);
+  EXPECT_EQ(Only<AckSignal>(got).size(), 2u);  // the duplicate is acknowledged again
+  EXPECT_EQ(Only<ResultSignal>(got).size(), 1u);
+  EXPECT_EQ(c_->engine(1, 0)->executions(), 1u);
+  EXPECT_EQ(c_->node(1, 0)->stats().duplicates_dropped, 1u);
+}
+
+TEST_F(RuleTest, AResentAttemptIsAnsweredWithoutRunningTheStepAgain) {
+  raw_->Send(target_, raw_->Step(8, 102, 1, target_, 5, 0, 3));
+  raw_->Send(target_, raw_->Step(9, 102, 2, target_, 5, 0, 3));
+  auto results = Only<ResultSignal>(raw_->Await(4));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].attempt, 1u);
+  EXPECT_EQ(results[1].attempt, 2u);
+  EXPECT_EQ(results[0].tokens, results[1].tokens);
+  EXPECT_EQ(c_->engine(1, 0)->executions(), 1u);
+  EXPECT_EQ(c_->node(1, 0)->stats().steps_replayed, 1u);
+  EXPECT_THAT(c_->violations(), ::testing::IsEmpty());
+}
+
+TEST_F(RuleTest, AStepWithoutItsStateIsReportedMissing) {
+  raw_->Send(target_, raw_->Step(10, 103, 1, target_, 77, 5, 1));
+  auto got = raw_->Await(2);
+  auto missing = Only<MissingSignal>(got);
+  ASSERT_EQ(missing.size(), 1u);
+  EXPECT_EQ(missing[0].request_ids, std::vector<uint64_t>{77});
+  EXPECT_TRUE(Only<ResultSignal>(got).empty());
+  EXPECT_EQ(c_->engine(1, 0)->executions(), 0u);
+}
+
+TEST_F(RuleTest, AStaleSlotIsNotConsumed) {
+  StepSignal s = raw_->Step(11, 104, 1, target_, 5, 0, 3);
+  s.corr = 12;  // the slot's header says 11: the payload was replaced
+  raw_->Send(target_, s);
+  auto acks = Only<AckSignal>(raw_->Await(1));
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].code, static_cast<uint32_t>(absl::StatusCode::kAborted));
+  EXPECT_EQ(c_->engine(1, 0)->executions(), 0u);
 }
 
 }  // namespace
