@@ -42,7 +42,7 @@ bench: build
 
 fuzz: deps
 	@test -f build-fuzz/CMakeCache.txt || cmake --preset fuzz
-	cmake --build build-fuzz -j$(JOBS)
+	cmake --build build-fuzz --target fuzzers -j$(JOBS)
 	@bash scripts/run-fuzzers.sh build-fuzz/bin 20
 
 clean:

@@ -120,6 +120,17 @@ MapBuilder& MapBuilder::Map(std::string_view key, const MapBuilder& nested) {
   return *this;
 }
 
+MapBuilder& MapBuilder::StrMap(std::string_view key,
+                               const std::map<std::string, std::string>& values) {
+  Key(key);
+  packer_.pack_map(static_cast<uint32_t>(values.size()));
+  for (const auto& [k, v] : values) {
+    PackStr(packer_, k);
+    PackStr(packer_, v);
+  }
+  return *this;
+}
+
 MapBuilder& MapBuilder::List(std::string_view key, const ListBuilder& nested) {
   Key(key);
   nested.AppendPacked(buffer_);
@@ -282,6 +293,23 @@ absl::StatusOr<MapView> MapView::Map(std::string_view key) const {
   absl::StatusOr<const msgpack::object*> o = Require(key);
   if (!o.ok()) return o.status();
   return MapView::Of(**o, FieldPath(key));
+}
+
+absl::StatusOr<std::map<std::string, std::string>> MapView::StrMap(std::string_view key) const {
+  absl::StatusOr<const msgpack::object*> o = Require(key);
+  if (!o.ok()) return o.status();
+  const std::string path = FieldPath(key);
+  if ((*o)->type != msgpack::type::MAP) return WrongType(path, "map", **o);
+  std::map<std::string, std::string> out;
+  const msgpack::object_map& map = (*o)->via.map;
+  for (uint32_t i = 0; i < map.size; ++i) {
+    absl::StatusOr<std::string> k = AsStr(map.ptr[i].key, StrCat(path, " key"));
+    if (!k.ok()) return k.status();
+    absl::StatusOr<std::string> v = AsStr(map.ptr[i].val, StrCat(path, ".", *k));
+    if (!v.ok()) return v.status();
+    out.emplace(*std::move(k), *std::move(v));
+  }
+  return out;
 }
 
 absl::StatusOr<ListView> MapView::List(std::string_view key) const {

@@ -1,0 +1,157 @@
+// connex-bench: prints data-plane figures (never a test).
+//   connex-bench transport --backend B --sizes 4K,64K,1M,16M,64M --seconds S [--inflight N]
+//                          [--peer SPEC] [--json]
+//   connex-bench peer-death --backend B --runs N [--stop] [--json]
+//   connex-bench serve --backend B [--size N] [--lid LID]
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_split.h"
+#include "connex/base/config.h"
+#include "connex/base/strings.h"
+#include "connex/transport/testing/transport_bench.h"
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using namespace connex;
+using namespace connex::transport;
+
+int Fail(const absl::Status& s) {
+  std::cerr << "connex-bench: " << s << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"connex-bench: data-plane benchmarks"};
+  app.require_subcommand(1);
+  std::string backend_text = "tcp";
+  std::string sizes_text = "4K,64K,1M,16M,64M";
+  double seconds = 1.0;
+  int inflight = 1;
+  std::string peer;
+  bool json = false;
+  int runs = 10;
+  bool stop = false;
+  std::string size_text = "64M";
+  std::string lid_text = "bench/g1/s0/r0";
+  int heartbeat_ms = 250, suspect_ms = 1000, connections = 4, spin_us = 50;
+
+  auto add_common = [&](CLI::App* sub) {
+    sub->add_option("--backend", backend_text, "auto|mem|tcp|shm|ucx")
+        ->envname("CONNEX_PP_BACKEND");
+    sub->add_option("--heartbeat-ms", heartbeat_ms, "transport heartbeat period")
+        ->envname("CONNEX_TRANSPORT_HEARTBEAT_MS");
+    sub->add_option("--suspect-ms", suspect_ms, "silence before a peer is suspected")
+        ->envname("CONNEX_TRANSPORT_SUSPECT_MS");
+    sub->add_option("--tcp-connections", connections, "tcp data connections per peer")
+        ->envname("CONNEX_TRANSPORT_TCP_CONNECTIONS");
+    sub->add_option("--spin-us", spin_us, "busy-poll before blocking")
+        ->envname("CONNEX_TRANSPORT_SPIN_US");
+  };
+  CLI::App* transport = app.add_subcommand("transport", "one-sided read bandwidth and latency");
+  add_common(transport);
+  transport->add_option("--sizes", sizes_text, "read sizes, e.g. 4K,64K,1M");
+  transport->add_option("--seconds", seconds, "seconds per size");
+  transport->add_option("--inflight", inflight, "reads outstanding (one reader thread each)");
+  transport->add_option("--peer", peer, "a peer started with `connex-bench serve` (its spec)");
+  transport->add_flag("--json", json, "print one JSON object");
+  CLI::App* death = app.add_subcommand("peer-death", "delay from SIGKILL/SIGSTOP to the event");
+  add_common(death);
+  death->add_option("--runs", runs, "number of peers to kill");
+  death->add_flag("--stop", stop, "SIGSTOP (time to suspicion) instead of SIGKILL");
+  death->add_flag("--json", json, "print one JSON object");
+  CLI::App* serve = app.add_subcommand("serve", "a peer for `transport --peer`");
+  add_common(serve);
+  serve->add_option("--size", size_text, "buffer size");
+  serve->add_option("--lid", lid_text, "the peer's LID");
+  CLI11_PARSE(app, argc, argv);
+
+  absl::StatusOr<Backend> backend = ParseBackend(backend_text);
+  if (!backend.ok()) return Fail(backend.status());
+  TransportOptions options;
+  {
+    absl::StatusOr<TransportOptions> env =
+        TransportOptions::FromEnv(Lid::Parse("bench/g0/s0/r0").value());
+    if (!env.ok()) return Fail(env.status());
+    options = *env;
+  }
+  options.backend = *backend;
+  options.heartbeat_ms = heartbeat_ms;
+  options.suspect_ms = suspect_ms;
+  options.tcp_connections = connections;
+  options.spin_us = spin_us;
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+
+  if (serve->parsed()) {
+    absl::StatusOr<Lid> lid = Lid::Parse(lid_text);
+    if (!lid.ok()) return Fail(lid.status());
+    absl::StatusOr<uint64_t> size = ParseSize(size_text);
+    if (!size.ok()) return Fail(size.status());
+    options.local_lid = *lid;
+    absl::Status s = testing::RunServe(options, *size);
+    return s.ok() ? 0 : Fail(s);
+  }
+  if (transport->parsed()) {
+    testing::ReadBenchOptions o;
+    o.transport = options;
+    for (absl::string_view part : absl::StrSplit(sizes_text, ',')) {
+      absl::StatusOr<uint64_t> size = ParseSize(AsStd(part));
+      if (!size.ok()) return Fail(size.status());
+      o.sizes.push_back(*size);
+    }
+    o.seconds = seconds;
+    o.inflight = inflight;
+    o.peer = peer;
+    o.self_exe = self;
+    auto results = testing::RunReadBench(o);
+    if (!results.ok()) return Fail(results.status());
+    if (json) {
+      nlohmann::json j;
+      j["backend"] = backend_text;
+      j["results"] = nlohmann::json::array();
+      for (const auto& r : *results) {
+        j["results"].push_back(
+            {{"size", r.size}, {"gbps", r.gbps}, {"p50_us", r.p50_us}, {"p99_us", r.p99_us}});
+      }
+      std::cout << j.dump() << "\n";
+    } else {
+      std::cout << fmt::format("backend {} inflight {} seconds {}\n", backend_text, inflight,
+                               seconds);
+      std::cout << fmt::format("{:>10} {:>10} {:>10} {:>10} {:>10}\n", "size", "GB/s", "p50_us",
+                               "p99_us", "reads");
+      for (const auto& r : *results) {
+        std::cout << fmt::format("{:>10} {:>10.3f} {:>10.1f} {:>10.1f} {:>10}\n", r.size, r.gbps,
+                                 r.p50_us, r.p99_us, r.reads);
+      }
+    }
+    return 0;
+  }
+  testing::DeathBenchOptions o;
+  o.transport = options;
+  o.runs = runs;
+  o.stop = stop;
+  o.self_exe = self;
+  auto result = testing::RunDeathBench(o);
+  if (!result.ok()) return Fail(result.status());
+  if (json) {
+    nlohmann::json j{
+        {"backend", backend_text},  {"signal", stop ? "STOP" : "KILL"}, {"runs", runs},
+        {"p50_ms", result->p50_ms}, {"p99_ms", result->p99_ms},         {"max_ms", result->max_ms}};
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << fmt::format(
+        "backend {} signal {} runs {}: p50 {:.2f} ms, p99 {:.2f} ms, max "
+        "{:.2f} ms\n",
+        backend_text, stop ? "STOP" : "KILL", runs, result->p50_ms, result->p99_ms, result->max_ms);
+  }
+  return 0;
+}

@@ -1,0 +1,65 @@
+#include "connex/transport/transfer_engine.h"
+
+#include "connex/base/config.h"
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
+
+namespace connex::transport {
+
+std::string_view BackendName(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kMem:
+      return "mem";
+    case Backend::kTcp:
+      return "tcp";
+    case Backend::kShm:
+      return "shm";
+    case Backend::kUcx:
+      return "ucx";
+  }
+  return "?";
+}
+
+absl::StatusOr<Backend> ParseBackend(std::string_view text) {
+  for (Backend b : {Backend::kAuto, Backend::kMem, Backend::kTcp, Backend::kShm, Backend::kUcx}) {
+    if (text == BackendName(b)) return b;
+  }
+  return absl::InvalidArgumentError(
+      StrCat("transport backend '", text, "' is not one of auto, mem, tcp, shm, ucx"));
+}
+
+std::string_view PeerEventKindName(PeerEventKind kind) {
+  switch (kind) {
+    case PeerEventKind::kConnected:
+      return "connected";
+    case PeerEventKind::kDead:
+      return "dead";
+    case PeerEventKind::kSuspected:
+      return "suspected";
+  }
+  return "?";
+}
+
+absl::StatusOr<TransportOptions> TransportOptions::FromEnv(const Lid& local_lid) {
+  TransportOptions o;
+  o.local_lid = local_lid;
+  CONNEX_ASSIGN_OR_RETURN(o.backend, ParseBackend(EnvString("CONNEX_PP_BACKEND", "auto")));
+  CONNEX_ASSIGN_OR_RETURN(int64_t hb, EnvInt("CONNEX_TRANSPORT_HEARTBEAT_MS", 250, 1, 600000));
+  CONNEX_ASSIGN_OR_RETURN(int64_t sus, EnvInt("CONNEX_TRANSPORT_SUSPECT_MS", 1000, 1, 3600000));
+  CONNEX_ASSIGN_OR_RETURN(int64_t ct,
+                          EnvInt("CONNEX_TRANSPORT_CONNECT_TIMEOUT_MS", 2000, 1, 600000));
+  CONNEX_ASSIGN_OR_RETURN(int64_t conns, EnvInt("CONNEX_TRANSPORT_TCP_CONNECTIONS", 4, 1, 64));
+  CONNEX_ASSIGN_OR_RETURN(int64_t spin, EnvInt("CONNEX_TRANSPORT_SPIN_US", 50, 0, 100000));
+  o.heartbeat_ms = static_cast<int>(hb);
+  o.suspect_ms = static_cast<int>(sus);
+  o.connect_timeout_ms = static_cast<int>(ct);
+  o.tcp_connections = static_cast<int>(conns);
+  o.spin_us = static_cast<int>(spin);
+  o.host = EnvString("CONNEX_TRANSPORT_HOST", "127.0.0.1");
+  o.shm_dir = EnvString("CONNEX_TRANSPORT_SHM_DIR", "/dev/shm");
+  return o;
+}
+
+}  // namespace connex::transport

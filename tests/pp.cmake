@@ -1,0 +1,8 @@
+add_executable(pp_test_node ${CMAKE_CURRENT_LIST_DIR}/pp_node_main.cc)
+target_link_libraries(pp_test_node PRIVATE connex_pp_testing CLI11::CLI11 nlohmann_json::nlohmann_json)
+
+connex_test(pp_process_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/pp_process_test.cc
+  LIBS connex_test_subprocess connex_pp_testing nlohmann_json::nlohmann_json
+  LABELS "pp;multiprocess")
+add_dependencies(pp_process_test pp_test_node connex-directory)
