@@ -5,7 +5,7 @@ if(CONNEX_FUZZ)
     ${CMAKE_CURRENT_LIST_DIR}/safetensors_fuzzer.cc
     ${PROJECT_SOURCE_DIR}/connex/engine/model_config.cc
     ${PROJECT_SOURCE_DIR}/connex/engine/safetensors.cc
-    ${PROJECT_SOURCE_DIR}/connex/engine/tensor_dict.cc)
+    ${PROJECT_SOURCE_DIR}/connex/pp/tensor_dict.cc)
   target_compile_options(fuzz_safetensors PRIVATE -fsanitize=fuzzer)
   target_link_options(fuzz_safetensors PRIVATE -fsanitize=fuzzer)
   target_link_libraries(fuzz_safetensors PRIVATE connex_base nlohmann_json::nlohmann_json)

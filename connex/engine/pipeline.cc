@@ -22,9 +22,9 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Load(const std::string& path
 }
 
 absl::StatusOr<TensorDict> Pipeline::Step(const TensorDict& in) {
-  CONNEX_ASSIGN_OR_RETURN(TensorDict out, stages_.front()->Step(in));
+  CONNEX_ASSIGN_OR_RETURN(TensorDict out, stages_.front()->ExecuteStep(in));
   for (size_t s = 1; s < stages_.size(); ++s) {
-    CONNEX_ASSIGN_OR_RETURN(out, stages_[s]->Step(out));
+    CONNEX_ASSIGN_OR_RETURN(out, stages_[s]->ExecuteStep(out));
   }
   return out;
 }

@@ -225,7 +225,7 @@ std::vector<uint64_t> StageEngine::MissingRequests(const TensorDict& in) const {
   return missing;
 }
 
-absl::StatusOr<TensorDict> StageEngine::Step(const TensorDict& in) {
+absl::StatusOr<TensorDict> StageEngine::ExecuteStep(const TensorDict& in) {
   Batch batch;
   CONNEX_RETURN_IF_ERROR(ParseBatch(in, batch));
   std::vector<uint64_t> missing = MissingRequests(in);

@@ -5,8 +5,7 @@
 // bitwise the same whatever other requests share its steps, however its tokens are chunked,
 // and however many threads run (docs/design/engine.md gives the argument).
 // Thread-compatible: one caller at a time (the kernels use the engine's ThreadPool inside).
-//
-// When the step protocol lands, this class implements the engine contract of connex/pp/engine.h.
+// It implements the engine contract, connex/pp/engine.h.
 #ifndef CONNEX_ENGINE_STAGE_ENGINE_H_
 #define CONNEX_ENGINE_STAGE_ENGINE_H_
 
@@ -22,10 +21,12 @@
 #include "connex/engine/safetensors.h"
 #include "connex/engine/tensor_dict.h"
 #include "connex/engine/thread_pool.h"
+#include "connex/pp/engine.h"
 
 namespace connex::engine {
 
-// Keys of a step's TensorDict. B requests, N = sum of num_tokens.
+// Keys of a step's TensorDict (the contract's, connex/pp/engine.h, plus two of this engine).
+// B requests, N = sum of num_tokens.
 // In (every stage):  request_ids I64 [B], start_positions I32 [B], num_tokens I32 [B].
 // In (stage 0):      tokens I32 [N] (each request's new tokens, requests in order).
 // In (stage > 0):    hidden F32 [N, hidden_size] (the previous stage's output).
@@ -33,13 +34,13 @@ namespace connex::engine {
 // Out (not last):    hidden F32 [N, hidden_size].
 // Out (last):        logits F32 [B, vocab_size] (of each request's last token) and
 //                    next_tokens I32 [B] (greedy: argmax, lowest index on ties).
-inline constexpr char kRequestIds[] = "request_ids";
-inline constexpr char kStartPositions[] = "start_positions";
-inline constexpr char kNumTokens[] = "num_tokens";
-inline constexpr char kTokens[] = "tokens";
+using pp::kNextTokens;
+using pp::kNumTokens;
+using pp::kRequestIds;
+using pp::kStartPositions;
+using pp::kTokens;
 inline constexpr char kHidden[] = "hidden";
 inline constexpr char kLogits[] = "logits";
-inline constexpr char kNextTokens[] = "next_tokens";
 
 struct StageOptions {
   int stage = 0;
@@ -54,14 +55,14 @@ struct StageOptions {
 absl::StatusOr<std::string> ResolveModelFile(const std::string& path);
 absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path);
 
-class StageEngine {
+class StageEngine : public pp::Engine {
  public:
   // Loads the layer slice of `options.stage` (StageLayers), plus the embedding on stage 0 and the
   // final norm and LM head on the last stage. F32 weights stay memory-mapped; F16/BF16 are
   // converted. NotFound: no such file; InvalidArgument names the tensor or field that is wrong.
   static absl::StatusOr<std::unique_ptr<StageEngine>> Load(const std::string& path,
                                                            const StageOptions& options);
-  ~StageEngine();
+  ~StageEngine() override;
 
   const ModelConfig& config() const { return config_; }
   int stage() const { return stage_; }
@@ -75,17 +76,17 @@ class StageEngine {
   // number of positions cached (the cache is cut back to it). Before any state changes:
   // NotFound lists the requests whose state this stage does not hold (see MissingRequests);
   // InvalidArgument names a malformed input. On error nothing is modified.
-  absl::StatusOr<TensorDict> Step(const TensorDict& in);
+  absl::StatusOr<TensorDict> ExecuteStep(const TensorDict& in) override;
 
   // The requests of step `in` whose KV cache this stage does not hold (start_position > cached
   // positions). Empty when the step can run.
-  std::vector<uint64_t> MissingRequests(const TensorDict& in) const;
+  std::vector<uint64_t> MissingRequests(const TensorDict& in) const override;
 
-  bool HoldsRequest(uint64_t id) const { return cache_.contains(id); }
+  bool HoldsRequest(uint64_t id) const override { return cache_.contains(id); }
   // Positions cached for `id`; -1 when not held.
   int64_t CachedPositions(uint64_t id) const;
   // Drops a request's KV cache (finished, or to be recomputed). No-op when not held.
-  void Release(uint64_t id) { cache_.erase(id); }
+  void Release(uint64_t id) override { cache_.erase(id); }
   void ReleaseAll() { cache_.clear(); }
   size_t num_requests() const { return cache_.size(); }
 

@@ -302,9 +302,9 @@ TEST_F(EngineTest, MissingRequestsAndRewind) {
   EXPECT_EQ(s1.MissingRequests(StepOf({7}, {9}, {1}, {'x'})), std::vector<uint64_t>{7});
   // Stage 1 alone lost the request (as after a failover): stage 0's output is refused there.
   s1.Release(7);
-  auto hidden = s0.Step(decode);
+  auto hidden = s0.ExecuteStep(decode);
   ASSERT_TRUE(hidden.ok());
-  EXPECT_EQ(s1.Step(*hidden).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s1.ExecuteStep(*hidden).status().code(), absl::StatusCode::kNotFound);
   pipeline->Release(7);
   EXPECT_FALSE(s0.HoldsRequest(7));
 }
@@ -312,7 +312,7 @@ TEST_F(EngineTest, MissingRequestsAndRewind) {
 TEST_F(EngineTest, MalformedStepsAreRejectedWithoutSideEffects) {
   auto pipeline = Load(2);
   StageEngine& s0 = pipeline->stage(0);
-  auto err = [&](const TensorDict& step) { return std::string(s0.Step(step).status().message()); };
+  auto err = [&](const TensorDict& step) { return std::string(s0.ExecuteStep(step).status().message()); };
   EXPECT_THAT(err(StepOf({1}, {0}, {2}, {kBosToken, 300})), HasSubstr("token 300"));
   EXPECT_THAT(err(StepOf({1, 1}, {0, 0}, {1, 1}, {1, 2})), HasSubstr("request 1 appears twice"));
   EXPECT_THAT(err(StepOf({1}, {0}, {3}, {1, 2})), HasSubstr("'tokens' has 2 entries"));
@@ -324,14 +324,14 @@ TEST_F(EngineTest, MalformedStepsAreRejectedWithoutSideEffects) {
   EXPECT_THAT(err(no_ids), HasSubstr("'request_ids' is missing"));
   EXPECT_EQ(s0.num_requests(), 0u);
 
-  auto out = s0.Step(StepOf({1}, {0}, {2}, {kBosToken, 'x'}));
+  auto out = s0.ExecuteStep(StepOf({1}, {0}, {2}, {kBosToken, 'x'}));
   ASSERT_TRUE(out.ok());
   const Tensor* h = out->Find(kHidden);
   ASSERT_NE(h, nullptr);
   EXPECT_EQ(h->shape, (std::vector<int64_t>{2, 72}));
   TensorDict bad = *out;
   bad.Set(kHidden, Tensor::Zeros<float>({2, 71}));
-  EXPECT_THAT(std::string(pipeline->stage(1).Step(bad).status().message()),
+  EXPECT_THAT(std::string(pipeline->stage(1).ExecuteStep(bad).status().message()),
               HasSubstr("'hidden' has shape [2, 71], expected [2, 72]"));
   EXPECT_FALSE(pipeline->stage(1).HoldsRequest(1));
 }
