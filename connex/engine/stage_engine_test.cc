@@ -13,6 +13,7 @@
 #include "connex/engine/pipeline.h"
 #include "connex/engine/random_model.h"
 #include "connex/engine/tokenizer.h"
+#include "connex/pp/engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -312,7 +313,9 @@ TEST_F(EngineTest, MissingRequestsAndRewind) {
 TEST_F(EngineTest, MalformedStepsAreRejectedWithoutSideEffects) {
   auto pipeline = Load(2);
   StageEngine& s0 = pipeline->stage(0);
-  auto err = [&](const TensorDict& step) { return std::string(s0.ExecuteStep(step).status().message()); };
+  auto err = [&](const TensorDict& step) {
+    return std::string(s0.ExecuteStep(step).status().message());
+  };
   EXPECT_THAT(err(StepOf({1}, {0}, {2}, {kBosToken, 300})), HasSubstr("token 300"));
   EXPECT_THAT(err(StepOf({1, 1}, {0, 0}, {1, 1}, {1, 2})), HasSubstr("request 1 appears twice"));
   EXPECT_THAT(err(StepOf({1}, {0}, {3}, {1, 2})), HasSubstr("'tokens' has 2 entries"));
@@ -334,6 +337,39 @@ TEST_F(EngineTest, MalformedStepsAreRejectedWithoutSideEffects) {
   EXPECT_THAT(std::string(pipeline->stage(1).ExecuteStep(bad).status().message()),
               HasSubstr("'hidden' has shape [2, 71], expected [2, 72]"));
   EXPECT_FALSE(pipeline->stage(1).HoldsRequest(1));
+}
+
+TEST_F(EngineTest, ImplementsTheEngineContract) {
+  auto pipeline = Load(2);
+  pp::Engine& first = pipeline->stage(0);
+  pp::Engine& last = pipeline->stage(1);
+  std::vector<int32_t> prompt = Tokenize("contract", /*add_bos=*/true);
+  TensorDict prefill;
+  pp::SetBatch(prefill, {11}, {0}, {static_cast<int32_t>(prompt.size())});
+  prefill.Set(pp::kTokens, Tensor::Of<int32_t>({static_cast<int64_t>(prompt.size())}, prompt));
+  auto hidden = first.ExecuteStep(prefill);
+  ASSERT_TRUE(hidden.ok()) << hidden.status();
+  auto out = last.ExecuteStep(*hidden);
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto batch = pp::GetBatch(*out);
+  ASSERT_TRUE(batch.ok());
+  EXPECT_EQ(batch->request_ids, std::vector<uint64_t>{11});
+  ASSERT_TRUE(out->Get(pp::kNextTokens, pp::DType::kI32, 1).ok());
+  int32_t token = out->Find(pp::kNextTokens)->values<int32_t>()[0];
+  auto one_stage = Load(1);
+  EXPECT_EQ(token, (*Generate(*one_stage, {prompt}, Options()))[0].tokens[0]);
+
+  TensorDict decode;
+  pp::SetBatch(decode, {11}, {static_cast<int32_t>(prompt.size())}, {1});
+  decode.Set(pp::kTokens, Tensor::Of<int32_t>({1}, std::vector<int32_t>{token}));
+  EXPECT_TRUE(first.MissingRequests(decode).empty());
+  EXPECT_TRUE(last.HoldsRequest(11));
+  last.Release(11);
+  EXPECT_FALSE(last.HoldsRequest(11));
+  auto h2 = first.ExecuteStep(decode);
+  ASSERT_TRUE(h2.ok());
+  EXPECT_EQ(last.MissingRequests(*h2), std::vector<uint64_t>{11});
+  EXPECT_EQ(last.ExecuteStep(*h2).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(EngineTest, HalfPrecisionCheckpointsLoadAndRun) {
