@@ -78,7 +78,8 @@ class ExampleEngine : public connex::pp::Engine {
       std::fflush(stdout);
       std::vector<int32_t> next(batch->request_ids.size(),
                                 static_cast<int32_t>(Checksum(**hidden) & 0x7fffffff));
-      out.Set(connex::pp::kNextTokens, Tensor::Of<int32_t>({static_cast<int64_t>(next.size())}, next));
+      out.Set(connex::pp::kNextTokens,
+              Tensor::Of<int32_t>({static_cast<int64_t>(next.size())}, next));
     }
     return out;
   }
@@ -99,7 +100,8 @@ class ExampleEngine : public connex::pp::Engine {
 }
 
 std::unique_ptr<connex::pp::StageNode> StartStage(uint32_t stage, const std::string& backend,
-                                                  int hidden, connex::directory::DirectoryClient& client,
+                                                  int hidden,
+                                                  connex::directory::DirectoryClient& client,
                                                   ExampleEngine& engine) {
   connex::Lid lid{"example", stage, 0, 0};
   auto topts = connex::transport::TransportOptions::FromEnv(lid);
@@ -115,8 +117,10 @@ std::unique_ptr<connex::pp::StageNode> StartStage(uint32_t stage, const std::str
   o.model = "example";
   o.stage = stage;
   o.stages = 2;
-  o.slot_bytes = std::max<int64_t>(1 << 20, (static_cast<int64_t>(hidden) * 4 * 4096 + 4096) / 64 * 64);
-  auto node = connex::pp::StageNode::Start(o, engine, *std::move(transfer), *std::move(signals), client);
+  o.slot_bytes =
+      std::max<int64_t>(1 << 20, (static_cast<int64_t>(hidden) * 4 * 4096 + 4096) / 64 * 64);
+  auto node =
+      connex::pp::StageNode::Start(o, engine, *std::move(transfer), *std::move(signals), client);
   if (!node.ok()) Die("stage", node.status());
   return *std::move(node);
 }
@@ -130,9 +134,15 @@ int main(int argc, char** argv) {
   std::string directory;
   int tokens = 8;
   int hidden = 1024;
-  app.add_option("--backend", backend, "tcp, shm or ucx")->envname("CONNEX_PP_BACKEND")->capture_default_str();
-  app.add_option("--tokens", tokens, "prompt length (rows of the tensor)")->check(CLI::Range(1, 4096))->capture_default_str();
-  app.add_option("--hidden", hidden, "columns of the tensor")->check(CLI::Range(1, 65536))->capture_default_str();
+  app.add_option("--backend", backend, "tcp, shm or ucx")
+      ->envname("CONNEX_PP_BACKEND")
+      ->capture_default_str();
+  app.add_option("--tokens", tokens, "prompt length (rows of the tensor)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--hidden", hidden, "columns of the tensor")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   app.add_option("--role", role)->group("");  // internal: the spawned stage 1
   app.add_option("--directory", directory)->group("");
   try {
@@ -175,8 +185,9 @@ int main(int argc, char** argv) {
   posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
   posix_spawn_file_actions_addclose(&actions, to_child[1]);
   std::string self = "/proc/self/exe";
-  std::vector<std::string> args = {argv[0], "--role", "stage1", "--directory", (*server)->bind_address(),
-                                   "--backend", backend, "--hidden", std::to_string(hidden)};
+  std::vector<std::string> args = {
+      argv[0],     "--role", "stage1",   "--directory",         (*server)->bind_address(),
+      "--backend", backend,  "--hidden", std::to_string(hidden)};
   std::vector<char*> cargs;
   for (auto& a : args) cargs.push_back(a.data());
   cargs.push_back(nullptr);
@@ -193,7 +204,8 @@ int main(int argc, char** argv) {
   ExampleEngine engine(0, hidden);
   auto node = StartStage(0, backend, hidden, **client, engine);
   // Discovery: stage 1 is found through the directory.
-  if (!(*client)->AwaitView("example", [](const auto& v) { return v.size() == 2; }, 15000)) {
+  if (!(*client)->AwaitView(
+          "example", [](const auto& v) { return v.size() == 2; }, 15000)) {
     Die("discovery", absl::DeadlineExceededError("stage 1 did not join within 15 s"));
   }
   for (const auto& r : (*client)->View("example", 1)) {
@@ -206,7 +218,8 @@ int main(int argc, char** argv) {
   std::vector<int32_t> prompt(static_cast<size_t>(tokens));
   for (int i = 0; i < tokens; ++i) prompt[static_cast<size_t>(i)] = i * 3 + 1;
   std::promise<absl::StatusOr<std::vector<int32_t>>> result;
-  absl::Status submitted = node->Submit(1, prompt, 1, [&result](uint64_t, auto r) { result.set_value(std::move(r)); });
+  absl::Status submitted =
+      node->Submit(1, prompt, 1, [&result](uint64_t, auto r) { result.set_value(std::move(r)); });
   if (!submitted.ok()) Die("submit", submitted);
   auto future = result.get_future();
   if (future.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {

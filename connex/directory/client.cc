@@ -3,10 +3,10 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
-#include <algorithm>
 #include <future>
 #include <random>
 #include <thread>
@@ -27,8 +27,8 @@ absl::StatusOr<DirectoryClientOptions> DirectoryClientOptions::FromEnv() {
   o.directory = EnvString("CONNEX_DIRECTORY", o.directory);
   o.token = EnvString("CONNEX_DIRECTORY_TOKEN", "");
   CONNEX_ASSIGN_OR_RETURN(o.heartbeat_ms, EnvInt("CONNEX_HEARTBEAT_MS", 0, 0, 3'600'000));
-  CONNEX_ASSIGN_OR_RETURN(o.request_timeout_ms,
-                          EnvInt("CONNEX_DIRECTORY_TIMEOUT_MS", o.request_timeout_ms, 1, 3'600'000));
+  CONNEX_ASSIGN_OR_RETURN(o.request_timeout_ms, EnvInt("CONNEX_DIRECTORY_TIMEOUT_MS",
+                                                       o.request_timeout_ms, 1, 3'600'000));
   return o;
 }
 
@@ -78,8 +78,8 @@ class DirectoryClient::Impl {
       zmq::pollitem_t item{dealer_.handle(), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, std::chrono::milliseconds(options_.request_timeout_ms));
       if (!(item.revents & ZMQ_POLLIN)) {
-        return absl::UnavailableError(StrCat("directory ", options_.directory, ": no answer within ",
-                                             options_.request_timeout_ms,
+        return absl::UnavailableError(StrCat("directory ", options_.directory,
+                                             ": no answer within ", options_.request_timeout_ms,
                                              " ms (is connex-directory running there?)"));
       }
       zmq::message_t reply;
@@ -132,7 +132,8 @@ class DirectoryClient::Impl {
     }
     auto promise = std::make_shared<std::promise<absl::StatusOr<wire::Frame>>>();
     std::future<absl::StatusOr<wire::Frame>> future = promise->get_future();
-    Send(type, body, [promise](absl::StatusOr<wire::Frame> r) { promise->set_value(std::move(r)); });
+    Send(type, body,
+         [promise](absl::StatusOr<wire::Frame> r) { promise->set_value(std::move(r)); });
     return future.get();
   }
 
@@ -228,11 +229,13 @@ class DirectoryClient::Impl {
     }
     Wake();
     absl::MutexLock lock(&mu_);
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return have_snapshot_ || stop_.load(); };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(options_.request_timeout_ms * 2))) {
-      return absl::DeadlineExceededError(
-          StrCat("directory ", options_.directory, ": no snapshot within ",
-                 options_.request_timeout_ms * 2, " ms"));
+    auto ready = [this]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return have_snapshot_ || stop_.load(); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready),
+                              absl::Milliseconds(options_.request_timeout_ms * 2))) {
+      return absl::DeadlineExceededError(StrCat("directory ", options_.directory,
+                                                ": no snapshot within ",
+                                                options_.request_timeout_ms * 2, " ms"));
     }
     return absl::OkStatus();
   }
@@ -374,7 +377,8 @@ class DirectoryClient::Impl {
       for (Outgoing& o : outbox_) pending_.emplace(o.id, Pending{0, std::move(o.done), o.type});
       outbox_.clear();
     }
-    for (auto& [id, p] : pending_) p.done(absl::CancelledError("directory client is shutting down"));
+    for (auto& [id, p] : pending_)
+      p.done(absl::CancelledError("directory client is shutting down"));
     pending_.clear();
   }
 
@@ -498,8 +502,9 @@ class DirectoryClient::Impl {
     Send(kJoin, body, [this, lid, old_epoch](absl::StatusOr<wire::Frame> reply) {
       absl::StatusOr<uint64_t> epoch =
           reply.ok() ? reply->body.Uint("epoch") : absl::StatusOr<uint64_t>(reply.status());
-      bool retry_later = !epoch.ok() && (epoch.status().code() == absl::StatusCode::kDeadlineExceeded ||
-                                         epoch.status().code() == absl::StatusCode::kUnavailable);
+      bool retry_later =
+          !epoch.ok() && (epoch.status().code() == absl::StatusCode::kDeadlineExceeded ||
+                          epoch.status().code() == absl::StatusCode::kUnavailable);
       {
         absl::MutexLock lock(&mu_);
         auto it = registrations_.find(lid);
@@ -749,7 +754,9 @@ absl::StatusOr<uint64_t> DirectoryClient::Join(const Lid& lid, std::vector<std::
 }
 absl::Status DirectoryClient::Leave(const Lid& lid) { return impl_->Leave(lid); }
 absl::Status DirectoryClient::LeaveAll() { return impl_->LeaveAll(); }
-std::optional<uint64_t> DirectoryClient::EpochOf(const Lid& lid) const { return impl_->EpochOf(lid); }
+std::optional<uint64_t> DirectoryClient::EpochOf(const Lid& lid) const {
+  return impl_->EpochOf(lid);
+}
 void DirectoryClient::OnRegistrationChange(std::function<void(const RegistrationChange&)> cb) {
   impl_->OnRegistrationChange(std::move(cb));
 }
@@ -782,9 +789,7 @@ bool DirectoryClient::AwaitView(std::string_view model,
 uint64_t DirectoryClient::view_revision() const { return impl_->view_revision(); }
 uint64_t DirectoryClient::resnapshots() const { return impl_->resnapshots(); }
 const std::string& DirectoryClient::pub_address() const { return impl_->pub_address(); }
-const std::string& DirectoryClient::directory_address() const {
-  return impl_->directory_address();
-}
+const std::string& DirectoryClient::directory_address() const { return impl_->directory_address(); }
 int64_t DirectoryClient::lease_ttl_ms() const { return impl_->lease_ttl_ms(); }
 void DirectoryClient::DropEventsForTest(int n) { impl_->DropEventsForTest(n); }
 

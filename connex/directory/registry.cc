@@ -60,8 +60,8 @@ absl::StatusOr<Registry::JoinResult> Registry::Join(
     return JoinResult{entry.record.epoch, true};
   }
   if (it != records_.end() && exclusive) {
-    return absl::FailedPreconditionError(StrCat(lid.ToString(), " is held by another process (epoch ",
-                                                it->second.record.epoch, ")"));
+    return absl::FailedPreconditionError(StrCat(
+        lid.ToString(), " is held by another process (epoch ", it->second.record.epoch, ")"));
   }
   if (it != records_.end()) {
     // Another process takes the LID over: the earlier holder is fenced.
@@ -105,12 +105,10 @@ absl::Status Registry::Heartbeat(const Lid& lid, uint64_t epoch, uint64_t instan
         return absl::FailedPreconditionError(
             StrCat("epoch ", epoch, " of ", lid.ToString(), " has left"));
       case Ended::kFailed:
-        return absl::NotFoundError(
-            StrCat("epoch ", epoch, " of ", lid.ToString(), " was evicted"));
+        return absl::NotFoundError(StrCat("epoch ", epoch, " of ", lid.ToString(), " was evicted"));
     }
   }
-  return absl::NotFoundError(
-      StrCat("epoch ", epoch, " of ", lid.ToString(), " is not registered"));
+  return absl::NotFoundError(StrCat("epoch ", epoch, " of ", lid.ToString(), " is not registered"));
 }
 
 absl::Status Registry::Leave(const Lid& lid, uint64_t epoch) {

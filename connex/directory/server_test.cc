@@ -1,7 +1,9 @@
 // DirectoryServer and DirectoryClient together, in one process, over real ZeroMQ sockets.
-#include <sys/socket.h>
-#include <netinet/in.h>
+#include "connex/directory/server.h"
+
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,7 +12,6 @@
 #include "connex/base/wait.h"
 #include "connex/base/zmq_util.h"
 #include "connex/directory/client.h"
-#include "connex/directory/server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -28,7 +29,8 @@ class EventLog {
   bool Has(EventKind kind, const Lid& lid, uint64_t epoch = 0) const {
     absl::MutexLock lock(&mu_);
     for (const Event& e : events_) {
-      if (e.kind == kind && e.record.lid == lid && (epoch == 0 || e.record.epoch == epoch)) return true;
+      if (e.kind == kind && e.record.lid == lid && (epoch == 0 || e.record.epoch == epoch))
+        return true;
     }
     return false;
   }
@@ -294,10 +296,16 @@ TEST_F(DirectoryTest, SurvivesGarbageOnBothPorts) {
   unknown.Uint("id", 3);
   EXPECT_THAT(ask(wire::EncodeFrame("FROB", unknown)), HasSubstr("unknown request type 'FROB'"));
   wire::MapBuilder bad_lid;
-  bad_lid.Uint("id", 4).Str("lid", "demo/g1").StrList("addresses", {"tcp://x:1"}).Uint("instance", 1);
+  bad_lid.Uint("id", 4)
+      .Str("lid", "demo/g1")
+      .StrList("addresses", {"tcp://x:1"})
+      .Uint("instance", 1);
   EXPECT_THAT(ask(wire::EncodeFrame("JOIN", bad_lid)), HasSubstr("expected 4 parts"));
   wire::MapBuilder wrong_type;
-  wrong_type.Uint("id", 5).Str("lid", "demo/g1/s0/r9").Str("addresses", "tcp://x:1").Uint("instance", 1);
+  wrong_type.Uint("id", 5)
+      .Str("lid", "demo/g1/s0/r9")
+      .Str("addresses", "tcp://x:1")
+      .Uint("instance", 1);
   EXPECT_THAT(ask(wire::EncodeFrame("JOIN", wrong_type)),
               HasSubstr("JOIN.addresses: expected array, found string"));
   wire::MapBuilder no_id;

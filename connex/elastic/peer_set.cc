@@ -8,10 +8,14 @@ namespace connex::elastic {
 
 std::string_view PeerChangeKindName(PeerChange::Kind kind) {
   switch (kind) {
-    case PeerChange::Kind::kJoined: return "JOINED";
-    case PeerChange::Kind::kLeft: return "LEFT";
-    case PeerChange::Kind::kFailed: return "FAILED";
-    case PeerChange::Kind::kMigrated: return "MIGRATED";
+    case PeerChange::Kind::kJoined:
+      return "JOINED";
+    case PeerChange::Kind::kLeft:
+      return "LEFT";
+    case PeerChange::Kind::kFailed:
+      return "FAILED";
+    case PeerChange::Kind::kMigrated:
+      return "MIGRATED";
   }
   return "UNKNOWN";
 }
@@ -56,9 +60,10 @@ void ElasticPeerSet::OnEvent(const directory::Event& event) {
         auto it = live_.find(lid);
         if (it != live_.end() && it->second.epoch == event.record.epoch) break;  // already known
         live_[lid] = event.record;
-        change = PeerChange{event.kind == directory::EventKind::kJoined ? PeerChange::Kind::kJoined
-                                                                        : PeerChange::Kind::kMigrated,
-                            event.record, event.previous_epoch, false};
+        change =
+            PeerChange{event.kind == directory::EventKind::kJoined ? PeerChange::Kind::kJoined
+                                                                   : PeerChange::Kind::kMigrated,
+                       event.record, event.previous_epoch, false};
         break;
       }
       case directory::EventKind::kLeft:

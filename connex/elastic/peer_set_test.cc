@@ -71,7 +71,8 @@ TEST_F(PeerSetTest, ResolvesPicksAndSends) {
   auto other = Client();
   ASSERT_TRUE(other->Join(Lid{"demo", 2, 0, 0}, {"zmq+tcp://127.0.0.1:1"}).ok());
   ASSERT_TRUE(other->Join(Lid{"else", 1, 0, 0}, {"zmq+tcp://127.0.0.1:1"}).ok());
-  ASSERT_TRUE(owner->AwaitView("", [](const auto& v) { return v.size() == 4; }, 3000));
+  ASSERT_TRUE(owner->AwaitView(
+      "", [](const auto& v) { return v.size() == 4; }, 3000));
   EXPECT_EQ(peers.Peers().size(), 2u);
 }
 
@@ -85,8 +86,8 @@ TEST_F(PeerSetTest, HandsOverWhenAPeerDies) {
   absl::Mutex mu;
   peers.OnChange([&](const PeerChange& c) {
     absl::MutexLock lock(&mu);
-    changes.push_back(StrCat(PeerChangeKindName(c.kind), " ", c.record.lid.ToString(),
-                             c.local ? " local" : ""));
+    changes.push_back(
+        StrCat(PeerChangeKindName(c.kind), " ", c.record.lid.ToString(), c.local ? " local" : ""));
   });
   ASSERT_TRUE(peers.Start().ok());
   ASSERT_TRUE(peers.WaitReady(2, 3000));

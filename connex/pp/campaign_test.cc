@@ -56,7 +56,8 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
   watch.directory = server.bind_address();
   auto watcher = directory::DirectoryClient::Connect(watch);
   if (!watcher.ok() || !(*watcher)->Watch(c.model()).ok() ||
-      !(*watcher)->AwaitView(c.model(), [](const auto& v) { return v.size() == 2 * kStages; }, 5000)) {
+      !(*watcher)->AwaitView(
+          c.model(), [](const auto& v) { return v.size() == 2 * kStages; }, 5000)) {
     return "the directory did not show both chains";
   }
 
@@ -73,7 +74,8 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
     uint64_t id = seed * 1000 + static_cast<uint64_t>(i);
     Plan p{RandomPrompt(rng), 10 + static_cast<int>(rng() % 50)};
     plans[id] = p;
-    if (!c.Submit(static_cast<uint32_t>(i % 2), id, p.prompt, p.max_new).ok()) return "submit failed";
+    if (!c.Submit(static_cast<uint32_t>(i % 2), id, p.prompt, p.max_new).ok())
+      return "submit failed";
   }
 
   // Faults at points of progress (not of time), so that a seed does the same things each run.
@@ -136,13 +138,16 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
   for (const std::string& d : did) what += d + ", ";
   *summary = what;
 
-  if (!c.AwaitAll(kRequestBoundMs)) return "a request did not finish within the bound (" + what + ")";
+  if (!c.AwaitAll(kRequestBoundMs))
+    return "a request did not finish within the bound (" + what + ")";
   for (const auto& [id, outcome] : c.outcomes()) {
     if (outcome.tokens.ok()) {
       std::vector<int32_t> want = ReferenceTokens(kStages, plans[id].prompt, plans[id].max_new);
-      if (*outcome.tokens != want) return "request " + std::to_string(id) + " diverged (" + what + ")";
+      if (*outcome.tokens != want)
+        return "request " + std::to_string(id) + " diverged (" + what + ")";
     } else if (outcome.tokens.status().code() != absl::StatusCode::kAborted ||
-               std::string(outcome.tokens.status().message()).find("failovers") == std::string::npos) {
+               std::string(outcome.tokens.status().message()).find("failovers") ==
+                   std::string::npos) {
       return "request " + std::to_string(id) + " failed: " + outcome.tokens.status().ToString();
     }
   }

@@ -98,8 +98,8 @@ void MemSignalNetwork::Deliver(const std::string& from, const std::string& to, s
       copies = 2;
     }
     if (faults_.delay > 0 && faults_.max_delay_ms > 0 && coin(rng_) < faults_.delay) {
-      int64_t due = RealClock::Get()->NowMs() +
-                    1 + static_cast<int64_t>(rng_() % static_cast<uint64_t>(faults_.max_delay_ms));
+      int64_t due = RealClock::Get()->NowMs() + 1 +
+                    static_cast<int64_t>(rng_() % static_cast<uint64_t>(faults_.max_delay_ms));
       for (int i = 0; i < copies; ++i) delayed_.emplace(due + i, std::make_pair(to, frame));
       return;
     }

@@ -107,7 +107,8 @@ TensorDict Select(const TensorDict& in, const Batch& batch, const std::vector<bo
     for (int64_t i = 0; i < b; ++i) {
       const int64_t len = by_token ? batch.num_tokens[i] : 1;
       if (keep[i]) {
-        s.data.insert(s.data.end(), t.data.begin() + offset * row, t.data.begin() + (offset + len) * row);
+        s.data.insert(s.data.end(), t.data.begin() + offset * row,
+                      t.data.begin() + (offset + len) * row);
         rows += len;
       }
       offset += len;
@@ -164,18 +165,21 @@ class StageNode::Impl {
       return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " is not stage 0"));
     }
     if (prompt.empty()) return absl::InvalidArgumentError(StrCat("request ", id, ": empty prompt"));
-    if (max_new <= 0) return absl::InvalidArgumentError(StrCat("request ", id, ": max_new_tokens ", max_new));
+    if (max_new <= 0)
+      return absl::InvalidArgumentError(StrCat("request ", id, ": max_new_tokens ", max_new));
     absl::Status result;
     auto accepted = std::make_shared<std::promise<absl::Status>>();
     auto future = accepted->get_future();
-    Post(std::function<void()>([this, id, prompt = std::move(prompt), max_new, done = std::move(done),
-                                accepted]() mutable {
+    Post(std::function<void()>([this, id, prompt = std::move(prompt), max_new,
+                                done = std::move(done), accepted]() mutable {
       if (draining_) {
-        accepted->set_value(absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining")));
+        accepted->set_value(
+            absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining")));
         return;
       }
       if (requests_.count(id)) {
-        accepted->set_value(absl::InvalidArgumentError(StrCat("request ", id, " is already running")));
+        accepted->set_value(
+            absl::InvalidArgumentError(StrCat("request ", id, " is already running")));
         return;
       }
       Request r;
@@ -214,15 +218,16 @@ class StageNode::Impl {
     auto future = done->get_future();
     SignalTransport* fresh = signals.get();
     fresh->SetReceiver([this](std::string frame) { Post(std::move(frame)); });
-    Post(std::function<void()>([this, s = std::shared_ptr<SignalTransport>(std::move(signals)), done]() mutable {
-      std::unique_ptr<SignalTransport> old = std::move(signals_);
-      signals_.reset(new ForwardingTransport(std::move(s)));
-      absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses());
-      if (epoch.ok()) epoch_->store(*epoch);
-      old->Close();
-      retired_.push_back(std::move(old));
-      done->set_value(epoch.status());
-    }));
+    Post(std::function<void()>(
+        [this, s = std::shared_ptr<SignalTransport>(std::move(signals)), done]() mutable {
+          std::unique_ptr<SignalTransport> old = std::move(signals_);
+          signals_.reset(new ForwardingTransport(std::move(s)));
+          absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses());
+          if (epoch.ok()) epoch_->store(*epoch);
+          old->Close();
+          retired_.push_back(std::move(old));
+          done->set_value(epoch.status());
+        }));
     return future.get();
   }
 
@@ -247,18 +252,19 @@ class StageNode::Impl {
     std::shared_ptr<SignalTransport> t_;
   };
 
-  using Item = std::variant<std::string, transport::PeerEvent, directory::Event, std::function<void()>>;
+  using Item =
+      std::variant<std::string, transport::PeerEvent, directory::Event, std::function<void()>>;
 
   struct Request {
     std::vector<int32_t> tokens;  // prompt, then generated
     size_t prompt_len = 0;
     int max_new = 0;
-    size_t cached = 0;            // positions the route holds
+    size_t cached = 0;  // positions the route holds
     std::vector<Hop> route;
-    std::set<Lid> visited;        // stages that may hold state, released at the end
-    uint64_t step = 0;            // in flight; 0 none
+    std::set<Lid> visited;  // stages that may hold state, released at the end
+    uint64_t step = 0;      // in flight; 0 none
     int reprefills = 0;
-    int64_t waiting_since = 0;    // for a route
+    int64_t waiting_since = 0;  // for a route
     Completion done;
   };
   struct Step {
@@ -267,11 +273,11 @@ class StageNode::Impl {
     std::set<uint64_t> remaining;
     std::vector<int32_t> starts, counts;
     std::vector<Hop> route;
-    TensorDict output;            // stage 0's, kept to re-send
+    TensorDict output;  // stage 0's, kept to re-send
     int64_t deadline = 0;
-    int64_t probe_until = 0;      // probing when > 0
+    int64_t probe_until = 0;  // probing when > 0
     std::set<Lid> ponged;
-    int64_t resend_at = 0;        // a re-send waits for a slot, a route or a backoff when > 0
+    int64_t resend_at = 0;  // a re-send waits for a slot, a route or a backoff when > 0
     bool sent = false;
   };
   struct Outgoing {
@@ -432,7 +438,8 @@ class StageNode::Impl {
       Send(s.origin.signal, ack);
       return;
     }
-    absl::Status read = transfer_->TransferSyncRead(PeerOf(s.origin), recv_buf_, s.remote_addr, total);
+    absl::Status read =
+        transfer_->TransferSyncRead(PeerOf(s.origin), recv_buf_, s.remote_addr, total);
     SlotHeader header{};
     if (read.ok()) {
       std::memcpy(&header, recv_buf_, sizeof(header));
@@ -507,7 +514,8 @@ class StageNode::Impl {
       absl::StatusOr<Batch> b = GetBatch(out);
       absl::StatusOr<const Tensor*> next = out.Get(kNextTokens, DType::kI32, 1);
       if (!b.ok() || !next.ok()) {
-        CONNEX_LOG_ERROR("pp {}: the engine's last-stage output lacks {}", lid_.ToString(), kNextTokens);
+        CONNEX_LOG_ERROR("pp {}: the engine's last-stage output lacks {}", lid_.ToString(),
+                         kNextTokens);
         return;
       }
       auto tokens = (*next)->values<int32_t>();
@@ -548,9 +556,12 @@ class StageNode::Impl {
     uint64_t size = PackedSize(p.payload);
     if (size > ring_->payload_capacity()) {
       ring_->Release(corr);
-      CONNEX_LOG_ERROR("pp {}: step {} payload of {} bytes exceeds a ring slot ({}); raise "
-                       "CONNEX_PP_SLOT_BYTES", lid_.ToString(), s.step, size, ring_->payload_capacity());
-      HopFailed(s.owner, s.step, s.attempt, s.hop, absl::StatusCode::kResourceExhausted, "payload too large");
+      CONNEX_LOG_ERROR(
+          "pp {}: step {} payload of {} bytes exceeds a ring slot ({}); raise "
+          "CONNEX_PP_SLOT_BYTES",
+          lid_.ToString(), s.step, size, ring_->payload_capacity());
+      HopFailed(s.owner, s.step, s.attempt, s.hop, absl::StatusCode::kResourceExhausted,
+                "payload too large");
       return true;
     }
     s.layout = Pack(p.payload, ring_->payload(*slot));
@@ -560,7 +571,12 @@ class StageNode::Impl {
     s.length = size;
     const Hop& target = s.target();
     WatchPeer(target);
-    outgoing_[corr] = Outgoing{s.owner.lid, s.owner.signal, s.step, s.attempt, s.hop, target.lid,
+    outgoing_[corr] = Outgoing{s.owner.lid,
+                               s.owner.signal,
+                               s.step,
+                               s.attempt,
+                               s.hop,
+                               target.lid,
                                NowMs() + o_.step_timeout_ms};
     Send(target.signal, s);
     return true;
@@ -752,10 +768,10 @@ class StageNode::Impl {
       ++q.reprefills;
       ++stats_.reprefills;
       if (q.reprefills > o_.reprefill_max) {
-        Finish(id, absl::AbortedError(StrCat("request ", id, ": aborted after ", q.reprefills - 1,
-                                             " failovers (CONNEX_PP_REPREFILL_MAX=",
-                                             o_.reprefill_max, "); last: ", m.from.ToString(),
-                                             " did not hold its state")));
+        Finish(id, absl::AbortedError(
+                       StrCat("request ", id, ": aborted after ", q.reprefills - 1,
+                              " failovers (CONNEX_PP_REPREFILL_MAX=", o_.reprefill_max,
+                              "); last: ", m.from.ToString(), " did not hold its state")));
       }
     }
     if (st.remaining.empty()) steps_.erase(it);
@@ -823,7 +839,8 @@ class StageNode::Impl {
         const Hop* lowest = nullptr;
         for (const Hop& h : live) {
           if (lowest == nullptr || h.lid.replica < lowest->lid.replica) lowest = &h;
-          if (h.lid.replica >= o_.replica && (pick == nullptr || h.lid.replica < pick->lid.replica)) {
+          if (h.lid.replica >= o_.replica &&
+              (pick == nullptr || h.lid.replica < pick->lid.replica)) {
             pick = &h;
           }
         }
@@ -873,8 +890,9 @@ class StageNode::Impl {
       if (req == requests_.end()) continue;
       if (NowMs() - req->second.waiting_since > o_.route_wait_ms) {
         st.remaining.erase(id);
-        Finish(id, absl::UnavailableError(StrCat("request ", id, ": no live replica of some stage for ",
-                                                 o_.route_wait_ms, " ms")));
+        Finish(id,
+               absl::UnavailableError(StrCat("request ", id, ": no live replica of some stage for ",
+                                             o_.route_wait_ms, " ms")));
       }
     }
   }
@@ -983,7 +1001,8 @@ class StageNode::Impl {
         if (!route) {
           if (now - q.waiting_since > o_.route_wait_ms) {
             Post(std::function<void()>([this, id = id] {
-              Finish(id, absl::UnavailableError(StrCat("request ", id, ": no live replica of some stage for ",
+              Finish(id, absl::UnavailableError(StrCat("request ", id,
+                                                       ": no live replica of some stage for ",
                                                        o_.route_wait_ms, " ms")));
             }));
           }
@@ -1130,8 +1149,8 @@ absl::StatusOr<std::unique_ptr<StageNode>> StageNode::Start(
   return std::unique_ptr<StageNode>(new StageNode(std::move(impl)));
 }
 
-absl::Status StageNode::Submit(uint64_t request_id, std::vector<int32_t> prompt,
-                               int max_new_tokens, Completion done) {
+absl::Status StageNode::Submit(uint64_t request_id, std::vector<int32_t> prompt, int max_new_tokens,
+                               Completion done) {
   return impl_->Submit(request_id, std::move(prompt), max_new_tokens, std::move(done));
 }
 void StageNode::Stop(bool leave, int64_t drain_timeout_ms) { impl_->Stop(leave, drain_timeout_ms); }

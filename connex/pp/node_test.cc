@@ -12,8 +12,8 @@
 namespace connex::pp {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::Cluster;
+using ::testing::HasSubstr;
 using testing::ReferenceTokens;
 
 std::unique_ptr<directory::DirectoryServer> StartDirectory() {
@@ -38,7 +38,8 @@ StageNodeOptions FastOptions() {
 
 std::vector<int32_t> Prompt(uint64_t id) {
   std::vector<int32_t> p;
-  for (uint64_t i = 0; i < 3 + id % 5; ++i) p.push_back(static_cast<int32_t>((id * 31 + i * 7) % 200));
+  for (uint64_t i = 0; i < 3 + id % 5; ++i)
+    p.push_back(static_cast<int32_t>((id * 31 + i * 7) % 200));
   return p;
 }
 
@@ -58,7 +59,8 @@ class NodeTest : public ::testing::Test {
     options.directory = server_->bind_address();
     auto watcher = directory::DirectoryClient::Connect(options);
     (*watcher)->Watch(c->model()).IgnoreError();
-    EXPECT_TRUE((*watcher)->AwaitView(c->model(), [&](const auto& v) { return v.size() == stages * replicas; }, 5000));
+    EXPECT_TRUE((*watcher)->AwaitView(
+        c->model(), [&](const auto& v) { return v.size() == stages * replicas; }, 5000));
     return c;
   }
 
@@ -241,10 +243,12 @@ class RawOwner {
 
   // Signals received until `count` arrived (or 3 s passed).
   std::vector<Signal> Await(size_t count) {
-    WaitUntil([&] {
-      absl::MutexLock lock(&mu_);
-      return inbox_.size() >= count;
-    }, 3000);
+    WaitUntil(
+        [&] {
+          absl::MutexLock lock(&mu_);
+          return inbox_.size() >= count;
+        },
+        3000);
     absl::MutexLock lock(&mu_);
     return inbox_;
   }

@@ -132,8 +132,8 @@ class ZmqSignalTransport : public SignalTransport {
   }
 
   zmq::context_t context_;
-  zmq::socket_t router_;                           // I/O thread
-  std::map<std::string, zmq::socket_t> dealers_;   // I/O thread
+  zmq::socket_t router_;                          // I/O thread
+  std::map<std::string, zmq::socket_t> dealers_;  // I/O thread
   std::string address_;
   int wake_fd_ = -1;
   std::thread thread_;

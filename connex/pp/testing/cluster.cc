@@ -49,7 +49,8 @@ StageNode* Cluster::Start(uint32_t stage, uint32_t replica) {
   o.stage = stage;
   o.stages = stages_;
   o.replica = replica;
-  auto node = StageNode::Start(o, *m.engine, *std::move(transfer), signals_->NewEndpoint(), *m.client);
+  auto node =
+      StageNode::Start(o, *m.engine, *std::move(transfer), signals_->NewEndpoint(), *m.client);
   if (!node.ok()) return nullptr;
   m.node = *std::move(node);
   m.alive = true;
@@ -83,7 +84,9 @@ absl::Status Cluster::Migrate(uint32_t stage, uint32_t replica) {
   return m.node->Migrate(signals_->NewEndpoint());
 }
 
-StageNode* Cluster::node(uint32_t stage, uint32_t replica) { return Get(stage, replica).node.get(); }
+StageNode* Cluster::node(uint32_t stage, uint32_t replica) {
+  return Get(stage, replica).node.get();
+}
 TestEngine* Cluster::engine(uint32_t stage, uint32_t replica) {
   return Get(stage, replica).engine.get();
 }
@@ -98,12 +101,13 @@ absl::Status Cluster::Submit(uint32_t replica, uint64_t id, std::vector<int32_t>
     absl::MutexLock lock(&mu_);
     outcomes_[id] = Outcome{};
   }
-  return node(0, replica)->Submit(id, std::move(prompt), max_new,
-                                  [this](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
-                                    absl::MutexLock lock(&mu_);
-                                    outcomes_[rid].done = true;
-                                    outcomes_[rid].tokens = std::move(r);
-                                  });
+  return node(0, replica)
+      ->Submit(id, std::move(prompt), max_new,
+               [this](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
+                 absl::MutexLock lock(&mu_);
+                 outcomes_[rid].done = true;
+                 outcomes_[rid].tokens = std::move(r);
+               });
 }
 
 bool Cluster::AwaitAll(int64_t timeout_ms) {

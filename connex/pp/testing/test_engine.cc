@@ -64,7 +64,8 @@ absl::StatusOr<TensorDict> TestEngine::ExecuteStep(const TensorDict& in) {
   }
   std::vector<uint64_t> missing = MissingLocked(*batch);
   if (!missing.empty()) {
-    return absl::NotFoundError(StrCat("stage ", stage_, " does not hold ", missing.size(), " requests"));
+    return absl::NotFoundError(
+        StrCat("stage ", stage_, " does not hold ", missing.size(), " requests"));
   }
   for (size_t i = 0; i < batch->request_ids.size(); ++i) {
     auto it = states_.find(batch->request_ids[i]);
@@ -132,7 +133,8 @@ void TestEngine::SetAmnesiac(bool amnesiac) {
 std::vector<int32_t> ReferenceTokens(uint32_t stages, const std::vector<int32_t>& prompt,
                                      int max_new_tokens, int32_t vocab) {
   std::vector<std::unique_ptr<TestEngine>> engines;
-  for (uint32_t s = 0; s < stages; ++s) engines.push_back(std::make_unique<TestEngine>(s, stages, vocab));
+  for (uint32_t s = 0; s < stages; ++s)
+    engines.push_back(std::make_unique<TestEngine>(s, stages, vocab));
   std::vector<int32_t> tokens = prompt;
   std::vector<int32_t> generated;
   size_t cached = 0;
