@@ -279,6 +279,7 @@ class DirectoryClient::Impl {
   const std::string& directory_address() const { return options_.directory; }
   int64_t lease_ttl_ms() const { return lease_ttl_ms_; }
   void DropEventsForTest(int n) { drop_events_.fetch_add(n); }
+  void DelayEventsForTest(int ms) { delay_events_ms_.store(ms); }
 
  private:
   struct Outgoing {
@@ -334,6 +335,7 @@ class DirectoryClient::Impl {
           if (!r.heartbeat_in_flight) timeout = std::min(timeout, r.next_heartbeat_ms - now);
         }
       }
+      if (!delayed_.empty()) timeout = std::min(timeout, delayed_.front().first - now);
       timeout = std::max<int64_t>(0, timeout);
       zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
                                  {sub_.handle(), 0, ZMQ_POLLIN, 0},
@@ -362,6 +364,7 @@ class DirectoryClient::Impl {
         HandlePublished(parts);
       }
       now = clock->NowMs();
+      DeliverDue(now);
       ExpirePending(now);
       SendHeartbeats(now);
       bool snapshot_wanted = false;
@@ -691,6 +694,23 @@ class DirectoryClient::Impl {
 
   void Deliver(const std::vector<Event>& events) {
     if (events.empty()) return;
+    if (int delay = delay_events_ms_.load(); delay > 0 || !delayed_.empty()) {
+      // Held back (in order) and delivered by the loop when due; heartbeats carry on.
+      delayed_.emplace_back(RealClock::Get()->NowMs() + delay, events);
+      return;
+    }
+    DeliverNow(events);
+  }
+
+  void DeliverDue(int64_t now) {
+    while (!delayed_.empty() && delayed_.front().first <= now) {
+      std::vector<Event> events = std::move(delayed_.front().second);
+      delayed_.pop_front();
+      DeliverNow(events);
+    }
+  }
+
+  void DeliverNow(const std::vector<Event>& events) {
     std::vector<std::shared_ptr<std::function<void(const Event&)>>> callbacks;
     {
       absl::MutexLock lock(&mu_);
@@ -715,10 +735,12 @@ class DirectoryClient::Impl {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> next_id_{1};
   std::atomic<int> drop_events_{0};
+  std::atomic<int> delay_events_ms_{0};
 
   // Loop thread only.
   std::map<uint64_t, Pending> pending_;
   std::vector<std::pair<Event, uint64_t>> buffered_;  // (event, its incarnation)
+  std::deque<std::pair<int64_t, std::vector<Event>>> delayed_;  // (due ms, events)
   std::atomic<bool> snapshot_in_flight_{false};
 
   mutable absl::Mutex mu_;
@@ -792,5 +814,6 @@ const std::string& DirectoryClient::pub_address() const { return impl_->pub_addr
 const std::string& DirectoryClient::directory_address() const { return impl_->directory_address(); }
 int64_t DirectoryClient::lease_ttl_ms() const { return impl_->lease_ttl_ms(); }
 void DirectoryClient::DropEventsForTest(int n) { impl_->DropEventsForTest(n); }
+void DirectoryClient::DelayEventsForTest(int ms) { impl_->DelayEventsForTest(ms); }
 
 }  // namespace connex::directory

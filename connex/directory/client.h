@@ -98,6 +98,9 @@ class DirectoryClient {
   int64_t lease_ttl_ms() const;
   // Drops the next `n` events received, as a slow subscriber would. For gap-recovery tests.
   void DropEventsForTest(int n);
+  // Holds every event `ms` milliseconds before subscribers see it (a slow directory), in order;
+  // the view and the heartbeats are not delayed. For the step protocol's fault campaign.
+  void DelayEventsForTest(int ms);
 
  private:
   class Impl;

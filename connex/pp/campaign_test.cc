@@ -1,6 +1,7 @@
 // The randomized fault campaign of the step protocol: for every seed, two replica chains of a
 // three-stage pipeline generate while stages are killed, restarted, drained, migrated and added,
-// reads fail or slow down, and signals are dropped, delayed and duplicated. For every seed:
+// reads fail or slow down, signals are dropped, delayed and duplicated, and directory events
+// arrive late. For every seed:
 // no step runs twice on any stage; every request finishes with exactly the tokens of an
 // undisturbed run, or is aborted after the re-prefill limit; no ring slot leaks; no request
 // outlives a bound. CONNEX_TEST_SEEDS sets the number of seeds (default 200), CONNEX_TEST_SEED
@@ -67,6 +68,7 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
   faults.delay = (rng() % 2 == 0) ? 0.1 * static_cast<double>(rng() % 3) : 0;
   faults.max_delay_ms = 1 + static_cast<int>(rng() % 30);
   c.signals().SetFaults(faults);
+  if (rng() % 3 == 0) c.SetDirectoryEventDelay(1 + static_cast<int>(rng() % 40));
 
   std::map<uint64_t, Plan> plans;
   const int requests = 4 + static_cast<int>(rng() % 5);

@@ -145,6 +145,7 @@ class StageNode::Impl {
     CONNEX_ASSIGN_OR_RETURN(ring_, SendRing::Create(*transfer_, static_cast<size_t>(o_.ring_slots),
                                                     static_cast<size_t>(o_.slot_bytes)));
     CONNEX_ASSIGN_OR_RETURN(recv_buf_, transfer_->AllocateManagedBuffer(o_.slot_bytes));
+    CONNEX_ASSIGN_OR_RETURN(check_buf_, transfer_->AllocateManagedBuffer(kSlotHeaderBytes));
     peer_sub_ = transfer_->SubscribePeerEvents([this](const transport::PeerEvent& e) { Post(e); });
     signals_->SetReceiver([this](std::string frame) { Post(std::move(frame)); });
     dir_sub_ = dir_.Subscribe([this](const directory::Event& e) { Post(e); });
@@ -339,7 +340,9 @@ class StageNode::Impl {
     requests_.clear();
     ring_.reset();
     if (recv_buf_ != nullptr) (void)transfer_->FreeManagedBuffer(recv_buf_);
+    if (check_buf_ != nullptr) (void)transfer_->FreeManagedBuffer(check_buf_);
     recv_buf_ = nullptr;
+    check_buf_ = nullptr;
   }
 
   void Send(const std::string& address, const Signal& signal) {
@@ -814,6 +817,24 @@ class StageNode::Impl {
     return !dead_.count(key) && !draining_peers_.count(key);
   }
 
+  // Why no route can be built: per stage without a usable replica, what the view shows.
+  std::string RouteProblem() const {
+    std::string out;
+    for (uint32_t g = 1; g < o_.stages; ++g) {
+      std::vector<directory::Record> records = dir_.View(o_.model, g);
+      std::string seen;
+      bool usable = false;
+      for (const directory::Record& r : records) {
+        auto key = std::make_pair(r.lid, r.epoch);
+        std::string state = dead_.count(key) ? "dead" : draining_peers_.count(key) ? "draining" : "live";
+        usable |= state == "live";
+        seen += StrCat(seen.empty() ? "" : ", ", "r", r.lid.replica, "@", r.epoch, " ", state);
+      }
+      if (!usable) out += StrCat(out.empty() ? "" : "; ", "stage ", g, ": ", seen.empty() ? "no replica registered" : seen);
+    }
+    return out;
+  }
+
   // A route through stages 1..N-1 from the directory's view: the current hop of each stage if
   // it is still live (sticky per request), else the caller's own replica, else the next live
   // replica after it. Nullopt when some stage has no live replica.
@@ -892,7 +913,7 @@ class StageNode::Impl {
         st.remaining.erase(id);
         Finish(id,
                absl::UnavailableError(StrCat("request ", id, ": no live replica of some stage for ",
-                                             o_.route_wait_ms, " ms")));
+                                             o_.route_wait_ms, " ms (", RouteProblem(), ")")));
       }
     }
   }
@@ -1003,7 +1024,7 @@ class StageNode::Impl {
             Post(std::function<void()>([this, id = id] {
               Finish(id, absl::UnavailableError(StrCat("request ", id,
                                                        ": no live replica of some stage for ",
-                                                       o_.route_wait_ms, " ms")));
+                                                       o_.route_wait_ms, " ms (", RouteProblem(), ")")));
             }));
           }
           continue;
@@ -1105,6 +1126,7 @@ class StageNode::Impl {
   // Loop-thread state.
   std::unique_ptr<SendRing> ring_;
   void* recv_buf_ = nullptr;
+  void* check_buf_ = nullptr;
   uint64_t next_corr_ = 1;
   uint64_t next_step_ = 1;
   std::set<uint64_t> seen_corr_;

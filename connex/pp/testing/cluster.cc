@@ -35,6 +35,7 @@ StageNode* Cluster::Start(uint32_t stage, uint32_t replica) {
   auto c = directory::DirectoryClient::Connect(client);
   if (!c.ok()) return nullptr;
   m.client = *std::move(c);
+  m.client->DelayEventsForTest(event_delay_ms_);
   m.engine = std::make_unique<TestEngine>(stage, stages_);
   transport::TransportOptions t;
   t.backend = transport::Backend::kMem;
@@ -55,6 +56,13 @@ StageNode* Cluster::Start(uint32_t stage, uint32_t replica) {
   m.node = *std::move(node);
   m.alive = true;
   return m.node.get();
+}
+
+void Cluster::SetDirectoryEventDelay(int ms) {
+  event_delay_ms_ = ms;
+  for (auto& [key, m] : members_) {
+    if (m.client) m.client->DelayEventsForTest(ms);
+  }
 }
 
 void Cluster::Kill(uint32_t stage, uint32_t replica) {

@@ -53,6 +53,9 @@ class Cluster {
   bool AwaitRingsEmpty(int64_t timeout_ms);
   StageNodeStats TotalStats() const;
 
+  // Every node's directory client (now and later) sees events `ms` late.
+  void SetDirectoryEventDelay(int ms);
+
   MemSignalNetwork& signals() { return *signals_; }
   transport::mem::Fabric& fabric() { return *fabric_; }
   const std::string& model() const { return model_; }
@@ -76,6 +79,7 @@ class Cluster {
   std::map<std::pair<uint32_t, uint32_t>, Member> members_;
   std::vector<std::unique_ptr<TestEngine>> graveyard_;  // engines of killed nodes
   std::vector<StageNodeStats> dead_stats_;
+  int event_delay_ms_ = 0;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Outcome> outcomes_ ABSL_GUARDED_BY(mu_);
 };
