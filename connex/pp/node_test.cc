@@ -196,7 +196,7 @@ namespace {
 // last stage of a two-stage pipeline, then reads what comes back.
 class RawOwner {
  public:
-  explicit RawOwner(Cluster& c) : c_(c), lid_{c.model(), 0, 0, 9} {
+  explicit RawOwner(Cluster& c) : lid_{c.model(), 0, 0, 9} {
     transport::TransportOptions t;
     t.backend = transport::Backend::kMem;
     t.local_lid = lid_;
@@ -254,7 +254,6 @@ class RawOwner {
   }
 
  private:
-  Cluster& c_;
   Lid lid_;
   transport::TransferEnginePtr transfer_;
   std::unique_ptr<SendRing> ring_;
