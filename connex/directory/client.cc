@@ -454,22 +454,35 @@ class DirectoryClient::Impl {
       wire::MapBuilder body;
       body.Str("lid", lid.ToString()).Uint("epoch", epoch).Uint("instance", instance_);
       Send(kHeartbeat, body, [this, lid = lid, epoch = epoch](absl::StatusOr<wire::Frame> r) {
-        OnHeartbeatReply(lid, epoch, r.status());
+        uint64_t held = epoch;
+        if (r.ok()) {
+          absl::StatusOr<uint64_t> e = r->body.UintOr("epoch", epoch);
+          if (e.ok()) held = *e;
+        }
+        OnHeartbeatReply(lid, epoch, r.status(), held);
       });
     }
     if (!due.empty()) SendOutbox();
   }
 
-  void OnHeartbeatReply(const Lid& lid, uint64_t epoch, const absl::Status& status) {
+  void OnHeartbeatReply(const Lid& lid, uint64_t epoch, const absl::Status& status,
+                        uint64_t held) {
     {
       absl::MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
       if (it == registrations_.end() || it->second.epoch != epoch) return;  // left or migrated
       it->second.heartbeat_in_flight = false;
-      if (status.ok() || status.code() == absl::StatusCode::kDeadlineExceeded ||
-          status.code() == absl::StatusCode::kUnavailable) {
+      if (status.ok() && held != epoch) {
+        // A JOIN of ours was applied but its reply was lost: the directory knows better.
+        it->second.epoch = held;
+      } else if (status.ok() || status.code() == absl::StatusCode::kDeadlineExceeded ||
+                 status.code() == absl::StatusCode::kUnavailable) {
         return;  // renewed, or the directory is unreachable: keep trying
       }
+    }
+    if (status.ok()) {
+      Notify(RegistrationChange{lid, epoch, held, absl::OkStatus()});
+      return;
     }
     if (status.code() == absl::StatusCode::kNotFound && options_.rejoin_after_eviction) {
       CONNEX_LOG_WARN("directory client: {} epoch {}: heartbeat refused ({}); joining again",

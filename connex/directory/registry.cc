@@ -83,12 +83,12 @@ absl::StatusOr<Registry::JoinResult> Registry::Join(
   return JoinResult{epoch, true};
 }
 
-absl::Status Registry::Heartbeat(const Lid& lid, uint64_t epoch, uint64_t instance) {
+absl::StatusOr<uint64_t> Registry::Heartbeat(const Lid& lid, uint64_t epoch, uint64_t instance) {
   auto it = records_.find(lid);
   if (it != records_.end()) {
-    if (it->second.record.epoch == epoch && it->second.instance == instance) {
+    if (it->second.instance == instance && it->second.record.epoch >= epoch) {
       it->second.deadline_ms = clock_->NowMs() + options_.lease_ttl_ms;
-      return absl::OkStatus();
+      return it->second.record.epoch;
     }
     // Someone else holds the LID now (or holds this epoch): whatever happened to our epoch, it
     // must not come back.

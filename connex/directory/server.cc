@@ -209,8 +209,8 @@ class DirectoryServer::Loop {
     if (type == kHeartbeat) {
       CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, body.Uint("epoch"));
       CONNEX_ASSIGN_OR_RETURN(uint64_t instance, body.Uint("instance"));
-      CONNEX_RETURN_IF_ERROR(registry_.Heartbeat(lid, epoch, instance));
-      out.Int("lease_ttl_ms", options_.lease_ttl_ms);
+      CONNEX_ASSIGN_OR_RETURN(uint64_t held, registry_.Heartbeat(lid, epoch, instance));
+      out.Int("lease_ttl_ms", options_.lease_ttl_ms).Uint("epoch", held);
       return wire::EncodeFrame(kOk, out);
     }
     CONNEX_RETURN_IF_ERROR(CheckToken(body));
