@@ -464,34 +464,59 @@ class StageNode::Impl {
                       AsStd(in.status().message()));
       return;
     }
-    auto key = std::make_pair(s.owner.lid, s.step);
-    auto done = executed_.find(key);
-    if (done != executed_.end()) {
-      // A re-sent attempt of a step this stage already ran: never run it twice.
-      ++stats_.steps_replayed;
-      Deliver(s, done->second.output);
-      return;
-    }
     absl::StatusOr<Batch> batch = GetBatch(*in);
     if (!batch.ok()) {
       CONNEX_LOG_WARN("pp {}: bad batch in step {}: {}", lid_.ToString(), s.step,
                       AsStd(batch.status().message()));
       return;
     }
-    std::vector<uint64_t> missing = engine_.MissingRequests(*in);
-    TensorDict runnable = *std::move(in);
-    if (!missing.empty()) {
-      ++stats_.missing_reported;
-      Send(s.owner.signal, MissingSignal{s.step, s.attempt, lid_, missing});
-      std::set<uint64_t> m(missing.begin(), missing.end());
+    // Step ids grow per owner, so a request's last executed step tells an old attempt (or a
+    // late duplicate) from a new step: a step is never executed twice on a stage, and a request
+    // that has moved on is never taken back.
+    auto key = std::make_pair(s.owner.lid, s.step);
+    auto done = executed_.find(key);
+    if (done != executed_.end()) {
+      // A re-sent attempt of a step this stage already ran: answer from the output cache, for
+      // the requests the owner still waits for.
+      std::set<uint64_t> wanted(s.request_ids.begin(), s.request_ids.end());
+      absl::StatusOr<Batch> cached = GetBatch(done->second.output);
+      if (!cached.ok()) return;
       std::vector<bool> keep;
       bool any = false;
-      for (uint64_t id : batch->request_ids) {
-        keep.push_back(!m.count(id));
+      for (uint64_t id : cached->request_ids) {
+        auto last = last_step_.find(id);
+        keep.push_back(wanted.count(id) && last != last_step_.end() && last->second == s.step);
         any |= keep.back();
       }
       if (!any) return;
-      runnable = Select(runnable, *batch, keep);
+      ++stats_.steps_replayed;
+      Deliver(s, Select(done->second.output, *cached, keep));
+      return;
+    }
+    std::vector<bool> keep;
+    std::vector<uint64_t> lost;
+    for (uint64_t id : batch->request_ids) {
+      auto last = last_step_.find(id);
+      bool fresh = last == last_step_.end() || last->second < s.step;
+      if (!fresh && last->second == s.step) lost.push_back(id);  // ran, but the output is gone
+      keep.push_back(fresh);
+    }
+    TensorDict runnable = Select(*in, *batch, keep);
+    std::vector<uint64_t> missing = engine_.MissingRequests(runnable);
+    missing.insert(missing.end(), lost.begin(), lost.end());
+    if (!missing.empty()) {
+      ++stats_.missing_reported;
+      Send(s.owner.signal, MissingSignal{s.step, s.attempt, lid_, missing});
+    }
+    {
+      std::set<uint64_t> m(missing.begin(), missing.end());
+      bool any = false;
+      for (size_t i = 0; i < keep.size(); ++i) {
+        keep[i] = keep[i] && !m.count(batch->request_ids[i]);
+        any |= keep[i];
+      }
+      if (!any) return;
+      runnable = Select(*in, *batch, keep);
     }
     absl::StatusOr<TensorDict> out = engine_.ExecuteStep(runnable);
     if (!out.ok()) {
@@ -502,6 +527,9 @@ class StageNode::Impl {
       return;
     }
     ++stats_.steps_executed;
+    for (size_t i = 0; i < keep.size(); ++i) {
+      if (keep[i]) last_step_[batch->request_ids[i]] = s.step;
+    }
     executed_[key] = Executed{*out};
     executed_order_.push_back(key);
     while (executed_order_.size() > kExecutedSteps) {
@@ -633,7 +661,10 @@ class StageNode::Impl {
   }
 
   void On(ReleaseSignal& r) {
-    for (uint64_t id : r.request_ids) engine_.Release(id);
+    for (uint64_t id : r.request_ids) {
+      engine_.Release(id);
+      last_step_.erase(id);
+    }
   }
 
   void On(PingSignal& p) { Send(p.reply_to, PongSignal{p.nonce, lid_, epoch_->load()}); }
@@ -927,10 +958,18 @@ class StageNode::Impl {
     s.origin = Self();
     s.hop = 0;
     s.route = st.route;
-    s.request_ids = st.ids;
-    s.start_positions = st.starts;
-    s.num_tokens = st.counts;
-    p.payload = st.output;
+    // Only the requests the owner still waits for: the others were answered or moved to a
+    // re-prefill, and must not be run again.
+    std::vector<bool> keep;
+    for (size_t i = 0; i < st.ids.size(); ++i) {
+      keep.push_back(st.remaining.count(st.ids[i]) > 0);
+      if (!keep.back()) continue;
+      s.request_ids.push_back(st.ids[i]);
+      s.start_positions.push_back(st.starts[i]);
+      s.num_tokens.push_back(st.counts[i]);
+    }
+    Batch batch{st.ids, st.starts, st.counts};
+    p.payload = s.request_ids.size() == st.ids.size() ? st.output : Select(st.output, batch, keep);
     st.deadline = NowMs() + o_.step_timeout_ms;
     st.sent = true;
     for (const Hop& h : st.route) WatchPeer(h);
@@ -1132,6 +1171,7 @@ class StageNode::Impl {
   std::set<uint64_t> seen_corr_;
   std::deque<uint64_t> seen_order_;
   std::map<std::pair<Lid, uint64_t>, Executed> executed_;
+  std::map<uint64_t, uint64_t> last_step_;  // request -> the last step executed for it here
   std::deque<std::pair<Lid, uint64_t>> executed_order_;
   std::map<uint64_t, Outgoing> outgoing_;
   std::deque<PendingSend> pending_;
