@@ -11,7 +11,7 @@
 #include <random>
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/base/clock.h"
 #include "connex/base/codec.h"
 #include "connex/base/config.h"
@@ -119,7 +119,7 @@ class DirectoryClient::Impl {
     if (!options_.token.empty()) body.Str("token", options_.token);
     Outgoing out{id, wire::EncodeFrame(type, body), std::move(done), std::string(type)};
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       outbox_.push_back(std::move(out));
     }
     Wake();
@@ -148,7 +148,7 @@ class DirectoryClient::Impl {
     CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kJoin, body));
     CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, reply.body.Uint("epoch"));
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       Registration& r = registrations_[lid];
       r.epoch = epoch;
       r.addresses = std::move(addresses);
@@ -161,7 +161,7 @@ class DirectoryClient::Impl {
   absl::Status Leave(const Lid& lid) {
     uint64_t epoch = 0;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
       if (it == registrations_.end()) {
         return absl::NotFoundError(StrCat("this client does not hold ", lid.ToString()));
@@ -177,7 +177,7 @@ class DirectoryClient::Impl {
   absl::Status LeaveAll() {
     std::vector<Lid> lids;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       for (const auto& [lid, r] : registrations_) lids.push_back(lid);
     }
     absl::Status result;
@@ -186,14 +186,14 @@ class DirectoryClient::Impl {
   }
 
   std::optional<uint64_t> EpochOf(const Lid& lid) const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     auto it = registrations_.find(lid);
     if (it == registrations_.end()) return std::nullopt;
     return it->second.epoch;
   }
 
   void OnRegistrationChange(std::function<void(const RegistrationChange&)> cb) {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     registration_callbacks_.push_back(std::move(cb));
   }
 
@@ -221,14 +221,14 @@ class DirectoryClient::Impl {
 
   absl::Status Watch() {
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       if (!watching_) {
         watching_ = true;
         want_snapshot_ = true;
       }
     }
     Wake();
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     auto ready = [this]()
                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return have_snapshot_ || stop_.load(); };
     if (!mu_.AwaitWithTimeout(absl::Condition(&ready),
@@ -241,14 +241,14 @@ class DirectoryClient::Impl {
   }
 
   std::vector<Record> View(std::string_view model, std::optional<uint32_t> group) const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     return FilterView(model, group);
   }
 
   bool AwaitView(std::string_view model,
                  const std::function<bool(const std::vector<Record>&)>& predicate,
                  int64_t timeout_ms) const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     auto holds = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return predicate(FilterView(model, std::nullopt));
     };
@@ -256,23 +256,23 @@ class DirectoryClient::Impl {
   }
 
   uint64_t Subscribe(std::function<void(const Event&)> cb) {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     uint64_t id = next_subscriber_++;
     subscribers_.emplace(id, std::make_shared<std::function<void(const Event&)>>(std::move(cb)));
     return id;
   }
 
   void Unsubscribe(uint64_t id) {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     subscribers_.erase(id);
   }
 
   uint64_t view_revision() const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     return revision_;
   }
   uint64_t resnapshots() const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     return resnapshots_;
   }
   const std::string& pub_address() const { return pub_address_; }
@@ -330,7 +330,7 @@ class DirectoryClient::Impl {
       int64_t timeout = 100;
       for (const auto& [id, p] : pending_) timeout = std::min(timeout, p.deadline_ms - now);
       {
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         for (const auto& [lid, r] : registrations_) {
           if (!r.heartbeat_in_flight) timeout = std::min(timeout, r.next_heartbeat_ms - now);
         }
@@ -369,14 +369,14 @@ class DirectoryClient::Impl {
       SendHeartbeats(now);
       bool snapshot_wanted = false;
       {
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         snapshot_wanted = want_snapshot_ && watching_;
       }
       if (snapshot_wanted && !snapshot_in_flight_) RequestSnapshot();
     }
     // Fail whatever is still waiting.
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       for (Outgoing& o : outbox_) pending_.emplace(o.id, Pending{0, std::move(o.done), o.type});
       outbox_.clear();
     }
@@ -388,7 +388,7 @@ class DirectoryClient::Impl {
   void SendOutbox() {
     std::deque<Outgoing> batch;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       batch.swap(outbox_);
     }
     int64_t now = RealClock::Get()->NowMs();
@@ -442,7 +442,7 @@ class DirectoryClient::Impl {
   void SendHeartbeats(int64_t now) {
     std::vector<std::pair<Lid, uint64_t>> due;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       for (auto& [lid, r] : registrations_) {
         if (r.heartbeat_in_flight || r.next_heartbeat_ms > now) continue;
         r.heartbeat_in_flight = true;
@@ -468,7 +468,7 @@ class DirectoryClient::Impl {
   void OnHeartbeatReply(const Lid& lid, uint64_t epoch, const absl::Status& status,
                         uint64_t held) {
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
       if (it == registrations_.end() || it->second.epoch != epoch) return;  // left or migrated
       it->second.heartbeat_in_flight = false;
@@ -493,7 +493,7 @@ class DirectoryClient::Impl {
     CONNEX_LOG_WARN("directory client: {} epoch {}: heartbeat refused ({}); giving the LID up",
                     lid.ToString(), epoch, AsStd(status.message()));
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       registrations_.erase(lid);
     }
     Notify(RegistrationChange{lid, epoch, 0,
@@ -505,7 +505,7 @@ class DirectoryClient::Impl {
   void Rejoin(const Lid& lid, uint64_t old_epoch) {
     wire::MapBuilder body;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
       if (it == registrations_.end()) return;
       it->second.heartbeat_in_flight = true;  // no heartbeats until the JOIN is answered
@@ -522,7 +522,7 @@ class DirectoryClient::Impl {
           !epoch.ok() && (epoch.status().code() == absl::StatusCode::kDeadlineExceeded ||
                           epoch.status().code() == absl::StatusCode::kUnavailable);
       {
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         auto it = registrations_.find(lid);
         if (it == registrations_.end() || it->second.epoch != old_epoch) return;
         if (epoch.ok()) {
@@ -550,7 +550,7 @@ class DirectoryClient::Impl {
   void Notify(const RegistrationChange& change) {
     std::vector<std::function<void(const RegistrationChange&)>> callbacks;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       callbacks = registration_callbacks_;
     }
     for (auto& cb : callbacks) cb(change);
@@ -561,7 +561,7 @@ class DirectoryClient::Impl {
   void RequestSnapshot() {
     snapshot_in_flight_ = true;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       want_snapshot_ = false;
     }
     wire::MapBuilder body;
@@ -569,14 +569,14 @@ class DirectoryClient::Impl {
       snapshot_in_flight_ = false;
       if (!reply.ok()) {
         CONNEX_LOG_DEBUG("directory client: snapshot failed: {}", reply.status().ToString());
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         want_snapshot_ = true;
         return;
       }
       absl::StatusOr<Snapshot> snapshot = DecodeSnapshot(reply->body);
       if (!snapshot.ok()) {
         CONNEX_LOG_WARN("directory client: bad snapshot: {}", snapshot.status().ToString());
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         want_snapshot_ = true;
         return;
       }
@@ -588,7 +588,7 @@ class DirectoryClient::Impl {
   void InstallSnapshot(Snapshot snapshot) {
     std::vector<Event> synthesized;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       std::map<Lid, Record> fresh;
       for (Record& r : snapshot.records) fresh.emplace(r.lid, std::move(r));
       if (have_snapshot_) {
@@ -645,7 +645,7 @@ class DirectoryClient::Impl {
     uint64_t revision;
     bool have;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       watching = watching_;
       revision = revision_;
       have = have_snapshot_;
@@ -680,7 +680,7 @@ class DirectoryClient::Impl {
 
   void ApplyEvent(Event event, uint64_t incarnation) {
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       if (incarnation != incarnation_ || event.revision > revision_ + 1) {
         buffered_.emplace_back(std::move(event), incarnation);
         want_snapshot_ = true;
@@ -726,7 +726,7 @@ class DirectoryClient::Impl {
   void DeliverNow(const std::vector<Event>& events) {
     std::vector<std::shared_ptr<std::function<void(const Event&)>>> callbacks;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       for (const auto& [id, cb] : subscribers_) callbacks.push_back(cb);
     }
     for (const Event& e : events) {
@@ -756,7 +756,7 @@ class DirectoryClient::Impl {
   std::deque<std::pair<int64_t, std::vector<Event>>> delayed_;  // (due ms, events)
   std::atomic<bool> snapshot_in_flight_{false};
 
-  mutable absl::Mutex mu_;
+  mutable connex::Mutex mu_;
   std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
   std::map<Lid, Registration> registrations_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(const RegistrationChange&)>> registration_callbacks_

@@ -8,7 +8,7 @@
 
 #include <atomic>
 
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/base/wait.h"
 #include "connex/base/zmq_util.h"
 #include "connex/directory/client.h"
@@ -23,11 +23,11 @@ using ::testing::HasSubstr;
 class EventLog {
  public:
   void Add(const Event& e) {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     events_.push_back(e);
   }
   bool Has(EventKind kind, const Lid& lid, uint64_t epoch = 0) const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     for (const Event& e : events_) {
       if (e.kind == kind && e.record.lid == lid && (epoch == 0 || e.record.epoch == epoch))
         return true;
@@ -35,12 +35,12 @@ class EventLog {
     return false;
   }
   std::vector<Event> All() const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     return events_;
   }
 
  private:
-  mutable absl::Mutex mu_;
+  mutable connex::Mutex mu_;
   std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -126,9 +126,9 @@ TEST_F(DirectoryTest, AnotherProcessSupersedesTheHolder) {
   auto second = Client();
   std::atomic<int> lost{0};
   std::string why;
-  absl::Mutex mu;
+  connex::Mutex mu;
   first->OnRegistrationChange([&](const RegistrationChange& c) {
-    absl::MutexLock lock(&mu);
+    connex::MutexLock lock(&mu);
     why = std::string(c.status.message());
     if (c.status.code() == absl::StatusCode::kFailedPrecondition) lost++;
   });
@@ -139,7 +139,7 @@ TEST_F(DirectoryTest, AnotherProcessSupersedesTheHolder) {
   ASSERT_TRUE(WaitUntil([&] { return lost.load() == 1; }, 3000));
   EXPECT_FALSE(first->EpochOf(a_).has_value());
   EXPECT_EQ(second->EpochOf(a_), *e2);
-  absl::MutexLock lock(&mu);
+  connex::MutexLock lock(&mu);
   EXPECT_THAT(why, HasSubstr("superseded by " + std::to_string(*e2)));
 }
 

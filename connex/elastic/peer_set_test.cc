@@ -83,9 +83,9 @@ TEST_F(PeerSetTest, HandsOverWhenAPeerDies) {
   // A send timeout well inside the 600 ms lease, so that the sender, not the lease, notices.
   ElasticPeerSet peers(*owner, {"demo", 1, 1, /*send_timeout_ms=*/100});
   std::vector<std::string> changes;
-  absl::Mutex mu;
+  connex::Mutex mu;
   peers.OnChange([&](const PeerChange& c) {
-    absl::MutexLock lock(&mu);
+    connex::MutexLock lock(&mu);
     changes.push_back(
         StrCat(PeerChangeKindName(c.kind), " ", c.record.lid.ToString(), c.local ? " local" : ""));
   });
@@ -117,7 +117,7 @@ TEST_F(PeerSetTest, HandsOverWhenAPeerDies) {
   EXPECT_EQ(*peers.Pick(), r1_);
   ASSERT_TRUE(peers.Send(r1_, "back").ok());
   EXPECT_EQ(b2.inbox->Receive(1000), "back");
-  absl::MutexLock lock(&mu);
+  connex::MutexLock lock(&mu);
   EXPECT_THAT(changes, ElementsAre("JOINED demo/g1/s0/r0", "JOINED demo/g1/s0/r1",
                                    "FAILED demo/g1/s0/r1 local", "JOINED demo/g1/s0/r1"));
 }

@@ -12,7 +12,7 @@
 #include <thread>
 #include <variant>
 
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/base/clock.h"
 #include "connex/base/config.h"
 #include "connex/base/logging.h"
@@ -235,7 +235,7 @@ class StageNode::Impl {
   const Lid& lid() const { return lid_; }
   uint64_t epoch() const { return epoch_->load(); }
   StageNodeStats Stats() const {
-    absl::MutexLock lock(&stats_mu_);
+    connex::MutexLock lock(&stats_mu_);
     return stats_snapshot_;
   }
 
@@ -314,20 +314,20 @@ class StageNode::Impl {
   }
 
   void Post(Item item) {
-    absl::MutexLock lock(&queue_mu_);
+    connex::MutexLock lock(&queue_mu_);
     queue_.push_back(std::move(item));
   }
 
   void StopLoop() {
     {
-      absl::MutexLock lock(&queue_mu_);
+      connex::MutexLock lock(&queue_mu_);
       if (stopped_) return;
       stopped_ = true;
     }
     stop_.store(true);
     if (loop_.joinable()) loop_.join();
     {
-      absl::MutexLock lock(&report_mu_);
+      connex::MutexLock lock(&report_mu_);
       report_stop_ = true;
     }
     if (reporter_.joinable()) reporter_.join();
@@ -358,7 +358,7 @@ class StageNode::Impl {
       int64_t wait = std::max<int64_t>(0, std::min<int64_t>(20, NextTimer(now) - now));
       std::deque<Item> items;
       {
-        absl::MutexLock lock(&queue_mu_);
+        connex::MutexLock lock(&queue_mu_);
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) { return !queue_.empty(); };
         queue_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(wait));
         items.swap(queue_);
@@ -397,7 +397,7 @@ class StageNode::Impl {
     stats_.ring_in_use = ring_ ? ring_->in_use() : 0;
     stats_.requests_in_flight = requests_.size();
     stats_.steps_in_flight = steps_.size() + pending_.size();
-    absl::MutexLock lock(&stats_mu_);
+    connex::MutexLock lock(&stats_mu_);
     stats_snapshot_ = stats_;
   }
 
@@ -1022,7 +1022,7 @@ class StageNode::Impl {
   }
 
   void Report(const Lid& lid, uint64_t epoch) {
-    absl::MutexLock lock(&report_mu_);
+    connex::MutexLock lock(&report_mu_);
     reports_.emplace_back(lid, epoch);
   }
 
@@ -1030,7 +1030,7 @@ class StageNode::Impl {
     while (true) {
       std::pair<Lid, uint64_t> next;
       {
-        absl::MutexLock lock(&report_mu_);
+        connex::MutexLock lock(&report_mu_);
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(report_mu_) {
           return report_stop_ || !reports_.empty();
         };
@@ -1187,12 +1187,12 @@ class StageNode::Impl {
   std::thread loop_;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> last_step_ms_{0};
-  absl::Mutex queue_mu_;
+  connex::Mutex queue_mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stopped_ ABSL_GUARDED_BY(queue_mu_) = false;
-  mutable absl::Mutex stats_mu_;
+  mutable connex::Mutex stats_mu_;
   StageNodeStats stats_snapshot_ ABSL_GUARDED_BY(stats_mu_);
-  absl::Mutex report_mu_;
+  connex::Mutex report_mu_;
   std::deque<std::pair<Lid, uint64_t>> reports_ ABSL_GUARDED_BY(report_mu_);
   bool report_stop_ ABSL_GUARDED_BY(report_mu_) = false;
   std::thread reporter_;

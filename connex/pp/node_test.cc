@@ -205,7 +205,7 @@ class RawOwner {
     ring_ = *SendRing::Create(*transfer_, 4, 1 << 16);
     endpoint_ = c.signals().NewEndpoint();
     endpoint_->SetReceiver([this](std::string frame) {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       inbox_.push_back(*Decode(frame));
     });
   }
@@ -245,11 +245,11 @@ class RawOwner {
   std::vector<Signal> Await(size_t count) {
     WaitUntil(
         [&] {
-          absl::MutexLock lock(&mu_);
+          connex::MutexLock lock(&mu_);
           return inbox_.size() >= count;
         },
         3000);
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     return inbox_;
   }
 
@@ -258,7 +258,7 @@ class RawOwner {
   transport::TransferEnginePtr transfer_;
   std::unique_ptr<SendRing> ring_;
   std::unique_ptr<SignalTransport> endpoint_;
-  absl::Mutex mu_;
+  connex::Mutex mu_;
   std::vector<Signal> inbox_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -106,13 +106,13 @@ bool Cluster::alive(uint32_t stage, uint32_t replica) const {
 absl::Status Cluster::Submit(uint32_t replica, uint64_t id, std::vector<int32_t> prompt,
                              int max_new) {
   {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     outcomes_[id] = Outcome{};
   }
   return node(0, replica)
       ->Submit(id, std::move(prompt), max_new,
                [this](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
-                 absl::MutexLock lock(&mu_);
+                 connex::MutexLock lock(&mu_);
                  outcomes_[rid].done = true;
                  outcomes_[rid].tokens = std::move(r);
                });
@@ -121,7 +121,7 @@ absl::Status Cluster::Submit(uint32_t replica, uint64_t id, std::vector<int32_t>
 bool Cluster::AwaitAll(int64_t timeout_ms) {
   return WaitUntil(
       [this] {
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         for (const auto& [id, o] : outcomes_) {
           if (!o.done) return false;
         }
@@ -131,7 +131,7 @@ bool Cluster::AwaitAll(int64_t timeout_ms) {
 }
 
 std::map<uint64_t, Outcome> Cluster::outcomes() const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   return outcomes_;
 }
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/directory/client.h"
 #include "connex/directory/server.h"
 #include "connex/pp/mem_signal.h"
@@ -80,7 +80,7 @@ class Cluster {
   std::vector<std::unique_ptr<TestEngine>> graveyard_;  // engines of killed nodes
   std::vector<StageNodeStats> dead_stats_;
   int event_delay_ms_ = 0;
-  mutable absl::Mutex mu_;
+  mutable connex::Mutex mu_;
   std::map<uint64_t, Outcome> outcomes_ ABSL_GUARDED_BY(mu_);
 };
 
