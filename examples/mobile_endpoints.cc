@@ -7,8 +7,8 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <thread>
 #include <string>
+#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "connex/base/logging.h"

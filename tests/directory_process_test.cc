@@ -26,10 +26,15 @@ class DirectoryProcessTest : public ::testing::Test {
   void SetUp() override { StartDirectory({}); }
 
   void StartDirectory(std::vector<std::string> extra) {
-    std::vector<std::string> argv = {BinDir() + "/connex-directory", "--bind",
-                                     "tcp://127.0.0.1:0", "--pub", "tcp://127.0.0.1:0",
-                                     "--lease-ttl-ms", std::to_string(kLeaseTtlMs),
-                                     "--heartbeat-ms", "200"};
+    std::vector<std::string> argv = {BinDir() + "/connex-directory",
+                                     "--bind",
+                                     "tcp://127.0.0.1:0",
+                                     "--pub",
+                                     "tcp://127.0.0.1:0",
+                                     "--lease-ttl-ms",
+                                     std::to_string(kLeaseTtlMs),
+                                     "--heartbeat-ms",
+                                     "200"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto p = Subprocess::Start(argv);
     ASSERT_TRUE(p.has_value());
@@ -54,7 +59,8 @@ class DirectoryProcessTest : public ::testing::Test {
   }
 
   // Runs connexctl to completion; returns (exit code, output).
-  std::pair<int, std::string> Run(std::vector<std::string> args, std::vector<std::string> env = {}) {
+  std::pair<int, std::string> Run(std::vector<std::string> args,
+                                  std::vector<std::string> env = {}) {
     Subprocess p = Ctl(std::move(args), std::move(env));
     while (p.ReadLine(10000)) {
     }
@@ -224,7 +230,7 @@ TEST_F(DirectoryProcessTest, BadInputGetsClearErrorsAndTheDirectoryKeepsServing)
 
 TEST_F(DirectoryProcessTest, NoDirectoryIsAClearError) {
   std::vector<std::string> argv = {BinDir() + "/connexctl", "--directory", "tcp://127.0.0.1:1",
-                                   "--timeout-ms", "300", "status"};
+                                   "--timeout-ms",          "300",         "status"};
   auto p = Subprocess::Start(argv, {}, true);
   ASSERT_TRUE(p.has_value());
   while (p->ReadLine(5000)) {

@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   auto options = connex::pp::StageNodeOptions::FromEnv(base);
   if (!options.ok()) return fail(options.status());
   connex::pp::testing::TestEngine engine(stage, stages);
-  auto node = connex::pp::StageNode::Start(*options, engine, *std::move(transfer), *std::move(sig), **client);
+  auto node = connex::pp::StageNode::Start(*options, engine, *std::move(transfer), *std::move(sig),
+                                           **client);
   if (!node.ok()) return fail(node.status());
   std::printf("ready %s epoch=%llu\n", lid.ToString().c_str(),
               static_cast<unsigned long long>((*node)->epoch()));
@@ -86,25 +87,30 @@ int main(int argc, char** argv) {
   if (stage == 0 && requests > 0) {
     // Wait until the directory shows every stage before submitting.
     for (uint32_t g = 1; g < stages; ++g) {
-      (*client)->AwaitView(model, [g](const auto& v) {
-        for (const auto& r : v) if (r.lid.group == g) return true;
-        return false;
-      }, 10000);
+      (*client)->AwaitView(
+          model,
+          [g](const auto& v) {
+            for (const auto& r : v)
+              if (r.lid.group == g) return true;
+            return false;
+          },
+          10000);
     }
     for (int i = 0; i < requests; ++i) {
       uint64_t id = first_id + static_cast<uint64_t>(i);
-      absl::Status s = (*node)->Submit(id, PromptOf(id), max_new,
-                                       [&finished](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
-        nlohmann::json line = {{"id", rid}};
-        if (r.ok()) {
-          line["tokens"] = *r;
-        } else {
-          line["error"] = std::string(r.status().message());
-        }
-        std::printf("%s\n", line.dump().c_str());
-        std::fflush(stdout);
-        finished.fetch_add(1);
-      });
+      absl::Status s =
+          (*node)->Submit(id, PromptOf(id), max_new,
+                          [&finished](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
+                            nlohmann::json line = {{"id", rid}};
+                            if (r.ok()) {
+                              line["tokens"] = *r;
+                            } else {
+                              line["error"] = std::string(r.status().message());
+                            }
+                            std::printf("%s\n", line.dump().c_str());
+                            std::fflush(stdout);
+                            finished.fetch_add(1);
+                          });
       if (!s.ok()) return fail(s);
     }
   }

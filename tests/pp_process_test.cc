@@ -22,9 +22,9 @@ constexpr int kStages = 3;
 class PpProcessTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    auto p = Subprocess::Start({BinDir() + "/connex-directory", "--bind", "tcp://127.0.0.1:0",
-                                "--pub", "tcp://127.0.0.1:0", "--lease-ttl-ms", "1500",
-                                "--heartbeat-ms", "300"});
+    auto p =
+        Subprocess::Start({BinDir() + "/connex-directory", "--bind", "tcp://127.0.0.1:0", "--pub",
+                           "tcp://127.0.0.1:0", "--lease-ttl-ms", "1500", "--heartbeat-ms", "300"});
     ASSERT_TRUE(p.has_value());
     directory_.emplace(std::move(*p));
     auto line = directory_->ReadLine(10000);
@@ -35,10 +35,19 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
   }
 
   Subprocess Node(int stage, int replica, std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {BinDir() + "/pp_test_node", "--directory", bind_,
-                                     "--backend", GetParam(), "--model", "pp",
-                                     "--stage", std::to_string(stage), "--stages",
-                                     std::to_string(kStages), "--replica", std::to_string(replica)};
+    std::vector<std::string> argv = {BinDir() + "/pp_test_node",
+                                     "--directory",
+                                     bind_,
+                                     "--backend",
+                                     GetParam(),
+                                     "--model",
+                                     "pp",
+                                     "--stage",
+                                     std::to_string(stage),
+                                     "--stages",
+                                     std::to_string(kStages),
+                                     "--replica",
+                                     std::to_string(replica)};
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto p = Subprocess::Start(argv, {"CONNEX_LOG_LEVEL=warn"});
     EXPECT_TRUE(p.has_value());
@@ -74,7 +83,8 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
       EXPECT_FALSE(j.contains("error")) << *line;
       if (j.contains("tokens")) {
         std::vector<int32_t> got = j["tokens"];
-        EXPECT_EQ(got, pp::testing::ReferenceTokens(kStages, PromptOf(id), max_new)) << "request " << id;
+        EXPECT_EQ(got, pp::testing::ReferenceTokens(kStages, PromptOf(id), max_new))
+            << "request " << id;
       }
       ++seen;
     }

@@ -9,7 +9,8 @@ namespace connex::testing {
 
 inline std::vector<int32_t> PromptOf(uint64_t id) {
   std::vector<int32_t> p;
-  for (uint64_t i = 0; i < 2 + id % 7; ++i) p.push_back(static_cast<int32_t>((id * 37 + i * 11) % 200));
+  for (uint64_t i = 0; i < 2 + id % 7; ++i)
+    p.push_back(static_cast<int32_t>((id * 37 + i * 11) % 200));
   return p;
 }
 

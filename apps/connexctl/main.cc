@@ -119,7 +119,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   bool json = false;
-  CLI::App* status = app.add_subcommand("status", "table of every record: LID, epoch, lease, addresses");
+  CLI::App* status =
+      app.add_subcommand("status", "table of every record: LID, epoch, lease, addresses");
   status->add_flag("--json", json, "print JSON");
   CLI::App* watch = app.add_subcommand("watch", "print one line per event until interrupted");
   std::string watch_model;

@@ -37,17 +37,26 @@ absl::StatusOr<uint64_t> AsUint(const msgpack::object& o, const std::string& pat
 
 std::string_view TypeName(const msgpack::object& object) {
   switch (object.type) {
-    case msgpack::type::NIL: return "nil";
-    case msgpack::type::BOOLEAN: return "boolean";
+    case msgpack::type::NIL:
+      return "nil";
+    case msgpack::type::BOOLEAN:
+      return "boolean";
     case msgpack::type::POSITIVE_INTEGER:
-    case msgpack::type::NEGATIVE_INTEGER: return "integer";
+    case msgpack::type::NEGATIVE_INTEGER:
+      return "integer";
     case msgpack::type::FLOAT32:
-    case msgpack::type::FLOAT64: return "float";
-    case msgpack::type::STR: return "string";
-    case msgpack::type::BIN: return "binary";
-    case msgpack::type::ARRAY: return "array";
-    case msgpack::type::MAP: return "map";
-    case msgpack::type::EXT: return "extension";
+    case msgpack::type::FLOAT64:
+      return "float";
+    case msgpack::type::STR:
+      return "string";
+    case msgpack::type::BIN:
+      return "binary";
+    case msgpack::type::ARRAY:
+      return "array";
+    case msgpack::type::MAP:
+      return "map";
+    case msgpack::type::EXT:
+      return "extension";
   }
   return "unknown";
 }
@@ -363,9 +372,8 @@ absl::StatusOr<uint64_t> ListView::UintAt(size_t i) const {
 absl::StatusOr<Frame> DecodeFrame(std::string_view bytes, const Limits& limits) {
   if (bytes.empty()) return absl::InvalidArgumentError("wire: empty frame");
   if (bytes.size() > limits.max_frame_bytes) {
-    return absl::InvalidArgumentError(StrCat("wire: frame of ", bytes.size(),
-                                                   " bytes exceeds the limit of ",
-                                                   limits.max_frame_bytes));
+    return absl::InvalidArgumentError(StrCat(
+        "wire: frame of ", bytes.size(), " bytes exceeds the limit of ", limits.max_frame_bytes));
   }
   Frame frame;
   size_t offset = 0;
@@ -396,8 +404,8 @@ absl::StatusOr<Frame> DecodeFrame(std::string_view bytes, const Limits& limits) 
   if (!version.ok()) return version.status();
   if (*version < kMinVersion || *version > kVersion) {
     return absl::InvalidArgumentError(StrCat("wire: frame version ", *version,
-                                                   " is not supported (this build reads ",
-                                                   kMinVersion, "..", kVersion, ")"));
+                                             " is not supported (this build reads ", kMinVersion,
+                                             "..", kVersion, ")"));
   }
   absl::StatusOr<std::string> type = AsStr(items[1], "wire: type");
   if (!type.ok()) return type.status();

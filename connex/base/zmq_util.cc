@@ -39,8 +39,7 @@ absl::StatusOr<TcpEndpoint> ParseTcpEndpoint(std::string_view text) {
 absl::StatusOr<std::string> BindZmq(zmq::socket_t& socket, std::string_view endpoint) {
   absl::StatusOr<TcpEndpoint> ep = ParseTcpEndpoint(endpoint);
   if (!ep.ok()) return ep.status();
-  std::string zmq_endpoint =
-      ep->port == 0 ? StrCat("tcp://", ep->host, ":*") : ep->ToString();
+  std::string zmq_endpoint = ep->port == 0 ? StrCat("tcp://", ep->host, ":*") : ep->ToString();
   try {
     socket.bind(zmq_endpoint);
     return socket.get(zmq::sockopt::last_endpoint);

@@ -3,15 +3,15 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
-#include <algorithm>
 #include <future>
 #include <random>
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/base/clock.h"
 #include "connex/base/codec.h"
 #include "connex/base/config.h"
@@ -27,8 +27,8 @@ absl::StatusOr<DirectoryClientOptions> DirectoryClientOptions::FromEnv() {
   o.directory = EnvString("CONNEX_DIRECTORY", o.directory);
   o.token = EnvString("CONNEX_DIRECTORY_TOKEN", "");
   CONNEX_ASSIGN_OR_RETURN(o.heartbeat_ms, EnvInt("CONNEX_HEARTBEAT_MS", 0, 0, 3'600'000));
-  CONNEX_ASSIGN_OR_RETURN(o.request_timeout_ms,
-                          EnvInt("CONNEX_DIRECTORY_TIMEOUT_MS", o.request_timeout_ms, 1, 3'600'000));
+  CONNEX_ASSIGN_OR_RETURN(o.request_timeout_ms, EnvInt("CONNEX_DIRECTORY_TIMEOUT_MS",
+                                                       o.request_timeout_ms, 1, 3'600'000));
   return o;
 }
 
@@ -78,8 +78,8 @@ class DirectoryClient::Impl {
       zmq::pollitem_t item{dealer_.handle(), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, std::chrono::milliseconds(options_.request_timeout_ms));
       if (!(item.revents & ZMQ_POLLIN)) {
-        return absl::UnavailableError(StrCat("directory ", options_.directory, ": no answer within ",
-                                             options_.request_timeout_ms,
+        return absl::UnavailableError(StrCat("directory ", options_.directory,
+                                             ": no answer within ", options_.request_timeout_ms,
                                              " ms (is connex-directory running there?)"));
       }
       zmq::message_t reply;
@@ -119,7 +119,7 @@ class DirectoryClient::Impl {
     if (!options_.token.empty()) body.Str("token", options_.token);
     Outgoing out{id, wire::EncodeFrame(type, body), std::move(done), std::string(type)};
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       outbox_.push_back(std::move(out));
     }
     Wake();
@@ -132,7 +132,8 @@ class DirectoryClient::Impl {
     }
     auto promise = std::make_shared<std::promise<absl::StatusOr<wire::Frame>>>();
     std::future<absl::StatusOr<wire::Frame>> future = promise->get_future();
-    Send(type, body, [promise](absl::StatusOr<wire::Frame> r) { promise->set_value(std::move(r)); });
+    Send(type, body,
+         [promise](absl::StatusOr<wire::Frame> r) { promise->set_value(std::move(r)); });
     return future.get();
   }
 
@@ -147,7 +148,7 @@ class DirectoryClient::Impl {
     CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kJoin, body));
     CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, reply.body.Uint("epoch"));
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       Registration& r = registrations_[lid];
       r.epoch = epoch;
       r.addresses = std::move(addresses);
@@ -160,7 +161,7 @@ class DirectoryClient::Impl {
   absl::Status Leave(const Lid& lid) {
     uint64_t epoch = 0;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
       if (it == registrations_.end()) {
         return absl::NotFoundError(StrCat("this client does not hold ", lid.ToString()));
@@ -176,7 +177,7 @@ class DirectoryClient::Impl {
   absl::Status LeaveAll() {
     std::vector<Lid> lids;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       for (const auto& [lid, r] : registrations_) lids.push_back(lid);
     }
     absl::Status result;
@@ -185,14 +186,14 @@ class DirectoryClient::Impl {
   }
 
   std::optional<uint64_t> EpochOf(const Lid& lid) const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     auto it = registrations_.find(lid);
     if (it == registrations_.end()) return std::nullopt;
     return it->second.epoch;
   }
 
   void OnRegistrationChange(std::function<void(const RegistrationChange&)> cb) {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     registration_callbacks_.push_back(std::move(cb));
   }
 
@@ -220,32 +221,34 @@ class DirectoryClient::Impl {
 
   absl::Status Watch() {
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       if (!watching_) {
         watching_ = true;
         want_snapshot_ = true;
       }
     }
     Wake();
-    absl::MutexLock lock(&mu_);
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return have_snapshot_ || stop_.load(); };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(options_.request_timeout_ms * 2))) {
-      return absl::DeadlineExceededError(
-          StrCat("directory ", options_.directory, ": no snapshot within ",
-                 options_.request_timeout_ms * 2, " ms"));
+    connex::MutexLock lock(&mu_);
+    auto ready = [this]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return have_snapshot_ || stop_.load(); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready),
+                              absl::Milliseconds(options_.request_timeout_ms * 2))) {
+      return absl::DeadlineExceededError(StrCat("directory ", options_.directory,
+                                                ": no snapshot within ",
+                                                options_.request_timeout_ms * 2, " ms"));
     }
     return absl::OkStatus();
   }
 
   std::vector<Record> View(std::string_view model, std::optional<uint32_t> group) const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     return FilterView(model, group);
   }
 
   bool AwaitView(std::string_view model,
                  const std::function<bool(const std::vector<Record>&)>& predicate,
                  int64_t timeout_ms) const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     auto holds = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return predicate(FilterView(model, std::nullopt));
     };
@@ -253,29 +256,30 @@ class DirectoryClient::Impl {
   }
 
   uint64_t Subscribe(std::function<void(const Event&)> cb) {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     uint64_t id = next_subscriber_++;
     subscribers_.emplace(id, std::make_shared<std::function<void(const Event&)>>(std::move(cb)));
     return id;
   }
 
   void Unsubscribe(uint64_t id) {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     subscribers_.erase(id);
   }
 
   uint64_t view_revision() const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     return revision_;
   }
   uint64_t resnapshots() const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     return resnapshots_;
   }
   const std::string& pub_address() const { return pub_address_; }
   const std::string& directory_address() const { return options_.directory; }
   int64_t lease_ttl_ms() const { return lease_ttl_ms_; }
   void DropEventsForTest(int n) { drop_events_.fetch_add(n); }
+  void DelayEventsForTest(int ms) { delay_events_ms_.store(ms); }
 
  private:
   struct Outgoing {
@@ -326,11 +330,12 @@ class DirectoryClient::Impl {
       int64_t timeout = 100;
       for (const auto& [id, p] : pending_) timeout = std::min(timeout, p.deadline_ms - now);
       {
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         for (const auto& [lid, r] : registrations_) {
           if (!r.heartbeat_in_flight) timeout = std::min(timeout, r.next_heartbeat_ms - now);
         }
       }
+      if (!delayed_.empty()) timeout = std::min(timeout, delayed_.front().first - now);
       timeout = std::max<int64_t>(0, timeout);
       zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
                                  {sub_.handle(), 0, ZMQ_POLLIN, 0},
@@ -359,29 +364,31 @@ class DirectoryClient::Impl {
         HandlePublished(parts);
       }
       now = clock->NowMs();
+      DeliverDue(now);
       ExpirePending(now);
       SendHeartbeats(now);
       bool snapshot_wanted = false;
       {
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         snapshot_wanted = want_snapshot_ && watching_;
       }
       if (snapshot_wanted && !snapshot_in_flight_) RequestSnapshot();
     }
     // Fail whatever is still waiting.
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       for (Outgoing& o : outbox_) pending_.emplace(o.id, Pending{0, std::move(o.done), o.type});
       outbox_.clear();
     }
-    for (auto& [id, p] : pending_) p.done(absl::CancelledError("directory client is shutting down"));
+    for (auto& [id, p] : pending_)
+      p.done(absl::CancelledError("directory client is shutting down"));
     pending_.clear();
   }
 
   void SendOutbox() {
     std::deque<Outgoing> batch;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       batch.swap(outbox_);
     }
     int64_t now = RealClock::Get()->NowMs();
@@ -435,7 +442,7 @@ class DirectoryClient::Impl {
   void SendHeartbeats(int64_t now) {
     std::vector<std::pair<Lid, uint64_t>> due;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       for (auto& [lid, r] : registrations_) {
         if (r.heartbeat_in_flight || r.next_heartbeat_ms > now) continue;
         r.heartbeat_in_flight = true;
@@ -447,22 +454,35 @@ class DirectoryClient::Impl {
       wire::MapBuilder body;
       body.Str("lid", lid.ToString()).Uint("epoch", epoch).Uint("instance", instance_);
       Send(kHeartbeat, body, [this, lid = lid, epoch = epoch](absl::StatusOr<wire::Frame> r) {
-        OnHeartbeatReply(lid, epoch, r.status());
+        uint64_t held = epoch;
+        if (r.ok()) {
+          absl::StatusOr<uint64_t> e = r->body.UintOr("epoch", epoch);
+          if (e.ok()) held = *e;
+        }
+        OnHeartbeatReply(lid, epoch, r.status(), held);
       });
     }
     if (!due.empty()) SendOutbox();
   }
 
-  void OnHeartbeatReply(const Lid& lid, uint64_t epoch, const absl::Status& status) {
+  void OnHeartbeatReply(const Lid& lid, uint64_t epoch, const absl::Status& status,
+                        uint64_t held) {
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
       if (it == registrations_.end() || it->second.epoch != epoch) return;  // left or migrated
       it->second.heartbeat_in_flight = false;
-      if (status.ok() || status.code() == absl::StatusCode::kDeadlineExceeded ||
-          status.code() == absl::StatusCode::kUnavailable) {
+      if (status.ok() && held != epoch) {
+        // A JOIN of ours was applied but its reply was lost: the directory knows better.
+        it->second.epoch = held;
+      } else if (status.ok() || status.code() == absl::StatusCode::kDeadlineExceeded ||
+                 status.code() == absl::StatusCode::kUnavailable) {
         return;  // renewed, or the directory is unreachable: keep trying
       }
+    }
+    if (status.ok()) {
+      Notify(RegistrationChange{lid, epoch, held, absl::OkStatus()});
+      return;
     }
     if (status.code() == absl::StatusCode::kNotFound && options_.rejoin_after_eviction) {
       CONNEX_LOG_WARN("directory client: {} epoch {}: heartbeat refused ({}); joining again",
@@ -473,7 +493,7 @@ class DirectoryClient::Impl {
     CONNEX_LOG_WARN("directory client: {} epoch {}: heartbeat refused ({}); giving the LID up",
                     lid.ToString(), epoch, AsStd(status.message()));
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       registrations_.erase(lid);
     }
     Notify(RegistrationChange{lid, epoch, 0,
@@ -485,7 +505,7 @@ class DirectoryClient::Impl {
   void Rejoin(const Lid& lid, uint64_t old_epoch) {
     wire::MapBuilder body;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
       if (it == registrations_.end()) return;
       it->second.heartbeat_in_flight = true;  // no heartbeats until the JOIN is answered
@@ -498,10 +518,11 @@ class DirectoryClient::Impl {
     Send(kJoin, body, [this, lid, old_epoch](absl::StatusOr<wire::Frame> reply) {
       absl::StatusOr<uint64_t> epoch =
           reply.ok() ? reply->body.Uint("epoch") : absl::StatusOr<uint64_t>(reply.status());
-      bool retry_later = !epoch.ok() && (epoch.status().code() == absl::StatusCode::kDeadlineExceeded ||
-                                         epoch.status().code() == absl::StatusCode::kUnavailable);
+      bool retry_later =
+          !epoch.ok() && (epoch.status().code() == absl::StatusCode::kDeadlineExceeded ||
+                          epoch.status().code() == absl::StatusCode::kUnavailable);
       {
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         auto it = registrations_.find(lid);
         if (it == registrations_.end() || it->second.epoch != old_epoch) return;
         if (epoch.ok()) {
@@ -529,7 +550,7 @@ class DirectoryClient::Impl {
   void Notify(const RegistrationChange& change) {
     std::vector<std::function<void(const RegistrationChange&)>> callbacks;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       callbacks = registration_callbacks_;
     }
     for (auto& cb : callbacks) cb(change);
@@ -540,7 +561,7 @@ class DirectoryClient::Impl {
   void RequestSnapshot() {
     snapshot_in_flight_ = true;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       want_snapshot_ = false;
     }
     wire::MapBuilder body;
@@ -548,14 +569,14 @@ class DirectoryClient::Impl {
       snapshot_in_flight_ = false;
       if (!reply.ok()) {
         CONNEX_LOG_DEBUG("directory client: snapshot failed: {}", reply.status().ToString());
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         want_snapshot_ = true;
         return;
       }
       absl::StatusOr<Snapshot> snapshot = DecodeSnapshot(reply->body);
       if (!snapshot.ok()) {
         CONNEX_LOG_WARN("directory client: bad snapshot: {}", snapshot.status().ToString());
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         want_snapshot_ = true;
         return;
       }
@@ -567,7 +588,7 @@ class DirectoryClient::Impl {
   void InstallSnapshot(Snapshot snapshot) {
     std::vector<Event> synthesized;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       std::map<Lid, Record> fresh;
       for (Record& r : snapshot.records) fresh.emplace(r.lid, std::move(r));
       if (have_snapshot_) {
@@ -624,7 +645,7 @@ class DirectoryClient::Impl {
     uint64_t revision;
     bool have;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       watching = watching_;
       revision = revision_;
       have = have_snapshot_;
@@ -659,7 +680,7 @@ class DirectoryClient::Impl {
 
   void ApplyEvent(Event event, uint64_t incarnation) {
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       if (incarnation != incarnation_ || event.revision > revision_ + 1) {
         buffered_.emplace_back(std::move(event), incarnation);
         want_snapshot_ = true;
@@ -686,9 +707,26 @@ class DirectoryClient::Impl {
 
   void Deliver(const std::vector<Event>& events) {
     if (events.empty()) return;
+    if (int delay = delay_events_ms_.load(); delay > 0 || !delayed_.empty()) {
+      // Held back (in order) and delivered by the loop when due; heartbeats carry on.
+      delayed_.emplace_back(RealClock::Get()->NowMs() + delay, events);
+      return;
+    }
+    DeliverNow(events);
+  }
+
+  void DeliverDue(int64_t now) {
+    while (!delayed_.empty() && delayed_.front().first <= now) {
+      std::vector<Event> events = std::move(delayed_.front().second);
+      delayed_.pop_front();
+      DeliverNow(events);
+    }
+  }
+
+  void DeliverNow(const std::vector<Event>& events) {
     std::vector<std::shared_ptr<std::function<void(const Event&)>>> callbacks;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       for (const auto& [id, cb] : subscribers_) callbacks.push_back(cb);
     }
     for (const Event& e : events) {
@@ -710,13 +748,15 @@ class DirectoryClient::Impl {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> next_id_{1};
   std::atomic<int> drop_events_{0};
+  std::atomic<int> delay_events_ms_{0};
 
   // Loop thread only.
   std::map<uint64_t, Pending> pending_;
   std::vector<std::pair<Event, uint64_t>> buffered_;  // (event, its incarnation)
+  std::deque<std::pair<int64_t, std::vector<Event>>> delayed_;  // (due ms, events)
   std::atomic<bool> snapshot_in_flight_{false};
 
-  mutable absl::Mutex mu_;
+  mutable connex::Mutex mu_;
   std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
   std::map<Lid, Registration> registrations_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(const RegistrationChange&)>> registration_callbacks_
@@ -749,7 +789,9 @@ absl::StatusOr<uint64_t> DirectoryClient::Join(const Lid& lid, std::vector<std::
 }
 absl::Status DirectoryClient::Leave(const Lid& lid) { return impl_->Leave(lid); }
 absl::Status DirectoryClient::LeaveAll() { return impl_->LeaveAll(); }
-std::optional<uint64_t> DirectoryClient::EpochOf(const Lid& lid) const { return impl_->EpochOf(lid); }
+std::optional<uint64_t> DirectoryClient::EpochOf(const Lid& lid) const {
+  return impl_->EpochOf(lid);
+}
 void DirectoryClient::OnRegistrationChange(std::function<void(const RegistrationChange&)> cb) {
   impl_->OnRegistrationChange(std::move(cb));
 }
@@ -782,10 +824,9 @@ bool DirectoryClient::AwaitView(std::string_view model,
 uint64_t DirectoryClient::view_revision() const { return impl_->view_revision(); }
 uint64_t DirectoryClient::resnapshots() const { return impl_->resnapshots(); }
 const std::string& DirectoryClient::pub_address() const { return impl_->pub_address(); }
-const std::string& DirectoryClient::directory_address() const {
-  return impl_->directory_address();
-}
+const std::string& DirectoryClient::directory_address() const { return impl_->directory_address(); }
 int64_t DirectoryClient::lease_ttl_ms() const { return impl_->lease_ttl_ms(); }
 void DirectoryClient::DropEventsForTest(int n) { impl_->DropEventsForTest(n); }
+void DirectoryClient::DelayEventsForTest(int ms) { impl_->DelayEventsForTest(ms); }
 
 }  // namespace connex::directory

@@ -26,9 +26,9 @@ namespace connex::directory {
 struct DirectoryClientOptions {
   std::string directory = "tcp://127.0.0.1:7000";  // CONNEX_DIRECTORY
   std::string token;                               // CONNEX_DIRECTORY_TOKEN
-  int64_t heartbeat_ms = 0;            // CONNEX_HEARTBEAT_MS; 0 = what the directory advises
-  int64_t request_timeout_ms = 3000;   // CONNEX_DIRECTORY_TIMEOUT_MS
-  bool rejoin_after_eviction = true;   // join again (new epoch) when a heartbeat finds us evicted
+  int64_t heartbeat_ms = 0;           // CONNEX_HEARTBEAT_MS; 0 = what the directory advises
+  int64_t request_timeout_ms = 3000;  // CONNEX_DIRECTORY_TIMEOUT_MS
+  bool rejoin_after_eviction = true;  // join again (new epoch) when a heartbeat finds us evicted
 
   // Defaults overridden by CONNEX_DIRECTORY, CONNEX_DIRECTORY_TOKEN, CONNEX_HEARTBEAT_MS,
   // CONNEX_DIRECTORY_TIMEOUT_MS.
@@ -39,8 +39,8 @@ struct DirectoryClientOptions {
 struct RegistrationChange {
   Lid lid;
   uint64_t old_epoch = 0;
-  uint64_t new_epoch = 0;   // 0 when the registration is gone
-  absl::Status status;      // OK: rejoined under new_epoch; FailedPrecondition: superseded/left
+  uint64_t new_epoch = 0;  // 0 when the registration is gone
+  absl::Status status;     // OK: rejoined under new_epoch; FailedPrecondition: superseded/left
 };
 
 class DirectoryClient {
@@ -80,7 +80,8 @@ class DirectoryClient {
   // returning.
   absl::Status Watch(std::string model);
   // The watched records (of `model`, and of `group` if given), sorted by LID.
-  std::vector<Record> View(std::string_view model, std::optional<uint32_t> group = std::nullopt) const;
+  std::vector<Record> View(std::string_view model,
+                           std::optional<uint32_t> group = std::nullopt) const;
   // Calls `callback` for every event applied to the view, in revision order, including events
   // synthesized after a fresh snapshot (so a subscriber never misses a change). Returns an id.
   uint64_t Subscribe(std::function<void(const Event&)> callback);
@@ -97,6 +98,9 @@ class DirectoryClient {
   int64_t lease_ttl_ms() const;
   // Drops the next `n` events received, as a slow subscriber would. For gap-recovery tests.
   void DropEventsForTest(int n);
+  // Holds every event `ms` milliseconds before subscribers see it (a slow directory), in order;
+  // the view and the heartbeats are not delayed. For the step protocol's fault campaign.
+  void DelayEventsForTest(int ms);
 
  private:
   class Impl;

@@ -7,10 +7,14 @@ namespace connex::directory {
 
 std::string_view EventKindName(EventKind kind) {
   switch (kind) {
-    case EventKind::kJoined: return "JOINED";
-    case EventKind::kLeft: return "LEFT";
-    case EventKind::kFailed: return "FAILED";
-    case EventKind::kMigrated: return "MIGRATED";
+    case EventKind::kJoined:
+      return "JOINED";
+    case EventKind::kLeft:
+      return "LEFT";
+    case EventKind::kFailed:
+      return "FAILED";
+    case EventKind::kMigrated:
+      return "MIGRATED";
   }
   return "UNKNOWN";
 }
@@ -107,8 +111,8 @@ absl::Status ValidateRegistration(const std::vector<std::string>& addresses,
   }
   for (const std::string& a : addresses) {
     if (a.empty() || a.size() > kMaxAddressLength) {
-      return absl::InvalidArgumentError(StrCat("addresses: '", a.substr(0, 64), "' is ",
-                                               a.empty() ? "empty" : "too long"));
+      return absl::InvalidArgumentError(
+          StrCat("addresses: '", a.substr(0, 64), "' is ", a.empty() ? "empty" : "too long"));
     }
     if (a.find("://") == std::string::npos) {
       return absl::InvalidArgumentError(
@@ -116,12 +120,13 @@ absl::Status ValidateRegistration(const std::vector<std::string>& addresses,
     }
   }
   if (metadata.size() > kMaxMetadataEntries) {
-    return absl::InvalidArgumentError(StrCat("metadata: ", metadata.size(),
-                                             " entries, at most ", kMaxMetadataEntries));
+    return absl::InvalidArgumentError(
+        StrCat("metadata: ", metadata.size(), " entries, at most ", kMaxMetadataEntries));
   }
   for (const auto& [k, v] : metadata) {
     if (k.empty() || k.size() > 128 || v.size() > kMaxMetadataValueLength) {
-      return absl::InvalidArgumentError(StrCat("metadata: entry '", k.substr(0, 64), "' is too long or empty"));
+      return absl::InvalidArgumentError(
+          StrCat("metadata: entry '", k.substr(0, 64), "' is too long or empty"));
     }
   }
   return absl::OkStatus();

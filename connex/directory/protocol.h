@@ -59,9 +59,9 @@ absl::StatusOr<EventKind> ParseEventKind(std::string_view name);
 struct Event {
   uint64_t revision = 0;
   EventKind kind = EventKind::kJoined;
-  Record record;               // the record joined/migrated to, or the one that left/failed
-  uint64_t previous_epoch = 0; // MIGRATED: the epoch before the migration
-  std::string reason;          // FAILED: lease-expired, reported, superseded
+  Record record;                // the record joined/migrated to, or the one that left/failed
+  uint64_t previous_epoch = 0;  // MIGRATED: the epoch before the migration
+  std::string reason;           // FAILED: lease-expired, reported, superseded
 };
 
 // A consistent view at `revision` of directory incarnation `incarnation`.

@@ -60,8 +60,8 @@ absl::StatusOr<Registry::JoinResult> Registry::Join(
     return JoinResult{entry.record.epoch, true};
   }
   if (it != records_.end() && exclusive) {
-    return absl::FailedPreconditionError(StrCat(lid.ToString(), " is held by another process (epoch ",
-                                                it->second.record.epoch, ")"));
+    return absl::FailedPreconditionError(StrCat(
+        lid.ToString(), " is held by another process (epoch ", it->second.record.epoch, ")"));
   }
   if (it != records_.end()) {
     // Another process takes the LID over: the earlier holder is fenced.
@@ -83,12 +83,12 @@ absl::StatusOr<Registry::JoinResult> Registry::Join(
   return JoinResult{epoch, true};
 }
 
-absl::Status Registry::Heartbeat(const Lid& lid, uint64_t epoch, uint64_t instance) {
+absl::StatusOr<uint64_t> Registry::Heartbeat(const Lid& lid, uint64_t epoch, uint64_t instance) {
   auto it = records_.find(lid);
   if (it != records_.end()) {
-    if (it->second.record.epoch == epoch && it->second.instance == instance) {
+    if (it->second.instance == instance && it->second.record.epoch >= epoch) {
       it->second.deadline_ms = clock_->NowMs() + options_.lease_ttl_ms;
-      return absl::OkStatus();
+      return it->second.record.epoch;
     }
     // Someone else holds the LID now (or holds this epoch): whatever happened to our epoch, it
     // must not come back.
@@ -105,12 +105,10 @@ absl::Status Registry::Heartbeat(const Lid& lid, uint64_t epoch, uint64_t instan
         return absl::FailedPreconditionError(
             StrCat("epoch ", epoch, " of ", lid.ToString(), " has left"));
       case Ended::kFailed:
-        return absl::NotFoundError(
-            StrCat("epoch ", epoch, " of ", lid.ToString(), " was evicted"));
+        return absl::NotFoundError(StrCat("epoch ", epoch, " of ", lid.ToString(), " was evicted"));
     }
   }
-  return absl::NotFoundError(
-      StrCat("epoch ", epoch, " of ", lid.ToString(), " is not registered"));
+  return absl::NotFoundError(StrCat("epoch ", epoch, " of ", lid.ToString(), " is not registered"));
 }
 
 absl::Status Registry::Leave(const Lid& lid, uint64_t epoch) {

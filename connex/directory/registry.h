@@ -46,7 +46,9 @@ class Registry {
   // Renews the lease of (lid, epoch). FailedPrecondition: another epoch holds the LID, or this
   // one was superseded or left (stop claiming the LID). NotFound: the epoch was evicted or is
   // unknown, and nobody holds the LID (join again).
-  absl::Status Heartbeat(const Lid& lid, uint64_t epoch, uint64_t instance);
+  // Returns the epoch the instance holds: `epoch`, or a later one when a JOIN of this instance
+  // was applied but its reply never reached it (the client adopts it).
+  absl::StatusOr<uint64_t> Heartbeat(const Lid& lid, uint64_t epoch, uint64_t instance);
 
   // Graceful leave. `epoch` 0 means whatever epoch holds the LID (an operator's drain).
   absl::Status Leave(const Lid& lid, uint64_t epoch);

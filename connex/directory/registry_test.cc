@@ -62,8 +62,10 @@ TEST_F(RegistryTest, JoinWithNewAddressesByHolderIsAMigration) {
   EXPECT_EQ(events[1].previous_epoch, j1->epoch);
   EXPECT_EQ(events[1].record.addresses, std::vector<std::string>{"tcp://h:2"});
   // The old epoch is fenced.
-  EXPECT_EQ(registry_.Heartbeat(a_, j1->epoch, 7).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*registry_.Heartbeat(a_, j1->epoch, 7), j2->epoch);  // the holder adopts it
   EXPECT_TRUE(registry_.Heartbeat(a_, j2->epoch, 7).ok());
+  EXPECT_EQ(registry_.Heartbeat(a_, j2->epoch, 8).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(RegistryTest, JoinByAnotherProcessSupersedesTheHolder) {
@@ -76,10 +78,21 @@ TEST_F(RegistryTest, JoinByAnotherProcessSupersedesTheHolder) {
   EXPECT_EQ(events[1].record.epoch, j1->epoch);
   EXPECT_THAT(events[1].reason, HasSubstr("superseded by epoch"));
   EXPECT_EQ(events[2].kind, EventKind::kJoined);
-  absl::Status hb = registry_.Heartbeat(a_, j1->epoch, 7);
+  absl::Status hb = registry_.Heartbeat(a_, j1->epoch, 7).status();
   EXPECT_EQ(hb.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(hb.message()), HasSubstr("superseded by " + std::to_string(j2->epoch)));
   EXPECT_TRUE(registry_.Heartbeat(a_, j2->epoch, 8).ok());
+}
+
+TEST_F(RegistryTest, HeartbeatOfAnEarlierEpochLearnsTheLaterOne) {
+  auto j1 = registry_.Join(a_, {"tcp://h:1"}, {}, 7);
+  auto j2 = registry_.Join(a_, {"tcp://h:2"}, {}, 7);  // its reply was lost
+  ASSERT_TRUE(j1.ok() && j2.ok());
+  absl::StatusOr<uint64_t> held = registry_.Heartbeat(a_, j1->epoch, 7);
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(*held, j2->epoch);
+  EXPECT_EQ(registry_.Heartbeat(a_, j2->epoch + 1, 7).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(RegistryTest, ExclusiveJoinDoesNotSupersede) {
@@ -106,7 +119,7 @@ TEST_F(RegistryTest, LeaseExpiresWithoutHeartbeats) {
   EXPECT_EQ(events[0].reason, "lease-expired");
   EXPECT_EQ(registry_.size(), 0u);
   // The evicted holder learns it and may join again.
-  absl::Status hb = registry_.Heartbeat(a_, j->epoch, 7);
+  absl::Status hb = registry_.Heartbeat(a_, j->epoch, 7).status();
   EXPECT_EQ(hb.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(hb.message()), HasSubstr("was evicted"));
 }
@@ -117,7 +130,7 @@ TEST_F(RegistryTest, EvictedHolderIsRefusedOnceReplaced) {
   registry_.ExpireLeases();
   auto replacement = registry_.Join(a_, {"tcp://h:2"}, {}, 8);
   ASSERT_TRUE(replacement.ok());
-  EXPECT_EQ(registry_.Heartbeat(a_, j->epoch, 7).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.Heartbeat(a_, j->epoch, 7).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(RegistryTest, ReportFailedEvictsThatEpochOnly) {
@@ -137,7 +150,7 @@ TEST_F(RegistryTest, LeaveWithWrongEpochIsRefused) {
   EXPECT_EQ(registry_.Leave(a_, j->epoch + 5).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(registry_.Leave(b_, 0).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(registry_.Leave(a_, 0).ok());
-  EXPECT_EQ(registry_.Heartbeat(a_, j->epoch, 7).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.Heartbeat(a_, j->epoch, 7).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(RegistryTest, RejectsBadRegistrations) {

@@ -40,8 +40,10 @@ absl::StatusOr<DirectoryServerOptions> DirectoryServerOptions::FromEnv() {
   DirectoryServerOptions o;
   o.bind = EnvString("CONNEX_DIRECTORY_BIND", o.bind);
   o.pub = EnvString("CONNEX_DIRECTORY_PUB", o.pub);
-  CONNEX_ASSIGN_OR_RETURN(o.lease_ttl_ms, EnvInt("CONNEX_LEASE_TTL_MS", o.lease_ttl_ms, 10, 86'400'000));
-  CONNEX_ASSIGN_OR_RETURN(o.heartbeat_ms, EnvInt("CONNEX_HEARTBEAT_MS", o.heartbeat_ms, 1, 3'600'000));
+  CONNEX_ASSIGN_OR_RETURN(o.lease_ttl_ms,
+                          EnvInt("CONNEX_LEASE_TTL_MS", o.lease_ttl_ms, 10, 86'400'000));
+  CONNEX_ASSIGN_OR_RETURN(o.heartbeat_ms,
+                          EnvInt("CONNEX_HEARTBEAT_MS", o.heartbeat_ms, 1, 3'600'000));
   CONNEX_ASSIGN_OR_RETURN(o.tick_ms, EnvInt("CONNEX_DIRECTORY_TICK_MS", o.tick_ms, 1, 60'000));
   o.token = EnvString("CONNEX_DIRECTORY_TOKEN", "");
   return o;
@@ -103,7 +105,8 @@ class DirectoryServer::Loop {
       CONNEX_LOG_DEBUG("directory: dropped a message of {} parts", parts.size());
       return;
     }
-    for (size_t i = 0; i + 1 < parts.size(); ++i) envelope.emplace_back(parts[i].data(), parts[i].size());
+    for (size_t i = 0; i + 1 < parts.size(); ++i)
+      envelope.emplace_back(parts[i].data(), parts[i].size());
 
     std::string reply;
     absl::StatusOr<wire::Frame> frame = wire::DecodeFrame(AsView(*payload));
@@ -129,7 +132,8 @@ class DirectoryServer::Loop {
       }
     }
     try {
-      for (zmq::message_t& e : envelope) router_.send(e, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      for (zmq::message_t& e : envelope)
+        router_.send(e, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
       router_.send(zmq::buffer(reply), zmq::send_flags::dontwait);
     } catch (const zmq::error_t& e) {
       CONNEX_LOG_DEBUG("directory: reply dropped: {}", e.what());
@@ -205,8 +209,8 @@ class DirectoryServer::Loop {
     if (type == kHeartbeat) {
       CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, body.Uint("epoch"));
       CONNEX_ASSIGN_OR_RETURN(uint64_t instance, body.Uint("instance"));
-      CONNEX_RETURN_IF_ERROR(registry_.Heartbeat(lid, epoch, instance));
-      out.Int("lease_ttl_ms", options_.lease_ttl_ms);
+      CONNEX_ASSIGN_OR_RETURN(uint64_t held, registry_.Heartbeat(lid, epoch, instance));
+      out.Int("lease_ttl_ms", options_.lease_ttl_ms).Uint("epoch", held);
       return wire::EncodeFrame(kOk, out);
     }
     CONNEX_RETURN_IF_ERROR(CheckToken(body));

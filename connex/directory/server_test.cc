@@ -1,16 +1,17 @@
 // DirectoryServer and DirectoryClient together, in one process, over real ZeroMQ sockets.
-#include <sys/socket.h>
-#include <netinet/in.h>
+#include "connex/directory/server.h"
+
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/base/wait.h"
 #include "connex/base/zmq_util.h"
 #include "connex/directory/client.h"
-#include "connex/directory/server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -22,23 +23,24 @@ using ::testing::HasSubstr;
 class EventLog {
  public:
   void Add(const Event& e) {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     events_.push_back(e);
   }
   bool Has(EventKind kind, const Lid& lid, uint64_t epoch = 0) const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     for (const Event& e : events_) {
-      if (e.kind == kind && e.record.lid == lid && (epoch == 0 || e.record.epoch == epoch)) return true;
+      if (e.kind == kind && e.record.lid == lid && (epoch == 0 || e.record.epoch == epoch))
+        return true;
     }
     return false;
   }
   std::vector<Event> All() const {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     return events_;
   }
 
  private:
-  mutable absl::Mutex mu_;
+  mutable connex::Mutex mu_;
   std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -124,9 +126,9 @@ TEST_F(DirectoryTest, AnotherProcessSupersedesTheHolder) {
   auto second = Client();
   std::atomic<int> lost{0};
   std::string why;
-  absl::Mutex mu;
+  connex::Mutex mu;
   first->OnRegistrationChange([&](const RegistrationChange& c) {
-    absl::MutexLock lock(&mu);
+    connex::MutexLock lock(&mu);
     why = std::string(c.status.message());
     if (c.status.code() == absl::StatusCode::kFailedPrecondition) lost++;
   });
@@ -137,7 +139,7 @@ TEST_F(DirectoryTest, AnotherProcessSupersedesTheHolder) {
   ASSERT_TRUE(WaitUntil([&] { return lost.load() == 1; }, 3000));
   EXPECT_FALSE(first->EpochOf(a_).has_value());
   EXPECT_EQ(second->EpochOf(a_), *e2);
-  absl::MutexLock lock(&mu);
+  connex::MutexLock lock(&mu);
   EXPECT_THAT(why, HasSubstr("superseded by " + std::to_string(*e2)));
 }
 
@@ -294,10 +296,16 @@ TEST_F(DirectoryTest, SurvivesGarbageOnBothPorts) {
   unknown.Uint("id", 3);
   EXPECT_THAT(ask(wire::EncodeFrame("FROB", unknown)), HasSubstr("unknown request type 'FROB'"));
   wire::MapBuilder bad_lid;
-  bad_lid.Uint("id", 4).Str("lid", "demo/g1").StrList("addresses", {"tcp://x:1"}).Uint("instance", 1);
+  bad_lid.Uint("id", 4)
+      .Str("lid", "demo/g1")
+      .StrList("addresses", {"tcp://x:1"})
+      .Uint("instance", 1);
   EXPECT_THAT(ask(wire::EncodeFrame("JOIN", bad_lid)), HasSubstr("expected 4 parts"));
   wire::MapBuilder wrong_type;
-  wrong_type.Uint("id", 5).Str("lid", "demo/g1/s0/r9").Str("addresses", "tcp://x:1").Uint("instance", 1);
+  wrong_type.Uint("id", 5)
+      .Str("lid", "demo/g1/s0/r9")
+      .Str("addresses", "tcp://x:1")
+      .Uint("instance", 1);
   EXPECT_THAT(ask(wire::EncodeFrame("JOIN", wrong_type)),
               HasSubstr("JOIN.addresses: expected array, found string"));
   wire::MapBuilder no_id;

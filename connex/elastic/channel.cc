@@ -43,7 +43,7 @@ void MessageInbox::Run() {
       if (!got.ok() || !*got) break;
       if (parts.size() != 2) continue;
       {
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         queue_.emplace_back(AsView(parts[1]));
       }
       try {
@@ -57,7 +57,7 @@ void MessageInbox::Run() {
 }
 
 std::optional<std::string> MessageInbox::Receive(int64_t timeout_ms) {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty(); };
   if (!mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(timeout_ms))) {
     return std::nullopt;

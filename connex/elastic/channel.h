@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "zmq.hpp"
 
 namespace connex::elastic {
@@ -47,7 +47,7 @@ class MessageInbox {
   std::string address_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
-  absl::Mutex mu_;
+  connex::Mutex mu_;
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -8,10 +8,14 @@ namespace connex::elastic {
 
 std::string_view PeerChangeKindName(PeerChange::Kind kind) {
   switch (kind) {
-    case PeerChange::Kind::kJoined: return "JOINED";
-    case PeerChange::Kind::kLeft: return "LEFT";
-    case PeerChange::Kind::kFailed: return "FAILED";
-    case PeerChange::Kind::kMigrated: return "MIGRATED";
+    case PeerChange::Kind::kJoined:
+      return "JOINED";
+    case PeerChange::Kind::kLeft:
+      return "LEFT";
+    case PeerChange::Kind::kFailed:
+      return "FAILED";
+    case PeerChange::Kind::kMigrated:
+      return "MIGRATED";
   }
   return "UNKNOWN";
 }
@@ -32,7 +36,7 @@ absl::Status ElasticPeerSet::Start() {
   std::vector<directory::Record> records = client_.View(options_.model, options_.group);
   std::vector<PeerChange> changes;
   {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     for (directory::Record& r : records) {
       if (evicted_.count({r.lid, r.epoch})) continue;
       auto [it, inserted] = live_.insert_or_assign(r.lid, r);
@@ -48,7 +52,7 @@ void ElasticPeerSet::OnEvent(const directory::Event& event) {
   if (lid.model != options_.model || lid.group != options_.group) return;
   std::optional<PeerChange> change;
   {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     switch (event.kind) {
       case directory::EventKind::kJoined:
       case directory::EventKind::kMigrated: {
@@ -56,9 +60,10 @@ void ElasticPeerSet::OnEvent(const directory::Event& event) {
         auto it = live_.find(lid);
         if (it != live_.end() && it->second.epoch == event.record.epoch) break;  // already known
         live_[lid] = event.record;
-        change = PeerChange{event.kind == directory::EventKind::kJoined ? PeerChange::Kind::kJoined
-                                                                        : PeerChange::Kind::kMigrated,
-                            event.record, event.previous_epoch, false};
+        change =
+            PeerChange{event.kind == directory::EventKind::kJoined ? PeerChange::Kind::kJoined
+                                                                   : PeerChange::Kind::kMigrated,
+                       event.record, event.previous_epoch, false};
         break;
       }
       case directory::EventKind::kLeft:
@@ -79,34 +84,34 @@ void ElasticPeerSet::OnEvent(const directory::Event& event) {
 void ElasticPeerSet::Notify(const PeerChange& change) {
   std::vector<std::function<void(const PeerChange&)>> callbacks;
   {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     for (const auto& [id, cb] : callbacks_) callbacks.push_back(cb);
   }
   for (auto& cb : callbacks) cb(change);
 }
 
 bool ElasticPeerSet::WaitReady(size_t n, int64_t timeout_ms) const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   auto ready = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_.size() >= n; };
   return mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(timeout_ms));
 }
 
 std::vector<directory::Record> ElasticPeerSet::Peers() const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   std::vector<directory::Record> out;
   for (const auto& [lid, r] : live_) out.push_back(r);
   return out;
 }
 
 std::vector<Lid> ElasticPeerSet::PeerLids() const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   std::vector<Lid> out;
   for (const auto& [lid, r] : live_) out.push_back(lid);
   return out;
 }
 
 absl::StatusOr<Lid> ElasticPeerSet::Pick() const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   if (live_.empty()) {
     return absl::UnavailableError(StrCat("no live peer in ", options_.model, "/g", options_.group));
   }
@@ -124,7 +129,7 @@ absl::StatusOr<Lid> ElasticPeerSet::Pick() const {
 absl::Status ElasticPeerSet::Send(const Lid& lid, std::string_view bytes) {
   std::string address;
   {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     auto it = live_.find(lid);
     if (it == live_.end()) {
       return absl::UnavailableError(StrCat("peer ", lid.ToString(), " is not live"));
@@ -144,7 +149,7 @@ absl::Status ElasticPeerSet::Send(const Lid& lid, std::string_view bytes) {
 absl::Status ElasticPeerSet::MarkFailed(const Lid& lid) {
   directory::Record record;
   {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     auto it = live_.find(lid);
     if (it == live_.end()) {
       return absl::NotFoundError(StrCat("peer ", lid.ToString(), " is not live"));
@@ -162,14 +167,14 @@ absl::Status ElasticPeerSet::MarkFailed(const Lid& lid) {
 }
 
 uint64_t ElasticPeerSet::OnChange(std::function<void(const PeerChange&)> callback) {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   uint64_t id = next_callback_++;
   callbacks_.emplace(id, std::move(callback));
   return id;
 }
 
 void ElasticPeerSet::RemoveCallback(uint64_t id) {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   callbacks_.erase(id);
 }
 

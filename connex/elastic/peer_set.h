@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/base/lid.h"
 #include "connex/directory/client.h"
 #include "zmq.hpp"
@@ -81,7 +81,7 @@ class ElasticPeerSet {
   zmq::context_t context_;
   uint64_t subscription_ = 0;
 
-  mutable absl::Mutex mu_;
+  mutable connex::Mutex mu_;
   std::map<Lid, directory::Record> live_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<Lid, uint64_t>> evicted_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::function<void(const PeerChange&)>> callbacks_ ABSL_GUARDED_BY(mu_);

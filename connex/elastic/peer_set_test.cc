@@ -71,7 +71,8 @@ TEST_F(PeerSetTest, ResolvesPicksAndSends) {
   auto other = Client();
   ASSERT_TRUE(other->Join(Lid{"demo", 2, 0, 0}, {"zmq+tcp://127.0.0.1:1"}).ok());
   ASSERT_TRUE(other->Join(Lid{"else", 1, 0, 0}, {"zmq+tcp://127.0.0.1:1"}).ok());
-  ASSERT_TRUE(owner->AwaitView("", [](const auto& v) { return v.size() == 4; }, 3000));
+  ASSERT_TRUE(owner->AwaitView(
+      "", [](const auto& v) { return v.size() == 4; }, 3000));
   EXPECT_EQ(peers.Peers().size(), 2u);
 }
 
@@ -82,11 +83,11 @@ TEST_F(PeerSetTest, HandsOverWhenAPeerDies) {
   // A send timeout well inside the 600 ms lease, so that the sender, not the lease, notices.
   ElasticPeerSet peers(*owner, {"demo", 1, 1, /*send_timeout_ms=*/100});
   std::vector<std::string> changes;
-  absl::Mutex mu;
+  connex::Mutex mu;
   peers.OnChange([&](const PeerChange& c) {
-    absl::MutexLock lock(&mu);
-    changes.push_back(StrCat(PeerChangeKindName(c.kind), " ", c.record.lid.ToString(),
-                             c.local ? " local" : ""));
+    connex::MutexLock lock(&mu);
+    changes.push_back(
+        StrCat(PeerChangeKindName(c.kind), " ", c.record.lid.ToString(), c.local ? " local" : ""));
   });
   ASSERT_TRUE(peers.Start().ok());
   ASSERT_TRUE(peers.WaitReady(2, 3000));
@@ -116,7 +117,7 @@ TEST_F(PeerSetTest, HandsOverWhenAPeerDies) {
   EXPECT_EQ(*peers.Pick(), r1_);
   ASSERT_TRUE(peers.Send(r1_, "back").ok());
   EXPECT_EQ(b2.inbox->Receive(1000), "back");
-  absl::MutexLock lock(&mu);
+  connex::MutexLock lock(&mu);
   EXPECT_THAT(changes, ElementsAre("JOINED demo/g1/s0/r0", "JOINED demo/g1/s0/r1",
                                    "FAILED demo/g1/s0/r1 local", "JOINED demo/g1/s0/r1"));
 }

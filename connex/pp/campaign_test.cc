@@ -1,6 +1,7 @@
 // The randomized fault campaign of the step protocol: for every seed, two replica chains of a
 // three-stage pipeline generate while stages are killed, restarted, drained, migrated and added,
-// reads fail or slow down, and signals are dropped, delayed and duplicated. For every seed:
+// reads fail or slow down, signals are dropped, delayed and duplicated, and directory events
+// arrive late. For every seed:
 // no step runs twice on any stage; every request finishes with exactly the tokens of an
 // undisturbed run, or is aborted after the re-prefill limit; no ring slot leaks; no request
 // outlives a bound. CONNEX_TEST_SEEDS sets the number of seeds (default 200), CONNEX_TEST_SEED
@@ -56,7 +57,8 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
   watch.directory = server.bind_address();
   auto watcher = directory::DirectoryClient::Connect(watch);
   if (!watcher.ok() || !(*watcher)->Watch(c.model()).ok() ||
-      !(*watcher)->AwaitView(c.model(), [](const auto& v) { return v.size() == 2 * kStages; }, 5000)) {
+      !(*watcher)->AwaitView(
+          c.model(), [](const auto& v) { return v.size() == 2 * kStages; }, 5000)) {
     return "the directory did not show both chains";
   }
 
@@ -66,6 +68,7 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
   faults.delay = (rng() % 2 == 0) ? 0.1 * static_cast<double>(rng() % 3) : 0;
   faults.max_delay_ms = 1 + static_cast<int>(rng() % 30);
   c.signals().SetFaults(faults);
+  if (rng() % 3 == 0) c.SetDirectoryEventDelay(1 + static_cast<int>(rng() % 40));
 
   std::map<uint64_t, Plan> plans;
   const int requests = 4 + static_cast<int>(rng() % 5);
@@ -73,7 +76,8 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
     uint64_t id = seed * 1000 + static_cast<uint64_t>(i);
     Plan p{RandomPrompt(rng), 10 + static_cast<int>(rng() % 50)};
     plans[id] = p;
-    if (!c.Submit(static_cast<uint32_t>(i % 2), id, p.prompt, p.max_new).ok()) return "submit failed";
+    if (!c.Submit(static_cast<uint32_t>(i % 2), id, p.prompt, p.max_new).ok())
+      return "submit failed";
   }
 
   // Faults at points of progress (not of time), so that a seed does the same things each run.
@@ -136,13 +140,16 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
   for (const std::string& d : did) what += d + ", ";
   *summary = what;
 
-  if (!c.AwaitAll(kRequestBoundMs)) return "a request did not finish within the bound (" + what + ")";
+  if (!c.AwaitAll(kRequestBoundMs))
+    return "a request did not finish within the bound (" + what + ")";
   for (const auto& [id, outcome] : c.outcomes()) {
     if (outcome.tokens.ok()) {
       std::vector<int32_t> want = ReferenceTokens(kStages, plans[id].prompt, plans[id].max_new);
-      if (*outcome.tokens != want) return "request " + std::to_string(id) + " diverged (" + what + ")";
+      if (*outcome.tokens != want)
+        return "request " + std::to_string(id) + " diverged (" + what + ")";
     } else if (outcome.tokens.status().code() != absl::StatusCode::kAborted ||
-               std::string(outcome.tokens.status().message()).find("failovers") == std::string::npos) {
+               std::string(outcome.tokens.status().message()).find("failovers") ==
+                   std::string::npos) {
       return "request " + std::to_string(id) + " failed: " + outcome.tokens.status().ToString();
     }
   }

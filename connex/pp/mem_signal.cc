@@ -14,7 +14,7 @@ class MemSignalNetwork::Endpoint : public SignalTransport {
   ~Endpoint() override { Close(); }
   const std::string& address() const override { return address_; }
   void SetReceiver(Receiver receiver) override {
-    absl::MutexLock lock(&network_->mu_);
+    connex::MutexLock lock(&network_->mu_);
     network_->receivers_[address_] = std::move(receiver);
   }
   void Send(const std::string& address, std::string frame) override {
@@ -39,45 +39,45 @@ MemSignalNetwork::~MemSignalNetwork() { Stop(); }
 
 void MemSignalNetwork::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     stop_ = true;
   }
   if (timer_.joinable() && timer_.get_id() != std::this_thread::get_id()) timer_.join();
 }
 
 std::unique_ptr<SignalTransport> MemSignalNetwork::NewEndpoint() {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   std::string address = StrCat("pp+mem://", next_id_++);
   return std::make_unique<Endpoint>(shared_from_this(), address);
 }
 
 void MemSignalNetwork::SetFaults(SignalFaults faults) {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   faults_ = faults;
 }
 
 void MemSignalNetwork::Kill(const std::string& address) {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   dead_[address] = true;
   receivers_.erase(address);
 }
 
 void MemSignalNetwork::Unregister(const std::string& address) {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   receivers_.erase(address);
   dead_[address] = true;
 }
 
 uint64_t MemSignalNetwork::sent() const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   return sent_;
 }
 uint64_t MemSignalNetwork::dropped() const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   return dropped_;
 }
 uint64_t MemSignalNetwork::duplicated() const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   return duplicated_;
 }
 
@@ -85,7 +85,7 @@ void MemSignalNetwork::Deliver(const std::string& from, const std::string& to, s
   SignalTransport::Receiver receiver;
   int copies = 1;
   {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     ++sent_;
     if (dead_.count(from) || dead_.count(to)) return;
     std::uniform_real_distribution<double> coin(0, 1);
@@ -98,8 +98,8 @@ void MemSignalNetwork::Deliver(const std::string& from, const std::string& to, s
       copies = 2;
     }
     if (faults_.delay > 0 && faults_.max_delay_ms > 0 && coin(rng_) < faults_.delay) {
-      int64_t due = RealClock::Get()->NowMs() +
-                    1 + static_cast<int64_t>(rng_() % static_cast<uint64_t>(faults_.max_delay_ms));
+      int64_t due = RealClock::Get()->NowMs() + 1 +
+                    static_cast<int64_t>(rng_() % static_cast<uint64_t>(faults_.max_delay_ms));
       for (int i = 0; i < copies; ++i) delayed_.emplace(due + i, std::make_pair(to, frame));
       return;
     }
@@ -114,7 +114,7 @@ void MemSignalNetwork::TimerLoop() {
   while (true) {
     std::vector<std::pair<SignalTransport::Receiver, std::string>> due;
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       if (stop_) return;
       int64_t now = RealClock::Get()->NowMs();
       while (!delayed_.empty() && delayed_.begin()->first <= now) {

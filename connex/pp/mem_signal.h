@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/pp/signal_transport.h"
 
 namespace connex::pp {
@@ -45,7 +45,7 @@ class MemSignalNetwork : public std::enable_shared_from_this<MemSignalNetwork> {
   void Unregister(const std::string& address);
   void TimerLoop();
 
-  mutable absl::Mutex mu_;
+  mutable connex::Mutex mu_;
   std::map<std::string, SignalTransport::Receiver> receivers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, bool> dead_ ABSL_GUARDED_BY(mu_);
   std::multimap<int64_t, std::pair<std::string, std::string>> delayed_ ABSL_GUARDED_BY(mu_);

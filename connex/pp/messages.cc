@@ -48,7 +48,8 @@ absl::StatusOr<std::vector<int32_t>> GetI32List(const MapView& m, std::string_vi
   CONNEX_ASSIGN_OR_RETURN(std::vector<uint64_t> raw, m.UintList(key));
   std::vector<int32_t> out;
   for (uint64_t x : raw) {
-    if (x > 0x7fffffffu) return absl::InvalidArgumentError(StrCat(m.path(), ".", key, ": ", x, " out of range"));
+    if (x > 0x7fffffffu)
+      return absl::InvalidArgumentError(StrCat(m.path(), ".", key, ": ", x, " out of range"));
     out.push_back(static_cast<int32_t>(x));
   }
   return out;
@@ -56,7 +57,8 @@ absl::StatusOr<std::vector<int32_t>> GetI32List(const MapView& m, std::string_vi
 
 absl::StatusOr<uint32_t> GetU32(const MapView& m, std::string_view key) {
   CONNEX_ASSIGN_OR_RETURN(uint64_t v, m.Uint(key));
-  if (v > 0xffffffffu) return absl::InvalidArgumentError(StrCat(m.path(), ".", key, ": out of range"));
+  if (v > 0xffffffffu)
+    return absl::InvalidArgumentError(StrCat(m.path(), ".", key, ": out of range"));
   return static_cast<uint32_t>(v);
 }
 
@@ -101,7 +103,10 @@ struct EncodeVisitor {
   }
   std::string operator()(const AckSignal& s) const {
     MapBuilder body;
-    body.Uint("corr", s.corr).Str("from", s.from.ToString()).Uint("code", s.code).Str("message", s.message);
+    body.Uint("corr", s.corr)
+        .Str("from", s.from.ToString())
+        .Uint("code", s.code)
+        .Str("message", s.message);
     return wire::EncodeFrame("ACK", body);
   }
   std::string operator()(const ResultSignal& s) const {
@@ -168,14 +173,16 @@ absl::StatusOr<StepSignal> DecodeStep(const MapView& b) {
     s.route.push_back(std::move(h));
   }
   if (s.hop >= s.route.size()) {
-    return absl::InvalidArgumentError(StrCat("STEP.hop: ", s.hop, " is outside the ", s.route.size(), "-hop route"));
+    return absl::InvalidArgumentError(
+        StrCat("STEP.hop: ", s.hop, " is outside the ", s.route.size(), "-hop route"));
   }
   CONNEX_ASSIGN_OR_RETURN(s.request_ids, b.UintList("request_ids"));
   CONNEX_ASSIGN_OR_RETURN(s.start_positions, GetI32List(b, "start_positions"));
   CONNEX_ASSIGN_OR_RETURN(s.num_tokens, GetI32List(b, "num_tokens"));
   if (s.request_ids.size() > kMaxBatch || s.start_positions.size() != s.request_ids.size() ||
       s.num_tokens.size() != s.request_ids.size()) {
-    return absl::InvalidArgumentError("STEP: request_ids, start_positions and num_tokens differ in length");
+    return absl::InvalidArgumentError(
+        "STEP: request_ids, start_positions and num_tokens differ in length");
   }
   CONNEX_ASSIGN_OR_RETURN(ListView layout, b.List("layout"));
   for (size_t i = 0; i < layout.size(); ++i) {
@@ -184,11 +191,13 @@ absl::StatusOr<StepSignal> DecodeStep(const MapView& b) {
     CONNEX_ASSIGN_OR_RETURN(l.name, m.Str("name"));
     CONNEX_ASSIGN_OR_RETURN(std::string dtype, m.Str("dtype"));
     std::optional<DType> parsed = ParseDType(dtype);
-    if (!parsed) return absl::InvalidArgumentError(StrCat(m.path(), ".dtype: unknown '", dtype, "'"));
+    if (!parsed)
+      return absl::InvalidArgumentError(StrCat(m.path(), ".dtype: unknown '", dtype, "'"));
     l.dtype = *parsed;
     CONNEX_ASSIGN_OR_RETURN(std::vector<uint64_t> shape, m.UintList("shape"));
     for (uint64_t d : shape) {
-      if (d > (1ull << 40)) return absl::InvalidArgumentError(StrCat(m.path(), ".shape: dimension too large"));
+      if (d > (1ull << 40))
+        return absl::InvalidArgumentError(StrCat(m.path(), ".shape: dimension too large"));
       l.shape.push_back(static_cast<int64_t>(d));
     }
     CONNEX_ASSIGN_OR_RETURN(l.offset, m.Uint("offset"));

@@ -25,12 +25,12 @@ struct Hop {
 
 // "Pull my payload": sent by the stage that produced a step's tensors to the next stage.
 struct StepSignal {
-  uint64_t corr = 0;     // correlation id, unique per send
-  uint64_t step = 0;     // the owner's step id (the same across attempts)
-  uint32_t attempt = 0;  // increases each time the owner re-sends the step
-  Hop owner;             // stage 0: results, missing reports and failures go there
-  Hop origin;            // the sender: the payload is read from its memory, the ACK goes there
-  uint32_t hop = 0;      // index of the target in `route`
+  uint64_t corr = 0;       // correlation id, unique per send
+  uint64_t step = 0;       // the owner's step id (the same across attempts)
+  uint32_t attempt = 0;    // increases each time the owner re-sends the step
+  Hop owner;               // stage 0: results, missing reports and failures go there
+  Hop origin;              // the sender: the payload is read from its memory, the ACK goes there
+  uint32_t hop = 0;        // index of the target in `route`
   std::vector<Hop> route;  // stages 1..N-1
   std::vector<uint64_t> request_ids;
   std::vector<int32_t> start_positions;

@@ -56,7 +56,8 @@ TEST(MessagesTest, MalformedSignalsAreNamed) {
   s.origin = MakeHop(0);
   s.route = {MakeHop(1)};
   s.hop = 4;
-  EXPECT_THAT(std::string(Decode(Encode(s)).status().message()), HasSubstr("STEP.hop: 4 is outside"));
+  EXPECT_THAT(std::string(Decode(Encode(s)).status().message()),
+              HasSubstr("STEP.hop: 4 is outside"));
   s.hop = 0;
   s.request_ids = {1};
   EXPECT_THAT(std::string(Decode(Encode(s)).status().message()), HasSubstr("differ in length"));

@@ -12,7 +12,7 @@
 #include <thread>
 #include <variant>
 
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/base/clock.h"
 #include "connex/base/config.h"
 #include "connex/base/logging.h"
@@ -107,7 +107,8 @@ TensorDict Select(const TensorDict& in, const Batch& batch, const std::vector<bo
     for (int64_t i = 0; i < b; ++i) {
       const int64_t len = by_token ? batch.num_tokens[i] : 1;
       if (keep[i]) {
-        s.data.insert(s.data.end(), t.data.begin() + offset * row, t.data.begin() + (offset + len) * row);
+        s.data.insert(s.data.end(), t.data.begin() + offset * row,
+                      t.data.begin() + (offset + len) * row);
         rows += len;
       }
       offset += len;
@@ -144,6 +145,7 @@ class StageNode::Impl {
     CONNEX_ASSIGN_OR_RETURN(ring_, SendRing::Create(*transfer_, static_cast<size_t>(o_.ring_slots),
                                                     static_cast<size_t>(o_.slot_bytes)));
     CONNEX_ASSIGN_OR_RETURN(recv_buf_, transfer_->AllocateManagedBuffer(o_.slot_bytes));
+    CONNEX_ASSIGN_OR_RETURN(check_buf_, transfer_->AllocateManagedBuffer(kSlotHeaderBytes));
     peer_sub_ = transfer_->SubscribePeerEvents([this](const transport::PeerEvent& e) { Post(e); });
     signals_->SetReceiver([this](std::string frame) { Post(std::move(frame)); });
     dir_sub_ = dir_.Subscribe([this](const directory::Event& e) { Post(e); });
@@ -164,18 +166,21 @@ class StageNode::Impl {
       return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " is not stage 0"));
     }
     if (prompt.empty()) return absl::InvalidArgumentError(StrCat("request ", id, ": empty prompt"));
-    if (max_new <= 0) return absl::InvalidArgumentError(StrCat("request ", id, ": max_new_tokens ", max_new));
+    if (max_new <= 0)
+      return absl::InvalidArgumentError(StrCat("request ", id, ": max_new_tokens ", max_new));
     absl::Status result;
     auto accepted = std::make_shared<std::promise<absl::Status>>();
     auto future = accepted->get_future();
-    Post(std::function<void()>([this, id, prompt = std::move(prompt), max_new, done = std::move(done),
-                                accepted]() mutable {
+    Post(std::function<void()>([this, id, prompt = std::move(prompt), max_new,
+                                done = std::move(done), accepted]() mutable {
       if (draining_) {
-        accepted->set_value(absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining")));
+        accepted->set_value(
+            absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining")));
         return;
       }
       if (requests_.count(id)) {
-        accepted->set_value(absl::InvalidArgumentError(StrCat("request ", id, " is already running")));
+        accepted->set_value(
+            absl::InvalidArgumentError(StrCat("request ", id, " is already running")));
         return;
       }
       Request r;
@@ -214,22 +219,23 @@ class StageNode::Impl {
     auto future = done->get_future();
     SignalTransport* fresh = signals.get();
     fresh->SetReceiver([this](std::string frame) { Post(std::move(frame)); });
-    Post(std::function<void()>([this, s = std::shared_ptr<SignalTransport>(std::move(signals)), done]() mutable {
-      std::unique_ptr<SignalTransport> old = std::move(signals_);
-      signals_.reset(new ForwardingTransport(std::move(s)));
-      absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses());
-      if (epoch.ok()) epoch_->store(*epoch);
-      old->Close();
-      retired_.push_back(std::move(old));
-      done->set_value(epoch.status());
-    }));
+    Post(std::function<void()>(
+        [this, s = std::shared_ptr<SignalTransport>(std::move(signals)), done]() mutable {
+          std::unique_ptr<SignalTransport> old = std::move(signals_);
+          signals_.reset(new ForwardingTransport(std::move(s)));
+          absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses());
+          if (epoch.ok()) epoch_->store(*epoch);
+          old->Close();
+          retired_.push_back(std::move(old));
+          done->set_value(epoch.status());
+        }));
     return future.get();
   }
 
   const Lid& lid() const { return lid_; }
   uint64_t epoch() const { return epoch_->load(); }
   StageNodeStats Stats() const {
-    absl::MutexLock lock(&stats_mu_);
+    connex::MutexLock lock(&stats_mu_);
     return stats_snapshot_;
   }
 
@@ -247,18 +253,19 @@ class StageNode::Impl {
     std::shared_ptr<SignalTransport> t_;
   };
 
-  using Item = std::variant<std::string, transport::PeerEvent, directory::Event, std::function<void()>>;
+  using Item =
+      std::variant<std::string, transport::PeerEvent, directory::Event, std::function<void()>>;
 
   struct Request {
     std::vector<int32_t> tokens;  // prompt, then generated
     size_t prompt_len = 0;
     int max_new = 0;
-    size_t cached = 0;            // positions the route holds
+    size_t cached = 0;  // positions the route holds
     std::vector<Hop> route;
-    std::set<Lid> visited;        // stages that may hold state, released at the end
-    uint64_t step = 0;            // in flight; 0 none
+    std::set<Lid> visited;  // stages that may hold state, released at the end
+    uint64_t step = 0;      // in flight; 0 none
     int reprefills = 0;
-    int64_t waiting_since = 0;    // for a route
+    int64_t waiting_since = 0;  // for a route
     Completion done;
   };
   struct Step {
@@ -267,11 +274,11 @@ class StageNode::Impl {
     std::set<uint64_t> remaining;
     std::vector<int32_t> starts, counts;
     std::vector<Hop> route;
-    TensorDict output;            // stage 0's, kept to re-send
+    TensorDict output;  // stage 0's, kept to re-send
     int64_t deadline = 0;
-    int64_t probe_until = 0;      // probing when > 0
+    int64_t probe_until = 0;  // probing when > 0
     std::set<Lid> ponged;
-    int64_t resend_at = 0;        // a re-send waits for a slot, a route or a backoff when > 0
+    int64_t resend_at = 0;  // a re-send waits for a slot, a route or a backoff when > 0
     bool sent = false;
   };
   struct Outgoing {
@@ -307,20 +314,20 @@ class StageNode::Impl {
   }
 
   void Post(Item item) {
-    absl::MutexLock lock(&queue_mu_);
+    connex::MutexLock lock(&queue_mu_);
     queue_.push_back(std::move(item));
   }
 
   void StopLoop() {
     {
-      absl::MutexLock lock(&queue_mu_);
+      connex::MutexLock lock(&queue_mu_);
       if (stopped_) return;
       stopped_ = true;
     }
     stop_.store(true);
     if (loop_.joinable()) loop_.join();
     {
-      absl::MutexLock lock(&report_mu_);
+      connex::MutexLock lock(&report_mu_);
       report_stop_ = true;
     }
     if (reporter_.joinable()) reporter_.join();
@@ -333,7 +340,9 @@ class StageNode::Impl {
     requests_.clear();
     ring_.reset();
     if (recv_buf_ != nullptr) (void)transfer_->FreeManagedBuffer(recv_buf_);
+    if (check_buf_ != nullptr) (void)transfer_->FreeManagedBuffer(check_buf_);
     recv_buf_ = nullptr;
+    check_buf_ = nullptr;
   }
 
   void Send(const std::string& address, const Signal& signal) {
@@ -349,7 +358,7 @@ class StageNode::Impl {
       int64_t wait = std::max<int64_t>(0, std::min<int64_t>(20, NextTimer(now) - now));
       std::deque<Item> items;
       {
-        absl::MutexLock lock(&queue_mu_);
+        connex::MutexLock lock(&queue_mu_);
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) { return !queue_.empty(); };
         queue_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(wait));
         items.swap(queue_);
@@ -388,7 +397,7 @@ class StageNode::Impl {
     stats_.ring_in_use = ring_ ? ring_->in_use() : 0;
     stats_.requests_in_flight = requests_.size();
     stats_.steps_in_flight = steps_.size() + pending_.size();
-    absl::MutexLock lock(&stats_mu_);
+    connex::MutexLock lock(&stats_mu_);
     stats_snapshot_ = stats_;
   }
 
@@ -432,7 +441,8 @@ class StageNode::Impl {
       Send(s.origin.signal, ack);
       return;
     }
-    absl::Status read = transfer_->TransferSyncRead(PeerOf(s.origin), recv_buf_, s.remote_addr, total);
+    absl::Status read =
+        transfer_->TransferSyncRead(PeerOf(s.origin), recv_buf_, s.remote_addr, total);
     SlotHeader header{};
     if (read.ok()) {
       std::memcpy(&header, recv_buf_, sizeof(header));
@@ -454,34 +464,59 @@ class StageNode::Impl {
                       AsStd(in.status().message()));
       return;
     }
-    auto key = std::make_pair(s.owner.lid, s.step);
-    auto done = executed_.find(key);
-    if (done != executed_.end()) {
-      // A re-sent attempt of a step this stage already ran: never run it twice.
-      ++stats_.steps_replayed;
-      Deliver(s, done->second.output);
-      return;
-    }
     absl::StatusOr<Batch> batch = GetBatch(*in);
     if (!batch.ok()) {
       CONNEX_LOG_WARN("pp {}: bad batch in step {}: {}", lid_.ToString(), s.step,
                       AsStd(batch.status().message()));
       return;
     }
-    std::vector<uint64_t> missing = engine_.MissingRequests(*in);
-    TensorDict runnable = *std::move(in);
-    if (!missing.empty()) {
-      ++stats_.missing_reported;
-      Send(s.owner.signal, MissingSignal{s.step, s.attempt, lid_, missing});
-      std::set<uint64_t> m(missing.begin(), missing.end());
+    // Step ids grow per owner, so a request's last executed step tells an old attempt (or a
+    // late duplicate) from a new step: a step is never executed twice on a stage, and a request
+    // that has moved on is never taken back.
+    auto key = std::make_pair(s.owner.lid, s.step);
+    auto done = executed_.find(key);
+    if (done != executed_.end()) {
+      // A re-sent attempt of a step this stage already ran: answer from the output cache, for
+      // the requests the owner still waits for.
+      std::set<uint64_t> wanted(s.request_ids.begin(), s.request_ids.end());
+      absl::StatusOr<Batch> cached = GetBatch(done->second.output);
+      if (!cached.ok()) return;
       std::vector<bool> keep;
       bool any = false;
-      for (uint64_t id : batch->request_ids) {
-        keep.push_back(!m.count(id));
+      for (uint64_t id : cached->request_ids) {
+        auto last = last_step_.find(id);
+        keep.push_back(wanted.count(id) && last != last_step_.end() && last->second == s.step);
         any |= keep.back();
       }
       if (!any) return;
-      runnable = Select(runnable, *batch, keep);
+      ++stats_.steps_replayed;
+      Deliver(s, Select(done->second.output, *cached, keep));
+      return;
+    }
+    std::vector<bool> keep;
+    std::vector<uint64_t> lost;
+    for (uint64_t id : batch->request_ids) {
+      auto last = last_step_.find(id);
+      bool fresh = last == last_step_.end() || last->second < s.step;
+      if (!fresh && last->second == s.step) lost.push_back(id);  // ran, but the output is gone
+      keep.push_back(fresh);
+    }
+    TensorDict runnable = Select(*in, *batch, keep);
+    std::vector<uint64_t> missing = engine_.MissingRequests(runnable);
+    missing.insert(missing.end(), lost.begin(), lost.end());
+    if (!missing.empty()) {
+      ++stats_.missing_reported;
+      Send(s.owner.signal, MissingSignal{s.step, s.attempt, lid_, missing});
+    }
+    {
+      std::set<uint64_t> m(missing.begin(), missing.end());
+      bool any = false;
+      for (size_t i = 0; i < keep.size(); ++i) {
+        keep[i] = keep[i] && !m.count(batch->request_ids[i]);
+        any |= keep[i];
+      }
+      if (!any) return;
+      runnable = Select(*in, *batch, keep);
     }
     absl::StatusOr<TensorDict> out = engine_.ExecuteStep(runnable);
     if (!out.ok()) {
@@ -492,6 +527,9 @@ class StageNode::Impl {
       return;
     }
     ++stats_.steps_executed;
+    for (size_t i = 0; i < keep.size(); ++i) {
+      if (keep[i]) last_step_[batch->request_ids[i]] = s.step;
+    }
     executed_[key] = Executed{*out};
     executed_order_.push_back(key);
     while (executed_order_.size() > kExecutedSteps) {
@@ -507,7 +545,8 @@ class StageNode::Impl {
       absl::StatusOr<Batch> b = GetBatch(out);
       absl::StatusOr<const Tensor*> next = out.Get(kNextTokens, DType::kI32, 1);
       if (!b.ok() || !next.ok()) {
-        CONNEX_LOG_ERROR("pp {}: the engine's last-stage output lacks {}", lid_.ToString(), kNextTokens);
+        CONNEX_LOG_ERROR("pp {}: the engine's last-stage output lacks {}", lid_.ToString(),
+                         kNextTokens);
         return;
       }
       auto tokens = (*next)->values<int32_t>();
@@ -548,9 +587,12 @@ class StageNode::Impl {
     uint64_t size = PackedSize(p.payload);
     if (size > ring_->payload_capacity()) {
       ring_->Release(corr);
-      CONNEX_LOG_ERROR("pp {}: step {} payload of {} bytes exceeds a ring slot ({}); raise "
-                       "CONNEX_PP_SLOT_BYTES", lid_.ToString(), s.step, size, ring_->payload_capacity());
-      HopFailed(s.owner, s.step, s.attempt, s.hop, absl::StatusCode::kResourceExhausted, "payload too large");
+      CONNEX_LOG_ERROR(
+          "pp {}: step {} payload of {} bytes exceeds a ring slot ({}); raise "
+          "CONNEX_PP_SLOT_BYTES",
+          lid_.ToString(), s.step, size, ring_->payload_capacity());
+      HopFailed(s.owner, s.step, s.attempt, s.hop, absl::StatusCode::kResourceExhausted,
+                "payload too large");
       return true;
     }
     s.layout = Pack(p.payload, ring_->payload(*slot));
@@ -560,7 +602,12 @@ class StageNode::Impl {
     s.length = size;
     const Hop& target = s.target();
     WatchPeer(target);
-    outgoing_[corr] = Outgoing{s.owner.lid, s.owner.signal, s.step, s.attempt, s.hop, target.lid,
+    outgoing_[corr] = Outgoing{s.owner.lid,
+                               s.owner.signal,
+                               s.step,
+                               s.attempt,
+                               s.hop,
+                               target.lid,
                                NowMs() + o_.step_timeout_ms};
     Send(target.signal, s);
     return true;
@@ -614,7 +661,10 @@ class StageNode::Impl {
   }
 
   void On(ReleaseSignal& r) {
-    for (uint64_t id : r.request_ids) engine_.Release(id);
+    for (uint64_t id : r.request_ids) {
+      engine_.Release(id);
+      last_step_.erase(id);
+    }
   }
 
   void On(PingSignal& p) { Send(p.reply_to, PongSignal{p.nonce, lid_, epoch_->load()}); }
@@ -752,10 +802,10 @@ class StageNode::Impl {
       ++q.reprefills;
       ++stats_.reprefills;
       if (q.reprefills > o_.reprefill_max) {
-        Finish(id, absl::AbortedError(StrCat("request ", id, ": aborted after ", q.reprefills - 1,
-                                             " failovers (CONNEX_PP_REPREFILL_MAX=",
-                                             o_.reprefill_max, "); last: ", m.from.ToString(),
-                                             " did not hold its state")));
+        Finish(id, absl::AbortedError(
+                       StrCat("request ", id, ": aborted after ", q.reprefills - 1,
+                              " failovers (CONNEX_PP_REPREFILL_MAX=", o_.reprefill_max,
+                              "); last: ", m.from.ToString(), " did not hold its state")));
       }
     }
     if (st.remaining.empty()) steps_.erase(it);
@@ -798,6 +848,24 @@ class StageNode::Impl {
     return !dead_.count(key) && !draining_peers_.count(key);
   }
 
+  // Why no route can be built: per stage without a usable replica, what the view shows.
+  std::string RouteProblem() const {
+    std::string out;
+    for (uint32_t g = 1; g < o_.stages; ++g) {
+      std::vector<directory::Record> records = dir_.View(o_.model, g);
+      std::string seen;
+      bool usable = false;
+      for (const directory::Record& r : records) {
+        auto key = std::make_pair(r.lid, r.epoch);
+        std::string state = dead_.count(key) ? "dead" : draining_peers_.count(key) ? "draining" : "live";
+        usable |= state == "live";
+        seen += StrCat(seen.empty() ? "" : ", ", "r", r.lid.replica, "@", r.epoch, " ", state);
+      }
+      if (!usable) out += StrCat(out.empty() ? "" : "; ", "stage ", g, ": ", seen.empty() ? "no replica registered" : seen);
+    }
+    return out;
+  }
+
   // A route through stages 1..N-1 from the directory's view: the current hop of each stage if
   // it is still live (sticky per request), else the caller's own replica, else the next live
   // replica after it. Nullopt when some stage has no live replica.
@@ -823,7 +891,8 @@ class StageNode::Impl {
         const Hop* lowest = nullptr;
         for (const Hop& h : live) {
           if (lowest == nullptr || h.lid.replica < lowest->lid.replica) lowest = &h;
-          if (h.lid.replica >= o_.replica && (pick == nullptr || h.lid.replica < pick->lid.replica)) {
+          if (h.lid.replica >= o_.replica &&
+              (pick == nullptr || h.lid.replica < pick->lid.replica)) {
             pick = &h;
           }
         }
@@ -873,8 +942,9 @@ class StageNode::Impl {
       if (req == requests_.end()) continue;
       if (NowMs() - req->second.waiting_since > o_.route_wait_ms) {
         st.remaining.erase(id);
-        Finish(id, absl::UnavailableError(StrCat("request ", id, ": no live replica of some stage for ",
-                                                 o_.route_wait_ms, " ms")));
+        Finish(id,
+               absl::UnavailableError(StrCat("request ", id, ": no live replica of some stage for ",
+                                             o_.route_wait_ms, " ms (", RouteProblem(), ")")));
       }
     }
   }
@@ -888,10 +958,18 @@ class StageNode::Impl {
     s.origin = Self();
     s.hop = 0;
     s.route = st.route;
-    s.request_ids = st.ids;
-    s.start_positions = st.starts;
-    s.num_tokens = st.counts;
-    p.payload = st.output;
+    // Only the requests the owner still waits for: the others were answered or moved to a
+    // re-prefill, and must not be run again.
+    std::vector<bool> keep;
+    for (size_t i = 0; i < st.ids.size(); ++i) {
+      keep.push_back(st.remaining.count(st.ids[i]) > 0);
+      if (!keep.back()) continue;
+      s.request_ids.push_back(st.ids[i]);
+      s.start_positions.push_back(st.starts[i]);
+      s.num_tokens.push_back(st.counts[i]);
+    }
+    Batch batch{st.ids, st.starts, st.counts};
+    p.payload = s.request_ids.size() == st.ids.size() ? st.output : Select(st.output, batch, keep);
     st.deadline = NowMs() + o_.step_timeout_ms;
     st.sent = true;
     for (const Hop& h : st.route) WatchPeer(h);
@@ -944,7 +1022,7 @@ class StageNode::Impl {
   }
 
   void Report(const Lid& lid, uint64_t epoch) {
-    absl::MutexLock lock(&report_mu_);
+    connex::MutexLock lock(&report_mu_);
     reports_.emplace_back(lid, epoch);
   }
 
@@ -952,7 +1030,7 @@ class StageNode::Impl {
     while (true) {
       std::pair<Lid, uint64_t> next;
       {
-        absl::MutexLock lock(&report_mu_);
+        connex::MutexLock lock(&report_mu_);
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(report_mu_) {
           return report_stop_ || !reports_.empty();
         };
@@ -983,8 +1061,9 @@ class StageNode::Impl {
         if (!route) {
           if (now - q.waiting_since > o_.route_wait_ms) {
             Post(std::function<void()>([this, id = id] {
-              Finish(id, absl::UnavailableError(StrCat("request ", id, ": no live replica of some stage for ",
-                                                       o_.route_wait_ms, " ms")));
+              Finish(id, absl::UnavailableError(StrCat("request ", id,
+                                                       ": no live replica of some stage for ",
+                                                       o_.route_wait_ms, " ms (", RouteProblem(), ")")));
             }));
           }
           continue;
@@ -1086,11 +1165,13 @@ class StageNode::Impl {
   // Loop-thread state.
   std::unique_ptr<SendRing> ring_;
   void* recv_buf_ = nullptr;
+  void* check_buf_ = nullptr;
   uint64_t next_corr_ = 1;
   uint64_t next_step_ = 1;
   std::set<uint64_t> seen_corr_;
   std::deque<uint64_t> seen_order_;
   std::map<std::pair<Lid, uint64_t>, Executed> executed_;
+  std::map<uint64_t, uint64_t> last_step_;  // request -> the last step executed for it here
   std::deque<std::pair<Lid, uint64_t>> executed_order_;
   std::map<uint64_t, Outgoing> outgoing_;
   std::deque<PendingSend> pending_;
@@ -1106,12 +1187,12 @@ class StageNode::Impl {
   std::thread loop_;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> last_step_ms_{0};
-  absl::Mutex queue_mu_;
+  connex::Mutex queue_mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stopped_ ABSL_GUARDED_BY(queue_mu_) = false;
-  mutable absl::Mutex stats_mu_;
+  mutable connex::Mutex stats_mu_;
   StageNodeStats stats_snapshot_ ABSL_GUARDED_BY(stats_mu_);
-  absl::Mutex report_mu_;
+  connex::Mutex report_mu_;
   std::deque<std::pair<Lid, uint64_t>> reports_ ABSL_GUARDED_BY(report_mu_);
   bool report_stop_ ABSL_GUARDED_BY(report_mu_) = false;
   std::thread reporter_;
@@ -1130,8 +1211,8 @@ absl::StatusOr<std::unique_ptr<StageNode>> StageNode::Start(
   return std::unique_ptr<StageNode>(new StageNode(std::move(impl)));
 }
 
-absl::Status StageNode::Submit(uint64_t request_id, std::vector<int32_t> prompt,
-                               int max_new_tokens, Completion done) {
+absl::Status StageNode::Submit(uint64_t request_id, std::vector<int32_t> prompt, int max_new_tokens,
+                               Completion done) {
   return impl_->Submit(request_id, std::move(prompt), max_new_tokens, std::move(done));
 }
 void StageNode::Stop(bool leave, int64_t drain_timeout_ms) { impl_->Stop(leave, drain_timeout_ms); }

@@ -37,36 +37,36 @@ struct StageNodeOptions {
   uint32_t stage = 0;
   uint32_t stages = 1;
   uint32_t replica = 0;
-  int inflight = 4;                  // CONNEX_PP_INFLIGHT: steps in flight per route (owner)
-  int64_t step_timeout_ms = 5000;    // CONNEX_PP_STEP_TIMEOUT_MS: then probe the route
-  int64_t probe_timeout_ms = 500;    // CONNEX_PP_PROBE_TIMEOUT_MS: no answer = dead
-  int reprefill_max = 8;             // CONNEX_PP_REPREFILL_MAX: failovers before an abort
-  int64_t route_wait_ms = 30000;     // CONNEX_PP_ROUTE_WAIT_MS: no live replica that long = abort
-  int ring_slots = 16;               // CONNEX_PP_RING_SLOTS
-  int64_t slot_bytes = 8 << 20;      // CONNEX_PP_SLOT_BYTES
-  int max_batch = 16;                // CONNEX_PP_MAX_BATCH: requests per step
-  int32_t eos_token = -1;            // generation stops at this token (-1: none)
+  int inflight = 4;                // CONNEX_PP_INFLIGHT: steps in flight per route (owner)
+  int64_t step_timeout_ms = 5000;  // CONNEX_PP_STEP_TIMEOUT_MS: then probe the route
+  int64_t probe_timeout_ms = 500;  // CONNEX_PP_PROBE_TIMEOUT_MS: no answer = dead
+  int reprefill_max = 8;           // CONNEX_PP_REPREFILL_MAX: failovers before an abort
+  int64_t route_wait_ms = 30000;   // CONNEX_PP_ROUTE_WAIT_MS: no live replica that long = abort
+  int ring_slots = 16;             // CONNEX_PP_RING_SLOTS
+  int64_t slot_bytes = 8 << 20;    // CONNEX_PP_SLOT_BYTES
+  int max_batch = 16;              // CONNEX_PP_MAX_BATCH: requests per step
+  int32_t eos_token = -1;          // generation stops at this token (-1: none)
 
   // Options with the CONNEX_PP_* variables above applied. InvalidArgument names a bad one.
   static absl::StatusOr<StageNodeOptions> FromEnv(StageNodeOptions defaults);
 };
 
 struct StageNodeStats {
-  uint64_t steps_executed = 0;   // engine steps run on this stage
-  uint64_t steps_replayed = 0;   // re-sent attempts answered from the output cache
+  uint64_t steps_executed = 0;  // engine steps run on this stage
+  uint64_t steps_replayed = 0;  // re-sent attempts answered from the output cache
   uint64_t duplicates_dropped = 0;
-  uint64_t fenced = 0;           // signals refused for a wrong epoch
+  uint64_t fenced = 0;  // signals refused for a wrong epoch
   uint64_t missing_reported = 0;
-  uint64_t late_dropped = 0;     // results of superseded attempts (owner)
-  uint64_t resends = 0;          // steps re-sent (owner)
-  uint64_t failovers = 0;        // requests moved to another replica (owner)
-  uint64_t reprefills = 0;       // requests recomputed (owner)
-  uint64_t aborted = 0;          // requests aborted (owner)
-  uint64_t completed = 0;        // requests finished (owner)
-  uint64_t backpressured = 0;    // sends that waited for a ring slot
-  size_t ring_in_use = 0;        // slots awaiting acknowledgement now
-  size_t requests_in_flight = 0; // owner: submitted, not finished
-  size_t steps_in_flight = 0;    // owner: steps not yet answered, and sends waiting for a slot
+  uint64_t late_dropped = 0;      // results of superseded attempts (owner)
+  uint64_t resends = 0;           // steps re-sent (owner)
+  uint64_t failovers = 0;         // requests moved to another replica (owner)
+  uint64_t reprefills = 0;        // requests recomputed (owner)
+  uint64_t aborted = 0;           // requests aborted (owner)
+  uint64_t completed = 0;         // requests finished (owner)
+  uint64_t backpressured = 0;     // sends that waited for a ring slot
+  size_t ring_in_use = 0;         // slots awaiting acknowledgement now
+  size_t requests_in_flight = 0;  // owner: submitted, not finished
+  size_t steps_in_flight = 0;     // owner: steps not yet answered, and sends waiting for a slot
 };
 
 class StageNode {
@@ -76,9 +76,10 @@ class StageNode {
 
   // Joins the directory as (model, stage, 0, replica) with the transfer engine's and the signal
   // transport's addresses, and starts the loop. `engine` and `directory` must outlive the node.
-  static absl::StatusOr<std::unique_ptr<StageNode>> Start(
-      StageNodeOptions options, Engine& engine, transport::TransferEnginePtr transfer,
-      std::unique_ptr<SignalTransport> signals, directory::DirectoryClient& directory);
+  static absl::StatusOr<std::unique_ptr<StageNode>> Start(StageNodeOptions options, Engine& engine,
+                                                          transport::TransferEnginePtr transfer,
+                                                          std::unique_ptr<SignalTransport> signals,
+                                                          directory::DirectoryClient& directory);
   ~StageNode();  // Stop(/*leave=*/false)
 
   StageNode(const StageNode&) = delete;

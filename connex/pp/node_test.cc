@@ -12,8 +12,8 @@
 namespace connex::pp {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::Cluster;
+using ::testing::HasSubstr;
 using testing::ReferenceTokens;
 
 std::unique_ptr<directory::DirectoryServer> StartDirectory() {
@@ -38,7 +38,8 @@ StageNodeOptions FastOptions() {
 
 std::vector<int32_t> Prompt(uint64_t id) {
   std::vector<int32_t> p;
-  for (uint64_t i = 0; i < 3 + id % 5; ++i) p.push_back(static_cast<int32_t>((id * 31 + i * 7) % 200));
+  for (uint64_t i = 0; i < 3 + id % 5; ++i)
+    p.push_back(static_cast<int32_t>((id * 31 + i * 7) % 200));
   return p;
 }
 
@@ -58,7 +59,8 @@ class NodeTest : public ::testing::Test {
     options.directory = server_->bind_address();
     auto watcher = directory::DirectoryClient::Connect(options);
     (*watcher)->Watch(c->model()).IgnoreError();
-    EXPECT_TRUE((*watcher)->AwaitView(c->model(), [&](const auto& v) { return v.size() == stages * replicas; }, 5000));
+    EXPECT_TRUE((*watcher)->AwaitView(
+        c->model(), [&](const auto& v) { return v.size() == stages * replicas; }, 5000));
     return c;
   }
 
@@ -194,7 +196,7 @@ namespace {
 // last stage of a two-stage pipeline, then reads what comes back.
 class RawOwner {
  public:
-  explicit RawOwner(Cluster& c) : c_(c), lid_{c.model(), 0, 0, 9} {
+  explicit RawOwner(Cluster& c) : lid_{c.model(), 0, 0, 9} {
     transport::TransportOptions t;
     t.backend = transport::Backend::kMem;
     t.local_lid = lid_;
@@ -203,7 +205,7 @@ class RawOwner {
     ring_ = *SendRing::Create(*transfer_, 4, 1 << 16);
     endpoint_ = c.signals().NewEndpoint();
     endpoint_->SetReceiver([this](std::string frame) {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       inbox_.push_back(*Decode(frame));
     });
   }
@@ -241,21 +243,22 @@ class RawOwner {
 
   // Signals received until `count` arrived (or 3 s passed).
   std::vector<Signal> Await(size_t count) {
-    WaitUntil([&] {
-      absl::MutexLock lock(&mu_);
-      return inbox_.size() >= count;
-    }, 3000);
-    absl::MutexLock lock(&mu_);
+    WaitUntil(
+        [&] {
+          connex::MutexLock lock(&mu_);
+          return inbox_.size() >= count;
+        },
+        3000);
+    connex::MutexLock lock(&mu_);
     return inbox_;
   }
 
  private:
-  Cluster& c_;
   Lid lid_;
   transport::TransferEnginePtr transfer_;
   std::unique_ptr<SendRing> ring_;
   std::unique_ptr<SignalTransport> endpoint_;
-  absl::Mutex mu_;
+  connex::Mutex mu_;
   std::vector<Signal> inbox_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -10,7 +10,7 @@
 #include <map>
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/base/logging.h"
 #include "connex/base/strings.h"
 #include "connex/base/zmq_util.h"
@@ -42,13 +42,13 @@ class ZmqSignalTransport : public SignalTransport {
   const std::string& address() const override { return address_; }
 
   void SetReceiver(Receiver receiver) override {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     receiver_ = std::move(receiver);
   }
 
   void Send(const std::string& address, std::string frame) override {
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       if (closed_) return;
       outbox_.emplace_back(address, std::move(frame));
     }
@@ -59,7 +59,7 @@ class ZmqSignalTransport : public SignalTransport {
 
   void Close() override {
     {
-      absl::MutexLock lock(&mu_);
+      connex::MutexLock lock(&mu_);
       if (closed_) return;
       closed_ = true;
     }
@@ -105,7 +105,7 @@ class ZmqSignalTransport : public SignalTransport {
       std::deque<std::pair<std::string, std::string>> batch;
       Receiver receiver;
       {
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         batch.swap(outbox_);
         receiver = receiver_;
       }
@@ -132,13 +132,13 @@ class ZmqSignalTransport : public SignalTransport {
   }
 
   zmq::context_t context_;
-  zmq::socket_t router_;                           // I/O thread
-  std::map<std::string, zmq::socket_t> dealers_;   // I/O thread
+  zmq::socket_t router_;                          // I/O thread
+  std::map<std::string, zmq::socket_t> dealers_;  // I/O thread
   std::string address_;
   int wake_fd_ = -1;
   std::thread thread_;
   std::atomic<bool> stop_{false};
-  absl::Mutex mu_;
+  connex::Mutex mu_;
   std::deque<std::pair<std::string, std::string>> outbox_ ABSL_GUARDED_BY(mu_);
   Receiver receiver_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -35,6 +35,7 @@ StageNode* Cluster::Start(uint32_t stage, uint32_t replica) {
   auto c = directory::DirectoryClient::Connect(client);
   if (!c.ok()) return nullptr;
   m.client = *std::move(c);
+  m.client->DelayEventsForTest(event_delay_ms_);
   m.engine = std::make_unique<TestEngine>(stage, stages_);
   transport::TransportOptions t;
   t.backend = transport::Backend::kMem;
@@ -49,11 +50,19 @@ StageNode* Cluster::Start(uint32_t stage, uint32_t replica) {
   o.stage = stage;
   o.stages = stages_;
   o.replica = replica;
-  auto node = StageNode::Start(o, *m.engine, *std::move(transfer), signals_->NewEndpoint(), *m.client);
+  auto node =
+      StageNode::Start(o, *m.engine, *std::move(transfer), signals_->NewEndpoint(), *m.client);
   if (!node.ok()) return nullptr;
   m.node = *std::move(node);
   m.alive = true;
   return m.node.get();
+}
+
+void Cluster::SetDirectoryEventDelay(int ms) {
+  event_delay_ms_ = ms;
+  for (auto& [key, m] : members_) {
+    if (m.client) m.client->DelayEventsForTest(ms);
+  }
 }
 
 void Cluster::Kill(uint32_t stage, uint32_t replica) {
@@ -83,7 +92,9 @@ absl::Status Cluster::Migrate(uint32_t stage, uint32_t replica) {
   return m.node->Migrate(signals_->NewEndpoint());
 }
 
-StageNode* Cluster::node(uint32_t stage, uint32_t replica) { return Get(stage, replica).node.get(); }
+StageNode* Cluster::node(uint32_t stage, uint32_t replica) {
+  return Get(stage, replica).node.get();
+}
 TestEngine* Cluster::engine(uint32_t stage, uint32_t replica) {
   return Get(stage, replica).engine.get();
 }
@@ -95,21 +106,22 @@ bool Cluster::alive(uint32_t stage, uint32_t replica) const {
 absl::Status Cluster::Submit(uint32_t replica, uint64_t id, std::vector<int32_t> prompt,
                              int max_new) {
   {
-    absl::MutexLock lock(&mu_);
+    connex::MutexLock lock(&mu_);
     outcomes_[id] = Outcome{};
   }
-  return node(0, replica)->Submit(id, std::move(prompt), max_new,
-                                  [this](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
-                                    absl::MutexLock lock(&mu_);
-                                    outcomes_[rid].done = true;
-                                    outcomes_[rid].tokens = std::move(r);
-                                  });
+  return node(0, replica)
+      ->Submit(id, std::move(prompt), max_new,
+               [this](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
+                 connex::MutexLock lock(&mu_);
+                 outcomes_[rid].done = true;
+                 outcomes_[rid].tokens = std::move(r);
+               });
 }
 
 bool Cluster::AwaitAll(int64_t timeout_ms) {
   return WaitUntil(
       [this] {
-        absl::MutexLock lock(&mu_);
+        connex::MutexLock lock(&mu_);
         for (const auto& [id, o] : outcomes_) {
           if (!o.done) return false;
         }
@@ -119,7 +131,7 @@ bool Cluster::AwaitAll(int64_t timeout_ms) {
 }
 
 std::map<uint64_t, Outcome> Cluster::outcomes() const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   return outcomes_;
 }
 

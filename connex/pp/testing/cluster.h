@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/directory/client.h"
 #include "connex/directory/server.h"
 #include "connex/pp/mem_signal.h"
@@ -53,6 +53,9 @@ class Cluster {
   bool AwaitRingsEmpty(int64_t timeout_ms);
   StageNodeStats TotalStats() const;
 
+  // Every node's directory client (now and later) sees events `ms` late.
+  void SetDirectoryEventDelay(int ms);
+
   MemSignalNetwork& signals() { return *signals_; }
   transport::mem::Fabric& fabric() { return *fabric_; }
   const std::string& model() const { return model_; }
@@ -76,7 +79,8 @@ class Cluster {
   std::map<std::pair<uint32_t, uint32_t>, Member> members_;
   std::vector<std::unique_ptr<TestEngine>> graveyard_;  // engines of killed nodes
   std::vector<StageNodeStats> dead_stats_;
-  mutable absl::Mutex mu_;
+  int event_delay_ms_ = 0;
+  mutable connex::Mutex mu_;
   std::map<uint64_t, Outcome> outcomes_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -32,7 +32,7 @@ std::vector<uint64_t> TestEngine::MissingLocked(const Batch& batch) const {
 std::vector<uint64_t> TestEngine::MissingRequests(const TensorDict& in) const {
   absl::StatusOr<Batch> batch = GetBatch(in);
   if (!batch.ok()) return {};
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   if (amnesiac_) {
     std::vector<uint64_t> all;
     for (size_t i = 0; i < batch->request_ids.size(); ++i) {
@@ -56,7 +56,7 @@ absl::StatusOr<TensorDict> TestEngine::ExecuteStep(const TensorDict& in) {
   if ((*input)->shape[0] != n) {
     return absl::InvalidArgumentError(StrCat("input has ", (*input)->shape[0], " rows, batch ", n));
   }
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   if (amnesiac_) {
     for (size_t i = 0; i < batch->request_ids.size(); ++i) {
       if (batch->start_positions[i] != 0) states_.erase(batch->request_ids[i]);
@@ -64,7 +64,8 @@ absl::StatusOr<TensorDict> TestEngine::ExecuteStep(const TensorDict& in) {
   }
   std::vector<uint64_t> missing = MissingLocked(*batch);
   if (!missing.empty()) {
-    return absl::NotFoundError(StrCat("stage ", stage_, " does not hold ", missing.size(), " requests"));
+    return absl::NotFoundError(
+        StrCat("stage ", stage_, " does not hold ", missing.size(), " requests"));
   }
   for (size_t i = 0; i < batch->request_ids.size(); ++i) {
     auto it = states_.find(batch->request_ids[i]);
@@ -105,34 +106,35 @@ absl::StatusOr<TensorDict> TestEngine::ExecuteStep(const TensorDict& in) {
 }
 
 bool TestEngine::HoldsRequest(uint64_t id) const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   return states_.count(id) > 0;
 }
 
 void TestEngine::Release(uint64_t id) {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   states_.erase(id);
 }
 
 std::vector<std::string> TestEngine::violations() const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   return violations_;
 }
 
 uint64_t TestEngine::executions() const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   return executions_;
 }
 
 void TestEngine::SetAmnesiac(bool amnesiac) {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   amnesiac_ = amnesiac;
 }
 
 std::vector<int32_t> ReferenceTokens(uint32_t stages, const std::vector<int32_t>& prompt,
                                      int max_new_tokens, int32_t vocab) {
   std::vector<std::unique_ptr<TestEngine>> engines;
-  for (uint32_t s = 0; s < stages; ++s) engines.push_back(std::make_unique<TestEngine>(s, stages, vocab));
+  for (uint32_t s = 0; s < stages; ++s)
+    engines.push_back(std::make_unique<TestEngine>(s, stages, vocab));
   std::vector<int32_t> tokens = prompt;
   std::vector<int32_t> generated;
   size_t cached = 0;

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/pp/engine.h"
 
 namespace connex::pp::testing {
@@ -44,7 +44,7 @@ class TestEngine : public Engine {
   const uint32_t stage_;
   const uint32_t stages_;
   const int32_t vocab_;
-  mutable absl::Mutex mu_;
+  mutable connex::Mutex mu_;
   std::map<uint64_t, State> states_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> violations_ ABSL_GUARDED_BY(mu_);
   uint64_t executions_ ABSL_GUARDED_BY(mu_) = 0;
