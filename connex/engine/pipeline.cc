@@ -2,6 +2,7 @@
 
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
+#include "connex/pp/tensor_dict.h"
 
 namespace connex::engine {
 
@@ -24,7 +25,11 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Load(const std::string& path
 absl::StatusOr<TensorDict> Pipeline::Step(const TensorDict& in) {
   CONNEX_ASSIGN_OR_RETURN(TensorDict out, stages_.front()->ExecuteStep(in));
   for (size_t s = 1; s < stages_.size(); ++s) {
-    CONNEX_ASSIGN_OR_RETURN(out, stages_[s]->ExecuteStep(out));
+    // Through the step protocol's packing, as between two processes.
+    std::vector<uint8_t> slot(pp::PackedSize(out));
+    std::vector<pp::TensorLayout> layout = pp::Pack(out, slot.data());
+    CONNEX_ASSIGN_OR_RETURN(TensorDict received, pp::Unpack(layout, slot.data(), slot.size()));
+    CONNEX_ASSIGN_OR_RETURN(out, stages_[s]->ExecuteStep(received));
   }
   return out;
 }

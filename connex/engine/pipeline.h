@@ -1,5 +1,6 @@
 // Pipeline: the stages of one model run in one process, a step passing from stage to stage as a
-// TensorDict — what a chain of connex-stage processes does over the network, without it.
+// TensorDict packed and unpacked as the step protocol does — what a chain of stage processes
+// does over the network, without it.
 // Thread-compatible (one caller at a time).
 #ifndef CONNEX_ENGINE_PIPELINE_H_
 #define CONNEX_ENGINE_PIPELINE_H_
@@ -21,6 +22,7 @@ class Pipeline {
                                                         std::shared_ptr<ThreadPool> pool = nullptr);
 
   // Runs `in` (a stage-0 step) through every stage; the result is the last stage's output.
+  // Between stages the dict goes through pp::Pack / pp::Unpack (a send-ring slot's format).
   absl::StatusOr<TensorDict> Step(const TensorDict& in);
 
   // Drops request `id` on every stage.
