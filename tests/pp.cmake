@@ -1,11 +1,11 @@
 add_executable(pp_test_node ${CMAKE_CURRENT_LIST_DIR}/pp_node_main.cc)
-target_link_libraries(pp_test_node PRIVATE connex_pp_testing CLI11::CLI11 nlohmann_json::nlohmann_json)
+target_link_libraries(pp_test_node PRIVATE connex_pp_testing connex_engine CLI11::CLI11 nlohmann_json::nlohmann_json)
 
 connex_test(pp_process_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/pp_process_test.cc
-  LIBS connex_test_subprocess connex_pp_testing nlohmann_json::nlohmann_json
+  LIBS connex_test_subprocess connex_pp_testing connex_engine nlohmann_json::nlohmann_json
   LABELS pp)
-add_dependencies(pp_process_test pp_test_node connex-directory)
+add_dependencies(pp_process_test pp_test_node connex-directory connex-mkmodel)
 
 # The example must keep working: run it as a test over each same-host backend.
 foreach(backend tcp shm)
