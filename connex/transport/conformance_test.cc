@@ -464,7 +464,8 @@ TEST(ShmCleanupTest, SocketsRemovedOnExitAndReapedAfterKill) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ConformanceTest,
-                         ::testing::Values(Backend::kMem, Backend::kTcp, Backend::kShm),
+                         ::testing::Values(Backend::kMem, Backend::kTcp, Backend::kShm,
+                                           Backend::kUcx),
                          [](const ::testing::TestParamInfo<Backend>& info) {
                            return std::string(BackendName(info.param));
                          });

@@ -4,6 +4,7 @@
 #include "connex/transport/shm/shm_engine.h"
 #include "connex/transport/tcp/tcp_engine.h"
 #include "connex/transport/transfer_engine.h"
+#include "connex/transport/ucx/ucx_engine.h"
 
 namespace connex::transport {
 
@@ -15,8 +16,9 @@ absl::StatusOr<TransferEnginePtr> CreateTransferEngine(const TransportOptions& o
       return tcp::CreateTcpEngine(options);
     case Backend::kShm:
       return shm::CreateShmEngine(options);
-    case Backend::kAuto:
     case Backend::kUcx:
+      return ucx::CreateUcxEngine(options);
+    case Backend::kAuto:
       break;
   }
   return absl::UnimplementedError(
