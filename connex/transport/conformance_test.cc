@@ -195,9 +195,10 @@ class MemPeer : public Peer {
 class ConformanceTest : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
-    TransportOptions o;
+    // From the environment, as the peer processes do (e.g. UCX_TLS with
+    // CONNEX_TRANSPORT_UCX_PEER_ERRORS=0 to run ucx over shared memory).
+    TransportOptions o = TransportOptions::FromEnv(self_).value();
     o.backend = GetParam();
-    o.local_lid = self_;
     o.heartbeat_ms = 50;
     o.suspect_ms = 400;
     o.fabric = fabric_;

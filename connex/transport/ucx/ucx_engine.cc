@@ -30,6 +30,7 @@ using internal::FrameHeader;
 using internal::FrameType;
 
 constexpr int kSliceMs = 50;
+constexpr uint64_t kUcxAllocated = 1;  // Backing cookie: allocated (and mapped) by UCX
 
 absl::Status UcsError(std::string_view what, ucs_status_t status) {
   return absl::UnavailableError(StrCat("ucx: ", what, ": ", ucs_status_string(status)));
@@ -206,7 +207,52 @@ class UcxEngine final : public internal::EngineBase {
   absl::Status Connect(const PeerRef& ref) override { return GetPeer(ref).status(); }
 
  protected:
+  // Managed buffers are allocated by UCX, so that its shared-memory transports (posix, sysv)
+  // can map them into readers directly, as ucx_perftest's buffers are; user memory registered
+  // with RegisterMemory is mapped as it is (cma or software RMA on this host, RDMA elsewhere).
+  absl::StatusOr<Backing> AllocateBacking(size_t length) override {
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.address = nullptr;
+    mp.length = length;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+    ucp_mem_h memh = nullptr;
+    void* rkey = nullptr;
+    size_t rkey_len = 0;
+    ucp_mem_attr_t attr{};
+    {
+      absl::MutexLock lock(&worker_.mu);
+      ucs_status_t st = ucp_mem_map(worker_.context(), &mp, &memh);
+      if (st != UCS_OK) {
+        return absl::ResourceExhaustedError(
+            StrCat("ucx: cannot allocate ", length, " bytes: ", ucs_status_string(st)));
+      }
+      attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+      st = ucp_mem_query(memh, &attr);
+      if (st == UCS_OK) st = ucp_rkey_pack(worker_.context(), memh, &rkey, &rkey_len);
+      if (st != UCS_OK) {
+        ucp_mem_unmap(worker_.context(), memh);
+        return UcsError("allocate", st);
+      }
+    }
+    MemoryKey key{memh, std::string(static_cast<char*>(rkey), rkey_len)};
+    {
+      absl::MutexLock lock(&worker_.mu);
+      ucp_rkey_buffer_release(rkey);
+    }
+    absl::MutexLock lock(&keys_mu_);
+    keys_[reinterpret_cast<uint64_t>(attr.address)] = std::move(key);
+    return Backing{attr.address, kUcxAllocated};
+  }
+
+  // The memory went with ucp_mem_unmap in OnUnregister.
+  void FreeBacking(void* addr, size_t length, uint64_t cookie) override {
+    if (cookie != kUcxAllocated) EngineBase::FreeBacking(addr, length, cookie);
+  }
+
   absl::Status OnRegister(internal::RegionTable::Region& region) override {
+    if (region.managed && region.cookie == kUcxAllocated) return absl::OkStatus();  // mapped
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = reinterpret_cast<void*>(region.base);
@@ -478,7 +524,8 @@ class UcxEngine final : public internal::EngineBase {
       ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
       ep.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
-      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep.err_mode =
+          options_.ucx_peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
       ep.err_handler.cb = &UcxEngine::OnEndpointError;
       ep.err_handler.arg = raw;
       absl::MutexLock lock(&worker_.mu);
