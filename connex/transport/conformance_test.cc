@@ -464,9 +464,32 @@ TEST(ShmCleanupTest, SocketsRemovedOnExitAndReapedAfterKill) {
   std::filesystem::remove_all(dir);
 }
 
+// auto skips an shm address of another host and a dead ucx address, and reads over tcp.
+TEST(AutoTest, PicksPerPeerFromPublishedAddresses) {
+  TransportOptions o = TransportOptions::FromEnv(L("auto/g0/s0/r0")).value();
+  o.backend = Backend::kTcp;
+  o.local_lid = L("auto/g1/s0/r0");
+  TransferEnginePtr owner = CreateTransferEngine(o).value();
+  auto* src = static_cast<uint8_t*>(owner->AllocateManagedBuffer(4096).value());
+  std::memset(src, 0x5a, 4096);
+  o.backend = Backend::kAuto;
+  o.local_lid = L("auto/g0/s0/r0");
+  TransferEnginePtr reader = CreateTransferEngine(o).value();
+  EXPECT_EQ(reader->GetCapabilities().backend, "auto");
+  auto* dst = static_cast<uint8_t*>(reader->AllocateManagedBuffer(4096).value());
+  PeerRef ref{
+      L("auto/g1/s0/r0"),
+      {"shm://no-such-host/dev/shm/x.sock", "ucx://127.0.0.1:1", owner->LocalAddresses().at(0)}};
+  ASSERT_TRUE(reader->TransferSyncRead(ref, dst, reinterpret_cast<uint64_t>(src), 4096).ok());
+  EXPECT_EQ(dst[4095], 0x5a);
+  PeerRef none{L("auto/g1/s0/r0"), {"rdma://somewhere"}};
+  EXPECT_EQ(reader->TransferSyncRead(none, dst, reinterpret_cast<uint64_t>(src), 8).code(),
+            absl::StatusCode::kUnavailable);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ConformanceTest,
                          ::testing::Values(Backend::kMem, Backend::kTcp, Backend::kShm,
-                                           Backend::kUcx),
+                                           Backend::kUcx, Backend::kAuto),
                          [](const ::testing::TestParamInfo<Backend>& info) {
                            return std::string(BackendName(info.param));
                          });
