@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "connex/base/logging.h"
+#include "connex/base/mutex.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/transport/internal/event_hub.h"
@@ -117,7 +117,7 @@ class AutoEngine final : public TransferEngine {
   // first engine in order of preference whose scheme the peer publishes and that connects.
   absl::StatusOr<TransferEngine*> Pick(const PeerRef& peer) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto it = choices_.find(peer.lid);
       if (it != choices_.end() && it->second.addresses == peer.addresses) {
         return it->second.engine;
@@ -132,7 +132,7 @@ class AutoEngine final : public TransferEngine {
       if (!offered) continue;
       absl::Status s = e->Connect(peer);
       if (s.ok()) {
-        absl::MutexLock lock(&mu_);
+        MutexLock lock(&mu_);
         choices_[peer.lid] = Choice{peer.addresses, e.get()};
         return e.get();
       }
@@ -145,7 +145,7 @@ class AutoEngine final : public TransferEngine {
   std::vector<TransferEnginePtr> engines_;
   std::vector<uint64_t> subscriptions_;
   internal::EventHub hub_;
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_map<Lid, Choice> choices_ ABSL_GUARDED_BY(mu_);
 };
 

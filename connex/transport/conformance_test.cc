@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "connex/base/mutex.h"
 #include "connex/transport/mem/mem_engine.h"
 #include "connex/transport/shm/shm_engine.h"
 #include "connex/transport/testing/peer_server.h"
@@ -47,25 +47,25 @@ class Recorder {
  public:
   explicit Recorder(TransferEngine& engine) : engine_(engine) {
     id_ = engine.SubscribePeerEvents([this](const PeerEvent& e) {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       events_.push_back(e);
     });
   }
   ~Recorder() { engine_.UnsubscribePeerEvents(id_); }
   bool WaitFor(PeerEventKind kind, const Lid& lid, int n = 1, int ms = 10000) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       int c = 0;
       for (const PeerEvent& e : events_) c += (e.kind == kind && e.lid == lid);
       return c >= n;
     };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Milliseconds(ms));
+    return mu_.AwaitWithTimeout(enough, absl::Milliseconds(ms));
   }
 
  private:
   TransferEngine& engine_;
   uint64_t id_ = 0;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<PeerEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -89,11 +89,18 @@ class ProcessPeer : public Peer {
     if (pid_ > 0) {
       kill(pid_, SIGCONT);
       close(to_child_);  // EOF: the peer shuts down cleanly
-      int status;
-      for (int i = 0; i < 500 && waitpid(pid_, &status, WNOHANG) == 0; ++i) usleep(10000);
-      if (waitpid(pid_, &status, WNOHANG) == 0) {
+      int status = 0;
+      pid_t done = 0;
+      for (int i = 0; i < 1000 && (done = waitpid(pid_, &status, WNOHANG)) == 0; ++i) {
+        usleep(10000);
+      }
+      if (done == 0) {
         kill(pid_, SIGKILL);
         waitpid(pid_, &status, 0);
+        ADD_FAILURE() << "peer did not exit within 10 s of its stdin closing";
+      } else {
+        // A clean exit, and under ASan no leak (LeakSanitizer would make the status non-zero).
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "peer exit status " << status;
       }
     }
     if (from_child_ != nullptr) fclose(from_child_);

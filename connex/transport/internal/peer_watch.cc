@@ -28,7 +28,7 @@ PeerWatch::PeerWatch(EventHub& hub, std::string backend, int heartbeat_ms, int s
 
 PeerWatch::~PeerWatch() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   Wake();
@@ -48,7 +48,7 @@ std::shared_ptr<Liveness> PeerWatch::Watch(Fd control, const Lid& lid, const std
   liveness->last_rx_us = NowUs();
   int fd = control.get();
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     Entry& e = entries_[fd];
     e.fd = std::make_shared<Fd>(std::move(control));
     e.liveness = liveness;
@@ -65,7 +65,7 @@ std::shared_ptr<Liveness> PeerWatch::Watch(Fd control, const Lid& lid, const std
 }
 
 void PeerWatch::Unwatch(const std::shared_ptr<Liveness>& liveness) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->second.liveness == liveness) {
       epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->first, nullptr);
@@ -135,7 +135,7 @@ void PeerWatch::Run() {
     epoll_event events[64];
     int n = epoll_wait(epoll_.get(), events, 64, timeout_ms);
     std::vector<Dispatch> dispatch;
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (stop_) return;
     for (int i = 0; i < n; ++i) {
       int fd = events[i].data.fd;

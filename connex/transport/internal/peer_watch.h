@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/transport/internal/event_hub.h"
 #include "connex/transport/internal/socket.h"
 
@@ -78,7 +78,7 @@ class PeerWatch {
   const int suspect_ms_;
   Fd epoll_;
   Fd wake_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::map<int, Entry> entries_ ABSL_GUARDED_BY(mu_);  // by fd
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

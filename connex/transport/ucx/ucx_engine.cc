@@ -82,7 +82,7 @@ class Worker {
   ucp_context_h context() const { return context_; }
   ucp_worker_h worker() const { return worker_; }
   const std::string& address() const { return address_; }
-  absl::Mutex mu;
+  Mutex mu;
 
  private:
   void Run() {
@@ -90,7 +90,7 @@ class Worker {
     while (!stop_) {
       unsigned progressed;
       {
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         progressed = ucp_worker_progress(worker_);
       }
       int64_t now = internal::NowUs();
@@ -101,7 +101,7 @@ class Worker {
       if (now - idle_since < spin_us_) continue;
       ucs_status_t st;
       {
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         st = ucp_worker_arm(worker_);
       }
       if (st == UCS_ERR_BUSY) continue;
@@ -141,14 +141,14 @@ class UcxEngine final : public internal::EngineBase {
     if (listen_.valid()) shutdown(listen_.get(), SHUT_RDWR);
     if (acceptor_.joinable()) acceptor_.join();
     {
-      absl::MutexLock lock(&server_mu_);
+      MutexLock lock(&server_mu_);
       for (auto& c : conns_) {
         if (!c.done) shutdown(c.fd, SHUT_RDWR);
       }
     }
     for (auto& c : conns_) c.thread.join();
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       peers_.clear();
     }
     watch_.reset();
@@ -172,11 +172,11 @@ class UcxEngine final : public internal::EngineBase {
     for (int attempt = 0; attempt < 3; ++attempt) {
       uint64_t seen = 0;
       {
-        absl::ReaderMutexLock rkeys(&peer->rkey_mu);
+        ReaderLock rkeys(&peer->rkey_mu);
         if (ucp_rkey_h rkey = LookupRkey(*peer, remote_addr, length); rkey != nullptr) {
           void* req;
           {
-            absl::MutexLock lock(&worker_.mu);
+            MutexLock lock(&worker_.mu);
             if (peer->ep == nullptr) return gone("endpoint closed");
             ucp_request_param_t param{};
             req = ucp_get_nbx(peer->ep, local, length, remote_addr, rkey, &param);
@@ -222,7 +222,7 @@ class UcxEngine final : public internal::EngineBase {
     size_t rkey_len = 0;
     ucp_mem_attr_t attr{};
     {
-      absl::MutexLock lock(&worker_.mu);
+      MutexLock lock(&worker_.mu);
       ucs_status_t st = ucp_mem_map(worker_.context(), &mp, &memh);
       if (st != UCS_OK) {
         return absl::ResourceExhaustedError(
@@ -238,10 +238,10 @@ class UcxEngine final : public internal::EngineBase {
     }
     MemoryKey key{memh, std::string(static_cast<char*>(rkey), rkey_len)};
     {
-      absl::MutexLock lock(&worker_.mu);
+      MutexLock lock(&worker_.mu);
       ucp_rkey_buffer_release(rkey);
     }
-    absl::MutexLock lock(&keys_mu_);
+    MutexLock lock(&keys_mu_);
     keys_[reinterpret_cast<uint64_t>(attr.address)] = std::move(key);
     return Backing{attr.address, kUcxAllocated};
   }
@@ -261,7 +261,7 @@ class UcxEngine final : public internal::EngineBase {
     void* rkey = nullptr;
     size_t rkey_len = 0;
     {
-      absl::MutexLock lock(&worker_.mu);
+      MutexLock lock(&worker_.mu);
       ucs_status_t st = ucp_mem_map(worker_.context(), &mp, &memh);
       if (st != UCS_OK) {
         return absl::InvalidArgumentError(StrCat("ucx: cannot map ",
@@ -276,10 +276,10 @@ class UcxEngine final : public internal::EngineBase {
     }
     MemoryKey key{memh, std::string(static_cast<char*>(rkey), rkey_len)};
     {
-      absl::MutexLock lock(&worker_.mu);
+      MutexLock lock(&worker_.mu);
       ucp_rkey_buffer_release(rkey);
     }
-    absl::MutexLock lock(&keys_mu_);
+    MutexLock lock(&keys_mu_);
     keys_[region.base] = std::move(key);
     return absl::OkStatus();
   }
@@ -289,11 +289,11 @@ class UcxEngine final : public internal::EngineBase {
     // touches the memory once we return (bounded by suspect_ms for a hung reader).
     std::vector<std::shared_ptr<ControlConn>> controls;
     {
-      absl::MutexLock lock(&server_mu_);
+      MutexLock lock(&server_mu_);
       for (auto& c : controls_) controls.push_back(c);
     }
     for (auto& c : controls) {
-      absl::MutexLock lock(&c->mu);
+      MutexLock lock(&c->mu);
       if (c->closed) continue;
       ++c->invalidations_sent;
       if (!internal::SendFrame(c->fd, internal::MakeFrame(FrameType::kInvalidate, region.base))
@@ -302,19 +302,19 @@ class UcxEngine final : public internal::EngineBase {
       }
     }
     for (auto& c : controls) {
-      absl::MutexLock lock(&c->mu);
+      MutexLock lock(&c->mu);
       auto acked = [&c]() { return c->closed || c->invalidations_acked >= c->invalidations_sent; };
-      c->mu.AwaitWithTimeout(absl::Condition(&acked), absl::Milliseconds(options_.suspect_ms));
+      c->mu.AwaitWithTimeout(acked, absl::Milliseconds(options_.suspect_ms));
     }
     MemoryKey key;
     {
-      absl::MutexLock lock(&keys_mu_);
+      MutexLock lock(&keys_mu_);
       auto it = keys_.find(region.base);
       if (it == keys_.end()) return;
       key = std::move(it->second);
       keys_.erase(it);
     }
-    absl::MutexLock lock(&worker_.mu);
+    MutexLock lock(&worker_.mu);
     ucp_mem_unmap(worker_.context(), key.memh);
   }
 
@@ -334,13 +334,13 @@ class UcxEngine final : public internal::EngineBase {
     std::shared_ptr<internal::Liveness> live;
     ucp_ep_h ep = nullptr;            // guarded by worker_.mu
     std::atomic<bool> broken{false};  // ep closed by force: the next GetPeer reconnects
-    absl::Mutex data_mu;
+    Mutex data_mu;
     Fd data ABSL_GUARDED_BY(data_mu);
-    absl::Mutex rkey_mu;
+    SharedMutex rkey_mu;
     std::map<uint64_t, CachedRkey> rkeys ABSL_GUARDED_BY(rkey_mu);  // by base
     uint64_t invalidations ABSL_GUARDED_BY(rkey_mu) = 0;
     ~Peer() {
-      absl::MutexLock lock(&engine->worker_.mu);
+      MutexLock lock(&engine->worker_.mu);
       for (auto& [base, r] : rkeys) ucp_rkey_destroy(r.rkey);
       if (ep != nullptr) CloseEpLocked();
     }
@@ -366,7 +366,7 @@ class UcxEngine final : public internal::EngineBase {
   // The server's view of a reader's control connection (INVALIDATE goes out on it).
   struct ControlConn {
     int fd = -1;
-    absl::Mutex mu;
+    Mutex mu;
     bool closed = false;
     uint64_t invalidations_sent = 0;
     uint64_t invalidations_acked = 0;
@@ -387,7 +387,7 @@ class UcxEngine final : public internal::EngineBase {
     if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
     int64_t next_check = internal::NowUs() + kSliceMs * 1000;
     while (true) {
-      absl::MutexLock lock(&worker_.mu);
+      MutexLock lock(&worker_.mu);
       ucp_worker_progress(worker_.worker());
       ucs_status_t st = ucp_request_check_status(req);
       if (st != UCS_INPROGRESS) {
@@ -424,7 +424,7 @@ class UcxEngine final : public internal::EngineBase {
     std::string packed;
     FrameHeader h;
     {
-      absl::MutexLock lock(&peer.data_mu);
+      MutexLock lock(&peer.data_mu);
       if (!peer.data.valid()) return absl::UnavailableError("ucx: side channel lost");
       absl::Status s =
           internal::SendFrame(peer.data.get(), internal::MakeFrame(FrameType::kRkey, addr, length));
@@ -445,9 +445,9 @@ class UcxEngine final : public internal::EngineBase {
     if (h.type != static_cast<uint16_t>(FrameType::kRkeyInfo)) {
       return absl::UnavailableError("ucx: bad rkey reply");
     }
-    absl::MutexLock lock(&peer.rkey_mu);
+    WriterLock lock(&peer.rkey_mu);
     if (peer.invalidations != seen || peer.rkeys.count(h.a) > 0) return absl::OkStatus();
-    absl::MutexLock wl(&worker_.mu);
+    MutexLock wl(&worker_.mu);
     if (peer.ep == nullptr) return absl::UnavailableError("ucx: endpoint closed");
     ucp_rkey_h rkey = nullptr;
     ucs_status_t st = ucp_ep_rkey_unpack(peer.ep, packed.data(), &rkey);
@@ -458,11 +458,11 @@ class UcxEngine final : public internal::EngineBase {
 
   void HandleInvalidate(Peer* peer, int fd, const FrameHeader& h) {
     {
-      absl::MutexLock lock(&peer->rkey_mu);  // waits for gets in flight
+      WriterLock lock(&peer->rkey_mu);  // waits for gets in flight
       ++peer->invalidations;
       auto it = peer->rkeys.find(h.a);
       if (it != peer->rkeys.end()) {
-        absl::MutexLock wl(&worker_.mu);
+        MutexLock wl(&worker_.mu);
         ucp_rkey_destroy(it->second.rkey);
         peer->rkeys.erase(it);
       }
@@ -478,7 +478,7 @@ class UcxEngine final : public internal::EngineBase {
           StrCat("ucx: peer ", ref.lid.ToString(), " publishes no ucx:// address"));
     }
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto it = peers_.find(ref.lid);
       if (it != peers_.end() && it->second->hostport == *hostport && !it->second->live->dead &&
           !it->second->broken) {
@@ -508,7 +508,7 @@ class UcxEngine final : public internal::EngineBase {
     peer->lid = ref.lid;
     peer->hostport = *hostport;
     {
-      absl::MutexLock lock(&peer->data_mu);
+      MutexLock lock(&peer->data_mu);
       peer->data = std::move(data);
     }
     Peer* raw = peer.get();
@@ -528,7 +528,7 @@ class UcxEngine final : public internal::EngineBase {
           options_.ucx_peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
       ep.err_handler.cb = &UcxEngine::OnEndpointError;
       ep.err_handler.arg = raw;
-      absl::MutexLock lock(&worker_.mu);
+      MutexLock lock(&worker_.mu);
       ucs_status_t st = ucp_ep_create(worker_.worker(), &ep, &peer->ep);
       if (st != UCS_OK) {
         peer->ep = nullptr;
@@ -536,7 +536,7 @@ class UcxEngine final : public internal::EngineBase {
         return UcsError(StrCat("endpoint to ", ref.lid.ToString()), st);
       }
     }
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto& slot = peers_[ref.lid];
     if (slot != nullptr && slot->hostport == *hostport && !slot->live->dead && !slot->broken) {
       watch_->Unwatch(peer->live);
@@ -576,7 +576,7 @@ class UcxEngine final : public internal::EngineBase {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         return;
       }
-      absl::MutexLock lock(&server_mu_);
+      MutexLock lock(&server_mu_);
       for (auto it = conns_.begin(); it != conns_.end();) {
         if (it->done) {
           it->thread.join();
@@ -602,7 +602,7 @@ class UcxEngine final : public internal::EngineBase {
       internal::TuneTcp(fd, 0);
       control = std::make_shared<ControlConn>();
       control->fd = fd;
-      absl::MutexLock lock(&server_mu_);
+      MutexLock lock(&server_mu_);
       controls_.push_back(control);
     }
     internal::AbortCheck abort = [this]() {
@@ -618,7 +618,7 @@ class UcxEngine final : public internal::EngineBase {
             s = absl::InvalidArgumentError("PING on a data channel");
             break;
           }
-          absl::MutexLock lock(&control->mu);
+          MutexLock lock(&control->mu);
           s = internal::SendFrame(fd, internal::MakeFrame(FrameType::kPong));
           break;
         }
@@ -627,7 +627,7 @@ class UcxEngine final : public internal::EngineBase {
             s = absl::InvalidArgumentError("ack on a data channel");
             break;
           }
-          absl::MutexLock lock(&control->mu);
+          MutexLock lock(&control->mu);
           ++control->invalidations_acked;
           break;
         }
@@ -644,7 +644,7 @@ class UcxEngine final : public internal::EngineBase {
           }
           std::string packed;
           {
-            absl::MutexLock lock(&keys_mu_);
+            MutexLock lock(&keys_mu_);
             auto it = keys_.find(pin->region().base);
             if (it != keys_.end()) packed = it->second.packed;
           }
@@ -664,12 +664,12 @@ class UcxEngine final : public internal::EngineBase {
       if (!s.ok()) break;
     }
     if (control != nullptr) {
-      absl::MutexLock lock(&server_mu_);
+      MutexLock lock(&server_mu_);
       controls_.remove(control);
-      absl::MutexLock cl(&control->mu);
+      MutexLock cl(&control->mu);
       control->closed = true;
     }
-    absl::MutexLock lock(&server_mu_);
+    MutexLock lock(&server_mu_);
     close(fd);
     c->done = true;
   }
@@ -682,13 +682,13 @@ class UcxEngine final : public internal::EngineBase {
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
 
-  absl::Mutex keys_mu_;
+  Mutex keys_mu_;
   absl::flat_hash_map<uint64_t, MemoryKey> keys_ ABSL_GUARDED_BY(keys_mu_);  // by region base
 
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_map<Lid, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
 
-  absl::Mutex server_mu_;
+  Mutex server_mu_;
   std::list<ServerConn> conns_;
   std::list<std::shared_ptr<ControlConn>> controls_ ABSL_GUARDED_BY(server_mu_);
 };
