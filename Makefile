@@ -32,7 +32,7 @@ test-asan: build-asan
 
 # TSan covers the concurrent layers: directory, elastic, transport and pp.
 test-tsan: build-tsan
-	cd build-tsan && ctest --output-on-failure -j$(JOBS) -L 'directory|elastic|pp|transport' $(CTEST_ARGS)
+	cd build-tsan && CONNEX_TEST_SEEDS=25 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tsan.supp" ctest --output-on-failure -j$(JOBS) -L 'directory|elastic|pp|transport' $(CTEST_ARGS)
 
 demo: build
 	./build/bin/mobile_endpoints
@@ -42,7 +42,7 @@ bench: build
 
 fuzz: deps
 	@test -f build-fuzz/CMakeCache.txt || cmake --preset fuzz
-	cmake --build build-fuzz -j$(JOBS)
+	cmake --build build-fuzz --target fuzzers -j$(JOBS)
 	@bash scripts/run-fuzzers.sh build-fuzz/bin 20
 
 clean:

@@ -37,17 +37,26 @@ absl::StatusOr<uint64_t> AsUint(const msgpack::object& o, const std::string& pat
 
 std::string_view TypeName(const msgpack::object& object) {
   switch (object.type) {
-    case msgpack::type::NIL: return "nil";
-    case msgpack::type::BOOLEAN: return "boolean";
+    case msgpack::type::NIL:
+      return "nil";
+    case msgpack::type::BOOLEAN:
+      return "boolean";
     case msgpack::type::POSITIVE_INTEGER:
-    case msgpack::type::NEGATIVE_INTEGER: return "integer";
+    case msgpack::type::NEGATIVE_INTEGER:
+      return "integer";
     case msgpack::type::FLOAT32:
-    case msgpack::type::FLOAT64: return "float";
-    case msgpack::type::STR: return "string";
-    case msgpack::type::BIN: return "binary";
-    case msgpack::type::ARRAY: return "array";
-    case msgpack::type::MAP: return "map";
-    case msgpack::type::EXT: return "extension";
+    case msgpack::type::FLOAT64:
+      return "float";
+    case msgpack::type::STR:
+      return "string";
+    case msgpack::type::BIN:
+      return "binary";
+    case msgpack::type::ARRAY:
+      return "array";
+    case msgpack::type::MAP:
+      return "map";
+    case msgpack::type::EXT:
+      return "extension";
   }
   return "unknown";
 }
@@ -117,6 +126,17 @@ MapBuilder& MapBuilder::UintList(std::string_view key, const std::vector<uint64_
 MapBuilder& MapBuilder::Map(std::string_view key, const MapBuilder& nested) {
   Key(key);
   nested.AppendPacked(buffer_);
+  return *this;
+}
+
+MapBuilder& MapBuilder::StrMap(std::string_view key,
+                               const std::map<std::string, std::string>& values) {
+  Key(key);
+  packer_.pack_map(static_cast<uint32_t>(values.size()));
+  for (const auto& [k, v] : values) {
+    PackStr(packer_, k);
+    PackStr(packer_, v);
+  }
   return *this;
 }
 
@@ -284,6 +304,23 @@ absl::StatusOr<MapView> MapView::Map(std::string_view key) const {
   return MapView::Of(**o, FieldPath(key));
 }
 
+absl::StatusOr<std::map<std::string, std::string>> MapView::StrMap(std::string_view key) const {
+  absl::StatusOr<const msgpack::object*> o = Require(key);
+  if (!o.ok()) return o.status();
+  const std::string path = FieldPath(key);
+  if ((*o)->type != msgpack::type::MAP) return WrongType(path, "map", **o);
+  std::map<std::string, std::string> out;
+  const msgpack::object_map& map = (*o)->via.map;
+  for (uint32_t i = 0; i < map.size; ++i) {
+    absl::StatusOr<std::string> k = AsStr(map.ptr[i].key, StrCat(path, " key"));
+    if (!k.ok()) return k.status();
+    absl::StatusOr<std::string> v = AsStr(map.ptr[i].val, StrCat(path, ".", *k));
+    if (!v.ok()) return v.status();
+    out.emplace(*std::move(k), *std::move(v));
+  }
+  return out;
+}
+
 absl::StatusOr<ListView> MapView::List(std::string_view key) const {
   absl::StatusOr<const msgpack::object*> o = Require(key);
   if (!o.ok()) return o.status();
@@ -335,9 +372,8 @@ absl::StatusOr<uint64_t> ListView::UintAt(size_t i) const {
 absl::StatusOr<Frame> DecodeFrame(std::string_view bytes, const Limits& limits) {
   if (bytes.empty()) return absl::InvalidArgumentError("wire: empty frame");
   if (bytes.size() > limits.max_frame_bytes) {
-    return absl::InvalidArgumentError(StrCat("wire: frame of ", bytes.size(),
-                                                   " bytes exceeds the limit of ",
-                                                   limits.max_frame_bytes));
+    return absl::InvalidArgumentError(StrCat(
+        "wire: frame of ", bytes.size(), " bytes exceeds the limit of ", limits.max_frame_bytes));
   }
   Frame frame;
   size_t offset = 0;
@@ -368,8 +404,8 @@ absl::StatusOr<Frame> DecodeFrame(std::string_view bytes, const Limits& limits) 
   if (!version.ok()) return version.status();
   if (*version < kMinVersion || *version > kVersion) {
     return absl::InvalidArgumentError(StrCat("wire: frame version ", *version,
-                                                   " is not supported (this build reads ",
-                                                   kMinVersion, "..", kVersion, ")"));
+                                             " is not supported (this build reads ", kMinVersion,
+                                             "..", kVersion, ")"));
   }
   absl::StatusOr<std::string> type = AsStr(items[1], "wire: type");
   if (!type.ok()) return type.status();

@@ -7,6 +7,7 @@
 #define CONNEX_BASE_CODEC_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,7 @@ class MapBuilder {
   MapBuilder& StrList(std::string_view key, const std::vector<std::string>& values);
   MapBuilder& UintList(std::string_view key, const std::vector<uint64_t>& values);
   MapBuilder& Map(std::string_view key, const MapBuilder& nested);
+  MapBuilder& StrMap(std::string_view key, const std::map<std::string, std::string>& values);
   MapBuilder& List(std::string_view key, const ListBuilder& nested);
 
   size_t size() const { return entries_; }
@@ -105,6 +107,8 @@ class MapView {
   absl::StatusOr<std::vector<std::string>> StrList(std::string_view key) const;
   absl::StatusOr<std::vector<uint64_t>> UintList(std::string_view key) const;
   absl::StatusOr<MapView> Map(std::string_view key) const;
+  // A free-form map of string to string (e.g. metadata).
+  absl::StatusOr<std::map<std::string, std::string>> StrMap(std::string_view key) const;
   absl::StatusOr<ListView> List(std::string_view key) const;
 
   // Optional fields: the default when absent, an error when present with the wrong type.

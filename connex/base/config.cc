@@ -5,7 +5,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "connex/base/strings.h"
-#include "connex/base/strings.h"
 
 namespace connex {
 
@@ -21,8 +20,7 @@ absl::StatusOr<int64_t> EnvInt(std::string_view name, int64_t default_value, int
   if (!text) return default_value;
   int64_t value = 0;
   if (!absl::SimpleAtoi(*text, &value)) {
-    return absl::InvalidArgumentError(
-        StrCat(name, "='", *text, "' is not an integer"));
+    return absl::InvalidArgumentError(StrCat(name, "='", *text, "' is not an integer"));
   }
   if (value < min || value > max) {
     return absl::InvalidArgumentError(

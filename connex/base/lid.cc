@@ -10,15 +10,16 @@ namespace {
 
 absl::StatusOr<uint32_t> ParseIndex(std::string_view part, char prefix, std::string_view whole) {
   if (part.size() < 2 || part[0] != prefix) {
-    return absl::InvalidArgumentError(StrCat("LID '", whole, "': expected '", std::string(1, prefix),
-                                                   "<number>' but found '", part, "'"));
+    return absl::InvalidArgumentError(StrCat("LID '", whole, "': expected '",
+                                             std::string(1, prefix), "<number>' but found '", part,
+                                             "'"));
   }
   std::string_view digits = part.substr(1);
   for (char c : digits) {
     if (c < '0' || c > '9') {
-      return absl::InvalidArgumentError(StrCat("LID '", whole, "': '", part,
-                                                     "' is not '", std::string(1, prefix),
-                                                     "' followed by a decimal number"));
+      return absl::InvalidArgumentError(StrCat("LID '", whole, "': '", part, "' is not '",
+                                               std::string(1, prefix),
+                                               "' followed by a decimal number"));
     }
   }
   uint32_t value = 0;
@@ -31,23 +32,21 @@ absl::StatusOr<uint32_t> ParseIndex(std::string_view part, char prefix, std::str
 
 }  // namespace
 
-std::string Lid::ToString() const {
-  return StrCat(model, "/g", group, "/s", shard, "/r", replica);
-}
+std::string Lid::ToString() const { return StrCat(model, "/g", group, "/s", shard, "/r", replica); }
 
 absl::Status Lid::ValidateModel(std::string_view model) {
   if (model.empty()) return absl::InvalidArgumentError("LID model name is empty");
   if (model.size() > kMaxModelLength) {
-    return absl::InvalidArgumentError(StrCat("LID model name is ", model.size(),
-                                                   " bytes long; the limit is ", kMaxModelLength));
+    return absl::InvalidArgumentError(
+        StrCat("LID model name is ", model.size(), " bytes long; the limit is ", kMaxModelLength));
   }
   for (char c : model) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '.' || c == '_' || c == '-';
     if (!ok) {
-      return absl::InvalidArgumentError(
-          StrCat("LID model name '", model, "' contains '", std::string(1, c),
-                       "'; allowed are letters, digits, '.', '_' and '-'"));
+      return absl::InvalidArgumentError(StrCat("LID model name '", model, "' contains '",
+                                               std::string(1, c),
+                                               "'; allowed are letters, digits, '.', '_' and '-'"));
     }
   }
   return absl::OkStatus();
@@ -63,9 +62,9 @@ absl::StatusOr<Lid> Lid::Parse(std::string_view text) {
     start = slash + 1;
   }
   if (parts.size() != 4) {
-    return absl::InvalidArgumentError(StrCat(
-        "LID '", text, "': expected 4 parts 'model/g<group>/s<shard>/r<replica>', found ",
-        parts.size()));
+    return absl::InvalidArgumentError(
+        StrCat("LID '", text, "': expected 4 parts 'model/g<group>/s<shard>/r<replica>', found ",
+               parts.size()));
   }
   Lid lid;
   absl::Status model_ok = ValidateModel(parts[0]);

@@ -14,10 +14,10 @@
 namespace connex {
 
 struct Lid {
-  std::string model;      // [A-Za-z0-9._-]+, at most kMaxModelLength bytes
-  uint32_t group = 0;     // role index: pipeline stage, prefill pool, decode pool, ...
-  uint32_t shard = 0;     // tensor-parallel shard within the group
-  uint32_t replica = 0;   // replica chain
+  std::string model;     // [A-Za-z0-9._-]+, at most kMaxModelLength bytes
+  uint32_t group = 0;    // role index: pipeline stage, prefill pool, decode pool, ...
+  uint32_t shard = 0;    // tensor-parallel shard within the group
+  uint32_t replica = 0;  // replica chain
 
   static constexpr size_t kMaxModelLength = 128;
 

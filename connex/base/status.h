@@ -12,10 +12,10 @@
 #define CONNEX_STATUS_CONCAT_(a, b) CONNEX_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
-#define CONNEX_RETURN_IF_ERROR(expr)                  \
-  do {                                                \
-    ::absl::Status connex_status_ = (expr);           \
-    if (!connex_status_.ok()) return connex_status_;  \
+#define CONNEX_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status connex_status_ = (expr);          \
+    if (!connex_status_.ok()) return connex_status_; \
   } while (0)
 
 // `lhs = value of expr` (an absl::StatusOr<T>), or returns its status from the enclosing function.

@@ -29,7 +29,9 @@ std::string StrCat(const Args&... args) {
   return out;
 }
 
-inline absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+inline absl::string_view AsAbsl(std::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
 inline std::string_view AsStd(absl::string_view s) { return std::string_view(s.data(), s.size()); }
 
 }  // namespace connex

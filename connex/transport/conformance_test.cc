@@ -59,7 +59,7 @@ class Recorder {
       for (const PeerEvent& e : events_) c += (e.kind == kind && e.lid == lid);
       return c >= n;
     };
-    return mu_.AwaitWithTimeout(enough, absl::Milliseconds(ms));
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Milliseconds(ms));
   }
 
  private:

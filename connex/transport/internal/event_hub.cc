@@ -27,7 +27,7 @@ void EventHub::Unsubscribe(uint64_t id) {
   subscribers_.erase(id);
   if (std::this_thread::get_id() == thread_.get_id()) return;
   auto not_running = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_id_ != id; };
-  mu_.Await(not_running);
+  mu_.Await(absl::Condition(&not_running));
 }
 
 void EventHub::Publish(PeerEvent event) {
@@ -42,14 +42,14 @@ void EventHub::Flush() {
   uint64_t target = published_;
   auto done = [this, target]()
                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return delivered_ >= target || stop_; };
-  mu_.Await(done);
+  mu_.Await(absl::Condition(&done));
 }
 
 void EventHub::Run() {
   MutexLock lock(&mu_);
   while (true) {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
-    mu_.Await(ready);
+    mu_.Await(absl::Condition(&ready));
     if (stop_) return;
     PeerEvent event = std::move(queue_.front());
     queue_.pop_front();

@@ -75,7 +75,8 @@ absl::StatusOr<RegionTable::Region> RegionTable::Unregister(uint64_t base) {
   entry = std::move(it->second);
   regions_.erase(it);
   Pin::Entry* raw = entry.get();
-  mu_.Await([raw]() { return raw->pins == 0; });
+  auto drained = [raw]() { return raw->pins == 0; };
+  mu_.Await(absl::Condition(&drained));
   return entry->region;
 }
 

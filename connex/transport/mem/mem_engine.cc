@@ -125,7 +125,7 @@ void Fabric::Detach(uint64_t incarnation) {
   Node& node = nodes_[incarnation];
   if (node.alive) MarkDeadLocked(incarnation, "mem: engine destroyed");
   auto idle = [&node]() { return node.active_reads == 0; };
-  mu_.Await(idle);
+  mu_.Await(absl::Condition(&idle));
   node.engine = nullptr;
   for (auto& [lid, target] : node.connected) nodes_[target].watchers.erase(incarnation);
 }
@@ -230,7 +230,7 @@ absl::Status Fabric::Read(uint64_t reader, const Lid& lid, const std::string& ad
       auto healed = [this, &self_lid, &lid, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || !PartitionedLocked(self_lid, lid) || !nodes_[target].alive;
       };
-      mu_.AwaitWithTimeout(healed, absl::Milliseconds(options_.partition_timeout_ms));
+      mu_.AwaitWithTimeout(absl::Condition(&healed), absl::Milliseconds(options_.partition_timeout_ms));
       if (PartitionedLocked(self_lid, lid) || !nodes_[target].alive) {
         return absl::UnavailableError(StrCat("mem: ", lid.ToString(), " unreachable from ",
                                              self_lid.ToString(), " (partitioned)"));
@@ -359,7 +359,7 @@ void Fabric::TickLoop() {
   MutexLock lock(&mu_);
   while (!stop_) {
     auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
-    mu_.AwaitWithTimeout(stopped, absl::Milliseconds(5));
+    mu_.AwaitWithTimeout(absl::Condition(&stopped), absl::Milliseconds(5));
     if (stop_) return;
     int64_t now = options_.clock->NowMs();
     for (auto& [key, p] : partitions_) {

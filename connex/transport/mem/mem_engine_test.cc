@@ -38,7 +38,7 @@ class Recorder {
   bool WaitFor(PeerEventKind kind, const Lid& lid, int n = 1, int ms = 5000) {
     MutexLock lock(&mu_);
     auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return CountLocked(kind, lid) >= n; };
-    return mu_.AwaitWithTimeout(enough, absl::Milliseconds(ms));
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Milliseconds(ms));
   }
   std::vector<PeerEvent> events() {
     MutexLock lock(&mu_);

@@ -193,7 +193,7 @@ class TcpEngine final : public internal::EngineBase {
       auto usable = [&peer, max_open]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(peer.mu) {
         return !peer.idle.empty() || peer.open < max_open || peer.retired || peer.live->dead;
       };
-      while (!peer.mu.AwaitWithTimeout(usable, absl::Milliseconds(kSliceMs))) {
+      while (!peer.mu.AwaitWithTimeout(absl::Condition(&usable), absl::Milliseconds(kSliceMs))) {
       }
       if (peer.retired || peer.live->dead) {
         return absl::UnavailableError(StrCat("tcp: peer ", peer.lid.ToString(), " is dead"));

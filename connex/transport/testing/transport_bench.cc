@@ -260,7 +260,7 @@ absl::StatusOr<DeathBenchResult> RunDeathBench(const DeathBenchOptions& options)
     if (!status.ok()) break;
     {
       MutexLock lock(&mu);
-      if (!mu.AwaitWithTimeout([&]() { return connected; }, absl::Seconds(10))) {
+      if (!mu.AwaitWithTimeout(absl::Condition(&connected), absl::Seconds(10))) {
         status = absl::DeadlineExceededError("no kConnected event");
         break;
       }
@@ -270,7 +270,7 @@ absl::StatusOr<DeathBenchResult> RunDeathBench(const DeathBenchOptions& options)
     kill(child.pid(), options.stop ? SIGSTOP : SIGKILL);
     {
       MutexLock lock(&mu);
-      if (!mu.AwaitWithTimeout([&]() { return got; }, absl::Seconds(30))) {
+      if (!mu.AwaitWithTimeout(absl::Condition(&got), absl::Seconds(30))) {
         status = absl::DeadlineExceededError(
             StrCat("no ", PeerEventKindName(wanted), " event within 30 s"));
         break;

@@ -19,6 +19,7 @@
 #include "connex/base/strings.h"
 #include "connex/transport/internal/address.h"
 #include "connex/transport/internal/engine_base.h"
+#include "connex/transport/internal/shared_mutex.h"
 #include "connex/transport/internal/peer_watch.h"
 #include "connex/transport/internal/socket.h"
 
@@ -172,7 +173,7 @@ class UcxEngine final : public internal::EngineBase {
     for (int attempt = 0; attempt < 3; ++attempt) {
       uint64_t seen = 0;
       {
-        ReaderLock rkeys(&peer->rkey_mu);
+        internal::ReaderLock rkeys(&peer->rkey_mu);
         if (ucp_rkey_h rkey = LookupRkey(*peer, remote_addr, length); rkey != nullptr) {
           void* req;
           {
@@ -304,7 +305,7 @@ class UcxEngine final : public internal::EngineBase {
     for (auto& c : controls) {
       MutexLock lock(&c->mu);
       auto acked = [&c]() { return c->closed || c->invalidations_acked >= c->invalidations_sent; };
-      c->mu.AwaitWithTimeout(acked, absl::Milliseconds(options_.suspect_ms));
+      c->mu.AwaitWithTimeout(absl::Condition(&acked), absl::Milliseconds(options_.suspect_ms));
     }
     MemoryKey key;
     {
@@ -336,7 +337,7 @@ class UcxEngine final : public internal::EngineBase {
     std::atomic<bool> broken{false};  // ep closed by force: the next GetPeer reconnects
     Mutex data_mu;
     Fd data ABSL_GUARDED_BY(data_mu);
-    SharedMutex rkey_mu;
+    internal::SharedMutex rkey_mu;
     std::map<uint64_t, CachedRkey> rkeys ABSL_GUARDED_BY(rkey_mu);  // by base
     uint64_t invalidations ABSL_GUARDED_BY(rkey_mu) = 0;
     ~Peer() {
@@ -445,7 +446,7 @@ class UcxEngine final : public internal::EngineBase {
     if (h.type != static_cast<uint16_t>(FrameType::kRkeyInfo)) {
       return absl::UnavailableError("ucx: bad rkey reply");
     }
-    WriterLock lock(&peer.rkey_mu);
+    internal::WriterLock lock(&peer.rkey_mu);
     if (peer.invalidations != seen || peer.rkeys.count(h.a) > 0) return absl::OkStatus();
     MutexLock wl(&worker_.mu);
     if (peer.ep == nullptr) return absl::UnavailableError("ucx: endpoint closed");
@@ -458,7 +459,7 @@ class UcxEngine final : public internal::EngineBase {
 
   void HandleInvalidate(Peer* peer, int fd, const FrameHeader& h) {
     {
-      WriterLock lock(&peer->rkey_mu);  // waits for gets in flight
+      internal::WriterLock lock(&peer->rkey_mu);  // waits for gets in flight
       ++peer->invalidations;
       auto it = peer->rkeys.find(h.a);
       if (it != peer->rkeys.end()) {

@@ -1,0 +1,75 @@
+// connex-directory: the embedded in-memory directory server. Prints one line
+// `listening bind=tcp://HOST:PORT pub=tcp://HOST:PORT` with the real ports, then serves until
+// SIGINT or SIGTERM.
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "connex/base/logging.h"
+#include "connex/directory/server.h"
+
+int main(int argc, char** argv) {
+  absl::StatusOr<connex::directory::DirectoryServerOptions> defaults =
+      connex::directory::DirectoryServerOptions::FromEnv();
+  if (!defaults.ok()) {
+    std::cerr << "connex-directory: " << defaults.status().message() << "\n";
+    return 2;
+  }
+  connex::directory::DirectoryServerOptions options = *defaults;
+  CLI::App app{"Connex directory: resolves LIDs to addresses, with leases and events"};
+  app.add_option("--bind", options.bind, "request endpoint (ROUTER), tcp://HOST:PORT, port 0 = any")
+      ->envname("CONNEX_DIRECTORY_BIND")
+      ->capture_default_str();
+  app.add_option("--pub", options.pub, "event endpoint (PUB), tcp://HOST:PORT, port 0 = any")
+      ->envname("CONNEX_DIRECTORY_PUB")
+      ->capture_default_str();
+  app.add_option("--lease-ttl-ms", options.lease_ttl_ms, "lease TTL; expiry emits FAILED")
+      ->envname("CONNEX_LEASE_TTL_MS")
+      ->check(CLI::Range(int64_t{10}, int64_t{86'400'000}))
+      ->capture_default_str();
+  app.add_option("--heartbeat-ms", options.heartbeat_ms, "heartbeat interval advised to clients")
+      ->envname("CONNEX_HEARTBEAT_MS")
+      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->capture_default_str();
+  app.add_option("--tick-ms", options.tick_ms, "interval of revision ticks on the PUB socket")
+      ->envname("CONNEX_DIRECTORY_TICK_MS")
+      ->check(CLI::Range(int64_t{1}, int64_t{60'000}))
+      ->capture_default_str();
+  app.add_option("--token", options.token,
+                 "shared secret required for JOIN, LEAVE and REPORT_FAILED (empty: none)")
+      ->envname("CONNEX_DIRECTORY_TOKEN");
+  std::string log_level;
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->envname("CONNEX_LOG_LEVEL");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (!log_level.empty()) connex::Log().set_level(spdlog::level::from_str(log_level));
+
+  // Signals are taken synchronously by this thread; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto server = connex::directory::DirectoryServer::Start(options);
+  if (!server.ok()) {
+    std::cerr << "connex-directory: " << server.status().message() << "\n";
+    return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  std::printf("listening bind=%s pub=%s\n", (*server)->bind_address().c_str(),
+              (*server)->pub_address().c_str());
+  std::fflush(stdout);
+  CONNEX_LOG_INFO("directory: serving (lease TTL {} ms{})", options.lease_ttl_ms,
+                  options.token.empty() ? "" : ", token required");
+  int signal = 0;
+  sigwait(&signals, &signal);
+  CONNEX_LOG_INFO("directory: signal {}, stopping", signal);
+  (*server)->Stop();
+  return 0;
+}

@@ -1,0 +1,293 @@
+// connexctl: the operator's tool for a Connex directory — live membership (status), the event
+// stream (watch), resolution of a group (resolve), and registration from the shell (join, leave,
+// report-failed). Exit codes: 0 ok, 1 a request failed, 2 bad usage, 3 a registration was lost.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_join.h"
+#include "connex/base/logging.h"
+#include "connex/base/strings.h"
+#include "connex/directory/client.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using connex::Lid;
+using connex::directory::DirectoryClient;
+using connex::directory::DirectoryClientOptions;
+using connex::directory::Event;
+using connex::directory::Record;
+
+int Fail(const absl::Status& status) {
+  std::cerr << "connexctl: " << status.message() << "\n";
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + items[i];
+  return out;
+}
+
+nlohmann::json ToJson(const Record& r) {
+  return {{"lid", r.lid.ToString()},
+          {"epoch", r.epoch},
+          {"addresses", r.addresses},
+          {"metadata", r.metadata},
+          {"lease_left_ms", r.lease_left_ms}};
+}
+
+void PrintTable(const std::vector<Record>& records) {
+  size_t lid_width = 3;
+  for (const Record& r : records) lid_width = std::max(lid_width, r.lid.ToString().size());
+  std::printf("%-*s  %-15s  %-10s  %s\n", static_cast<int>(lid_width), "LID", "EPOCH", "LEASE_MS",
+              "ADDRESSES");
+  for (const Record& r : records) {
+    std::printf("%-*s  %-15llu  %-10lld  %s\n", static_cast<int>(lid_width),
+                r.lid.ToString().c_str(), static_cast<unsigned long long>(r.epoch),
+                static_cast<long long>(r.lease_left_ms), Join(r.addresses).c_str());
+  }
+}
+
+std::string FormatEvent(const Event& e) {
+  std::string line = connex::StrCat(e.revision, " ", connex::directory::EventKindName(e.kind), " ",
+                                    e.record.lid.ToString(), " epoch=", e.record.epoch);
+  if (e.kind == connex::directory::EventKind::kMigrated) {
+    line += connex::StrCat(" previous_epoch=", e.previous_epoch);
+  }
+  if (!e.record.addresses.empty()) line += " addresses=" + Join(e.record.addresses);
+  if (!e.reason.empty()) line += " reason=" + e.reason;
+  return line;
+}
+
+sigset_t BlockTerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+// Waits for SIGINT/SIGTERM, or until `stop` becomes true. Returns the signal, or 0.
+int WaitForSignal(const sigset_t& signals, const std::atomic<bool>& stop) {
+  timespec tick{0, 50'000'000};
+  while (!stop.load()) {
+    int sig = sigtimedwait(&signals, nullptr, &tick);
+    if (sig > 0) return sig;
+  }
+  return 0;
+}
+
+absl::StatusOr<Lid> ParseLid(const std::string& text) { return Lid::Parse(text); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"connexctl: inspect and drive a Connex directory"};
+  app.require_subcommand(1);
+  DirectoryClientOptions options;
+  options.directory = "tcp://127.0.0.1:7000";
+  app.add_option("--directory", options.directory, "directory request endpoint tcp://HOST:PORT")
+      ->envname("CONNEX_DIRECTORY")
+      ->capture_default_str();
+  app.add_option("--token", options.token, "directory shared secret")
+      ->envname("CONNEX_DIRECTORY_TOKEN");
+  app.add_option("--timeout-ms", options.request_timeout_ms, "request timeout")
+      ->envname("CONNEX_DIRECTORY_TIMEOUT_MS")
+      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->capture_default_str();
+  app.add_option("--heartbeat-ms", options.heartbeat_ms,
+                 "heartbeat interval for `join` (0: what the directory advises)")
+      ->envname("CONNEX_HEARTBEAT_MS")
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}));
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->envname("CONNEX_LOG_LEVEL")
+      ->capture_default_str();
+
+  bool json = false;
+  CLI::App* status =
+      app.add_subcommand("status", "table of every record: LID, epoch, lease, addresses");
+  status->add_flag("--json", json, "print JSON");
+  CLI::App* watch = app.add_subcommand("watch", "print one line per event until interrupted");
+  std::string watch_model;
+  watch->add_option("--model", watch_model, "only events of this model");
+  CLI::App* resolve = app.add_subcommand("resolve", "the live endpoints of MODEL's GROUP");
+  std::string model;
+  uint32_t group = 0;
+  resolve->add_option("model", model, "model name")->required();
+  resolve->add_option("group", group, "group index")->required();
+  resolve->add_flag("--json", json, "print JSON");
+  CLI::App* join = app.add_subcommand(
+      "join", "register LID and heartbeat until SIGINT/SIGTERM, then leave gracefully");
+  std::string lid_text;
+  std::vector<std::string> addresses;
+  std::vector<std::string> metadata_items;
+  join->add_option("lid", lid_text, "model/g<group>/s<shard>/r<replica>")->required();
+  join->add_option("--address", addresses, "address to publish (repeatable)")->required();
+  join->add_option("--metadata", metadata_items, "KEY=VALUE (repeatable)");
+  CLI::App* leave = app.add_subcommand("leave", "drain LID: LEFT for every watcher");
+  leave->add_option("lid", lid_text, "model/g<group>/s<shard>/r<replica>")->required();
+  CLI::App* report = app.add_subcommand("report-failed", "evict LID for every sender (FAILED)");
+  report->add_option("lid", lid_text, "model/g<group>/s<shard>/r<replica>")->required();
+  uint64_t epoch = 0;
+  report->add_option("--epoch", epoch, "only this epoch (default: the current one)");
+
+  // The first word that is neither a global option nor its value names the command.
+  for (int i = 1; i < argc; ++i) {
+    std::string word = argv[i];
+    if (word.rfind("-", 0) == 0) {
+      if (word.find('=') == std::string::npos && app.get_option_no_throw(word) != nullptr &&
+          app.get_option_no_throw(word)->get_expected_min() > 0) {
+        ++i;  // skip the option's value
+      }
+      continue;
+    }
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == word;
+    if (!known) {
+      std::cerr << "connexctl: unknown command '" << word
+                << "' (commands: status, watch, resolve, join, leave, report-failed)\n";
+      return 2;
+    }
+    break;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  connex::Log().set_level(spdlog::level::from_str(log_level));
+
+  std::optional<Lid> lid;
+  if (!lid_text.empty()) {
+    absl::StatusOr<Lid> parsed = ParseLid(lid_text);
+    if (!parsed.ok()) return Fail(parsed.status());
+    lid = *parsed;
+  }
+  if (resolve->parsed()) {
+    absl::Status ok = Lid::ValidateModel(model);
+    if (!ok.ok()) return Fail(ok);
+  }
+  std::map<std::string, std::string> metadata;
+  for (const std::string& item : metadata_items) {
+    size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Fail(absl::InvalidArgumentError("--metadata '" + item + "' is not KEY=VALUE"));
+    }
+    metadata[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  sigset_t signals = BlockTerminationSignals();
+
+  absl::StatusOr<std::unique_ptr<DirectoryClient>> connected = DirectoryClient::Connect(options);
+  if (!connected.ok()) return Fail(connected.status());
+  DirectoryClient& client = **connected;
+
+  if (status->parsed()) {
+    auto snapshot = client.GetSnapshot();
+    if (!snapshot.ok()) return Fail(snapshot.status());
+    if (json) {
+      nlohmann::json out = {{"revision", snapshot->revision},
+                            {"incarnation", snapshot->incarnation},
+                            {"records", nlohmann::json::array()}};
+      for (const Record& r : snapshot->records) out["records"].push_back(ToJson(r));
+      std::printf("%s\n", out.dump().c_str());
+    } else {
+      PrintTable(snapshot->records);
+    }
+    return 0;
+  }
+  if (resolve->parsed()) {
+    auto snapshot = client.GetSnapshot(model, group);
+    if (!snapshot.ok()) return Fail(snapshot.status());
+    if (json) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const Record& r : snapshot->records) out.push_back(ToJson(r));
+      std::printf("%s\n", out.dump().c_str());
+    } else {
+      for (const Record& r : snapshot->records) {
+        std::printf("%s epoch=%llu addresses=%s\n", r.lid.ToString().c_str(),
+                    static_cast<unsigned long long>(r.epoch), Join(r.addresses).c_str());
+      }
+    }
+    return 0;
+  }
+  if (watch->parsed()) {
+    if (!watch_model.empty()) {
+      absl::Status ok = Lid::ValidateModel(watch_model);
+      if (!ok.ok()) return Fail(ok);
+    }
+    client.Subscribe([&watch_model](const Event& e) {
+      if (!watch_model.empty() && e.record.lid.model != watch_model) return;
+      std::printf("%s\n", FormatEvent(e).c_str());
+      std::fflush(stdout);
+    });
+    absl::Status ok = client.Watch(watch_model);
+    if (!ok.ok()) return Fail(ok);
+    std::printf("# watching %s at revision %llu\n", options.directory.c_str(),
+                static_cast<unsigned long long>(client.view_revision()));
+    std::fflush(stdout);
+    std::atomic<bool> never{false};
+    WaitForSignal(signals, never);
+    return 0;
+  }
+  if (join->parsed()) {
+    std::atomic<bool> lost{false};
+    std::atomic<int> exit_code{0};
+    client.OnRegistrationChange([&](const connex::directory::RegistrationChange& c) {
+      if (c.status.ok()) {
+        std::printf("rejoined %s epoch=%llu previous_epoch=%llu\n", c.lid.ToString().c_str(),
+                    static_cast<unsigned long long>(c.new_epoch),
+                    static_cast<unsigned long long>(c.old_epoch));
+      } else {
+        std::printf("lost %s epoch=%llu: %s\n", c.lid.ToString().c_str(),
+                    static_cast<unsigned long long>(c.old_epoch),
+                    std::string(c.status.message()).c_str());
+        exit_code = 3;
+        lost = true;
+      }
+      std::fflush(stdout);
+    });
+    auto joined = client.Join(*lid, addresses, metadata);
+    if (!joined.ok()) return Fail(joined.status());
+    std::printf("joined %s epoch=%llu\n", lid->ToString().c_str(),
+                static_cast<unsigned long long>(*joined));
+    std::fflush(stdout);
+    int sig = WaitForSignal(signals, lost);
+    if (sig != 0) {
+      absl::Status left = client.Leave(*lid);
+      if (!left.ok()) return Fail(left);
+      std::printf("left %s\n", lid->ToString().c_str());
+      return 0;
+    }
+    std::cerr << "connexctl: registration of " << lid->ToString() << " lost\n";
+    return exit_code.load();
+  }
+  if (leave->parsed()) {
+    absl::Status left = client.Evict(*lid);
+    if (!left.ok()) return Fail(left);
+    std::printf("left %s\n", lid->ToString().c_str());
+    return 0;
+  }
+  if (report->parsed()) {
+    auto evicted = client.ReportFailed(*lid, epoch, "connexctl");
+    if (!evicted.ok()) return Fail(evicted.status());
+    std::printf("%s %s\n", *evicted ? "evicted" : "not evicted (that epoch is already gone)",
+                lid->ToString().c_str());
+    return 0;
+  }
+  return 2;
+}

@@ -1,0 +1,832 @@
+#include "connex/directory/client.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "connex/base/mutex.h"
+#include "connex/base/clock.h"
+#include "connex/base/codec.h"
+#include "connex/base/config.h"
+#include "connex/base/logging.h"
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
+#include "connex/base/zmq_util.h"
+
+namespace connex::directory {
+
+absl::StatusOr<DirectoryClientOptions> DirectoryClientOptions::FromEnv() {
+  DirectoryClientOptions o;
+  o.directory = EnvString("CONNEX_DIRECTORY", o.directory);
+  o.token = EnvString("CONNEX_DIRECTORY_TOKEN", "");
+  CONNEX_ASSIGN_OR_RETURN(o.heartbeat_ms, EnvInt("CONNEX_HEARTBEAT_MS", 0, 0, 3'600'000));
+  CONNEX_ASSIGN_OR_RETURN(o.request_timeout_ms, EnvInt("CONNEX_DIRECTORY_TIMEOUT_MS",
+                                                       o.request_timeout_ms, 1, 3'600'000));
+  return o;
+}
+
+namespace {
+
+using ReplyCallback = std::function<void(absl::StatusOr<wire::Frame>)>;
+
+// Turns a reply frame into the frame (OK) or the status it carries (ERROR).
+absl::StatusOr<wire::Frame> CheckReply(absl::StatusOr<wire::Frame> frame) {
+  if (!frame.ok()) return frame;
+  if (frame->type == kError) return DecodeError(frame->body);
+  if (frame->type != kOk) {
+    return absl::InternalError(StrCat("directory replied with unknown type '", frame->type, "'"));
+  }
+  return frame;
+}
+
+}  // namespace
+
+class DirectoryClient::Impl {
+ public:
+  explicit Impl(DirectoryClientOptions options) : options_(std::move(options)), context_(1) {
+    std::random_device rd;
+    instance_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+  }
+
+  ~Impl() {
+    stop_.store(true);
+    Wake();
+    if (thread_.joinable()) thread_.join();
+    if (wake_fd_ >= 0) close(wake_fd_);
+  }
+
+  absl::Status Start() {
+    CONNEX_RETURN_IF_ERROR(ParseTcpEndpoint(options_.directory).status());
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) return absl::InternalError("eventfd failed");
+    try {
+      dealer_ = zmq::socket_t(context_, zmq::socket_type::dealer);
+      ConfigureZmqSocket(dealer_, 64 << 20);
+      dealer_.connect(options_.directory);
+      // HELLO on this thread, before the loop owns the socket.
+      wire::MapBuilder body;
+      body.Uint("id", 0);
+      std::string frame = wire::EncodeFrame(kHello, body);
+      dealer_.send(zmq::buffer(frame), zmq::send_flags::none);
+      zmq::pollitem_t item{dealer_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(options_.request_timeout_ms));
+      if (!(item.revents & ZMQ_POLLIN)) {
+        return absl::UnavailableError(StrCat("directory ", options_.directory,
+                                             ": no answer within ", options_.request_timeout_ms,
+                                             " ms (is connex-directory running there?)"));
+      }
+      zmq::message_t reply;
+      (void)dealer_.recv(reply, zmq::recv_flags::none);
+      absl::StatusOr<wire::Frame> hello = CheckReply(wire::DecodeFrame(AsView(reply)));
+      if (!hello.ok()) return Annotate(hello.status(), StrCat("directory ", options_.directory));
+      CONNEX_ASSIGN_OR_RETURN(pub_address_, hello->body.Str("pub"));
+      CONNEX_ASSIGN_OR_RETURN(lease_ttl_ms_, hello->body.Int("lease_ttl_ms"));
+      CONNEX_ASSIGN_OR_RETURN(int64_t advised, hello->body.Int("heartbeat_ms"));
+      heartbeat_ms_ = options_.heartbeat_ms > 0 ? options_.heartbeat_ms : advised;
+      if (heartbeat_ms_ <= 0) heartbeat_ms_ = 1000;
+      // A directory bound to a wildcard host is reached at the host we dialled.
+      absl::StatusOr<TcpEndpoint> pub = ParseTcpEndpoint(pub_address_);
+      if (!pub.ok()) return Annotate(pub.status(), "directory HELLO.pub");
+      if (pub->host == "0.0.0.0" || pub->host == "*") {
+        pub->host = ParseTcpEndpoint(options_.directory)->host;
+        pub_address_ = pub->ToString();
+      }
+      sub_ = zmq::socket_t(context_, zmq::socket_type::sub);
+      ConfigureZmqSocket(sub_, 64 << 20);
+      sub_.set(zmq::sockopt::rcvhwm, 100000);
+      sub_.set(zmq::sockopt::subscribe, "");
+      sub_.connect(pub_address_);
+    } catch (const zmq::error_t& e) {
+      return absl::UnavailableError(StrCat("directory ", options_.directory, ": ", e.what()));
+    }
+    thread_ = std::thread([this] { Run(); });
+    loop_thread_id_ = thread_.get_id();
+    return absl::OkStatus();
+  }
+
+  // ---- requests from any thread ----
+
+  void Send(std::string_view type, wire::MapBuilder& body, ReplyCallback done) {
+    uint64_t id = next_id_.fetch_add(1);
+    body.Uint("id", id);
+    if (!options_.token.empty()) body.Str("token", options_.token);
+    Outgoing out{id, wire::EncodeFrame(type, body), std::move(done), std::string(type)};
+    {
+      connex::MutexLock lock(&mu_);
+      outbox_.push_back(std::move(out));
+    }
+    Wake();
+  }
+
+  absl::StatusOr<wire::Frame> Call(std::string_view type, wire::MapBuilder& body) {
+    if (std::this_thread::get_id() == loop_thread_id_) {
+      return absl::FailedPreconditionError(
+          "DirectoryClient: blocking call from a callback on the client's loop thread");
+    }
+    auto promise = std::make_shared<std::promise<absl::StatusOr<wire::Frame>>>();
+    std::future<absl::StatusOr<wire::Frame>> future = promise->get_future();
+    Send(type, body,
+         [promise](absl::StatusOr<wire::Frame> r) { promise->set_value(std::move(r)); });
+    return future.get();
+  }
+
+  absl::StatusOr<uint64_t> Join(const Lid& lid, std::vector<std::string> addresses,
+                                std::map<std::string, std::string> metadata) {
+    CONNEX_RETURN_IF_ERROR(ValidateRegistration(addresses, metadata));
+    wire::MapBuilder body;
+    body.Str("lid", lid.ToString())
+        .StrList("addresses", addresses)
+        .StrMap("metadata", metadata)
+        .Uint("instance", instance_);
+    CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kJoin, body));
+    CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, reply.body.Uint("epoch"));
+    {
+      connex::MutexLock lock(&mu_);
+      Registration& r = registrations_[lid];
+      r.epoch = epoch;
+      r.addresses = std::move(addresses);
+      r.metadata = std::move(metadata);
+      r.next_heartbeat_ms = RealClock::Get()->NowMs() + heartbeat_ms_;
+    }
+    return epoch;
+  }
+
+  absl::Status Leave(const Lid& lid) {
+    uint64_t epoch = 0;
+    {
+      connex::MutexLock lock(&mu_);
+      auto it = registrations_.find(lid);
+      if (it == registrations_.end()) {
+        return absl::NotFoundError(StrCat("this client does not hold ", lid.ToString()));
+      }
+      epoch = it->second.epoch;
+      registrations_.erase(it);  // stop heartbeating first
+    }
+    wire::MapBuilder body;
+    body.Str("lid", lid.ToString()).Uint("epoch", epoch);
+    return Call(kLeave, body).status();
+  }
+
+  absl::Status LeaveAll() {
+    std::vector<Lid> lids;
+    {
+      connex::MutexLock lock(&mu_);
+      for (const auto& [lid, r] : registrations_) lids.push_back(lid);
+    }
+    absl::Status result;
+    for (const Lid& lid : lids) result.Update(Leave(lid));
+    return result;
+  }
+
+  std::optional<uint64_t> EpochOf(const Lid& lid) const {
+    connex::MutexLock lock(&mu_);
+    auto it = registrations_.find(lid);
+    if (it == registrations_.end()) return std::nullopt;
+    return it->second.epoch;
+  }
+
+  void OnRegistrationChange(std::function<void(const RegistrationChange&)> cb) {
+    connex::MutexLock lock(&mu_);
+    registration_callbacks_.push_back(std::move(cb));
+  }
+
+  absl::StatusOr<Snapshot> GetSnapshot(std::optional<std::string> model,
+                                       std::optional<uint32_t> group) {
+    wire::MapBuilder body;
+    if (model) body.Str("model", *model);
+    if (group) body.Uint("group", *group);
+    CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kSnapshot, body));
+    return DecodeSnapshot(reply.body);
+  }
+
+  absl::StatusOr<bool> ReportFailed(const Lid& lid, uint64_t epoch, std::string_view reporter) {
+    wire::MapBuilder body;
+    body.Str("lid", lid.ToString()).Uint("epoch", epoch).Str("reporter", reporter);
+    CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kReportFailed, body));
+    return reply.body.Bool("evicted");
+  }
+
+  absl::Status Evict(const Lid& lid) {
+    wire::MapBuilder body;
+    body.Str("lid", lid.ToString());
+    return Call(kLeave, body).status();
+  }
+
+  absl::Status Watch() {
+    {
+      connex::MutexLock lock(&mu_);
+      if (!watching_) {
+        watching_ = true;
+        want_snapshot_ = true;
+      }
+    }
+    Wake();
+    connex::MutexLock lock(&mu_);
+    auto ready = [this]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return have_snapshot_ || stop_.load(); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready),
+                              absl::Milliseconds(options_.request_timeout_ms * 2))) {
+      return absl::DeadlineExceededError(StrCat("directory ", options_.directory,
+                                                ": no snapshot within ",
+                                                options_.request_timeout_ms * 2, " ms"));
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<Record> View(std::string_view model, std::optional<uint32_t> group) const {
+    connex::MutexLock lock(&mu_);
+    return FilterView(model, group);
+  }
+
+  bool AwaitView(std::string_view model,
+                 const std::function<bool(const std::vector<Record>&)>& predicate,
+                 int64_t timeout_ms) const {
+    connex::MutexLock lock(&mu_);
+    auto holds = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return predicate(FilterView(model, std::nullopt));
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&holds), absl::Milliseconds(timeout_ms));
+  }
+
+  uint64_t Subscribe(std::function<void(const Event&)> cb) {
+    connex::MutexLock lock(&mu_);
+    uint64_t id = next_subscriber_++;
+    subscribers_.emplace(id, std::make_shared<std::function<void(const Event&)>>(std::move(cb)));
+    return id;
+  }
+
+  void Unsubscribe(uint64_t id) {
+    connex::MutexLock lock(&mu_);
+    subscribers_.erase(id);
+  }
+
+  uint64_t view_revision() const {
+    connex::MutexLock lock(&mu_);
+    return revision_;
+  }
+  uint64_t resnapshots() const {
+    connex::MutexLock lock(&mu_);
+    return resnapshots_;
+  }
+  const std::string& pub_address() const { return pub_address_; }
+  const std::string& directory_address() const { return options_.directory; }
+  int64_t lease_ttl_ms() const { return lease_ttl_ms_; }
+  void DropEventsForTest(int n) { drop_events_.fetch_add(n); }
+  void DelayEventsForTest(int ms) { delay_events_ms_.store(ms); }
+
+ private:
+  struct Outgoing {
+    uint64_t id;
+    std::string frame;
+    ReplyCallback done;
+    std::string type;
+  };
+  struct Pending {
+    int64_t deadline_ms;
+    ReplyCallback done;
+    std::string type;
+  };
+  struct Registration {
+    uint64_t epoch = 0;
+    std::vector<std::string> addresses;
+    std::map<std::string, std::string> metadata;
+    int64_t next_heartbeat_ms = 0;
+    bool heartbeat_in_flight = false;
+  };
+
+  void Wake() {
+    if (wake_fd_ >= 0) {
+      uint64_t one = 1;
+      ssize_t n = write(wake_fd_, &one, sizeof(one));
+      (void)n;
+    }
+  }
+
+  std::vector<Record> FilterView(std::string_view model, std::optional<uint32_t> group) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<Record> out;
+    for (const auto& [lid, record] : view_) {
+      if (!model.empty() && lid.model != model) continue;
+      if (group && lid.group != *group) continue;
+      out.push_back(record);
+    }
+    return out;
+  }
+
+  // ---- the loop thread ----
+
+  void Run() {
+    std::vector<zmq::message_t> parts;
+    Clock* clock = RealClock::Get();
+    while (!stop_.load()) {
+      int64_t now = clock->NowMs();
+      int64_t timeout = 100;
+      for (const auto& [id, p] : pending_) timeout = std::min(timeout, p.deadline_ms - now);
+      {
+        connex::MutexLock lock(&mu_);
+        for (const auto& [lid, r] : registrations_) {
+          if (!r.heartbeat_in_flight) timeout = std::min(timeout, r.next_heartbeat_ms - now);
+        }
+      }
+      if (!delayed_.empty()) timeout = std::min(timeout, delayed_.front().first - now);
+      timeout = std::max<int64_t>(0, timeout);
+      zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
+                                 {sub_.handle(), 0, ZMQ_POLLIN, 0},
+                                 {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+      try {
+        zmq::poll(items, 3, std::chrono::milliseconds(timeout));
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        CONNEX_LOG_ERROR("directory client: poll failed: {}", e.what());
+        break;
+      }
+      if (items[2].revents & ZMQ_POLLIN) {
+        uint64_t counter;
+        ssize_t n = read(wake_fd_, &counter, sizeof(counter));
+        (void)n;
+      }
+      SendOutbox();
+      while (true) {
+        absl::StatusOr<bool> got = RecvMultipart(dealer_, &parts);
+        if (!got.ok() || !*got) break;
+        HandleReply(parts);
+      }
+      while (true) {
+        absl::StatusOr<bool> got = RecvMultipart(sub_, &parts);
+        if (!got.ok() || !*got) break;
+        HandlePublished(parts);
+      }
+      now = clock->NowMs();
+      DeliverDue(now);
+      ExpirePending(now);
+      SendHeartbeats(now);
+      bool snapshot_wanted = false;
+      {
+        connex::MutexLock lock(&mu_);
+        snapshot_wanted = want_snapshot_ && watching_;
+      }
+      if (snapshot_wanted && !snapshot_in_flight_) RequestSnapshot();
+    }
+    // Fail whatever is still waiting.
+    {
+      connex::MutexLock lock(&mu_);
+      for (Outgoing& o : outbox_) pending_.emplace(o.id, Pending{0, std::move(o.done), o.type});
+      outbox_.clear();
+    }
+    for (auto& [id, p] : pending_)
+      p.done(absl::CancelledError("directory client is shutting down"));
+    pending_.clear();
+  }
+
+  void SendOutbox() {
+    std::deque<Outgoing> batch;
+    {
+      connex::MutexLock lock(&mu_);
+      batch.swap(outbox_);
+    }
+    int64_t now = RealClock::Get()->NowMs();
+    for (Outgoing& o : batch) {
+      try {
+        zmq::send_result_t sent = dealer_.send(zmq::buffer(o.frame), zmq::send_flags::dontwait);
+        if (!sent) {
+          o.done(absl::UnavailableError(StrCat("directory ", options_.directory,
+                                               ": request queue full, ", o.type, " not sent")));
+          continue;
+        }
+      } catch (const zmq::error_t& e) {
+        o.done(absl::UnavailableError(StrCat("directory ", options_.directory, ": ", e.what())));
+        continue;
+      }
+      pending_.emplace(o.id, Pending{now + options_.request_timeout_ms, std::move(o.done), o.type});
+    }
+  }
+
+  void HandleReply(std::vector<zmq::message_t>& parts) {
+    if (parts.size() != 1) return;
+    absl::StatusOr<wire::Frame> frame = wire::DecodeFrame(AsView(parts[0]));
+    if (!frame.ok()) {
+      CONNEX_LOG_WARN("directory client: undecodable reply: {}", frame.status().ToString());
+      return;
+    }
+    absl::StatusOr<uint64_t> id = frame->body.Uint("id");
+    if (!id.ok()) return;
+    auto it = pending_.find(*id);
+    if (it == pending_.end()) return;  // a reply after its deadline
+    ReplyCallback done = std::move(it->second.done);
+    pending_.erase(it);
+    done(CheckReply(std::move(frame)));
+  }
+
+  void ExpirePending(int64_t now) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.deadline_ms <= now) {
+        ReplyCallback done = std::move(it->second.done);
+        std::string type = it->second.type;
+        it = pending_.erase(it);
+        done(absl::DeadlineExceededError(StrCat("directory ", options_.directory, ": no reply to ",
+                                                type, " within ", options_.request_timeout_ms,
+                                                " ms")));
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void SendHeartbeats(int64_t now) {
+    std::vector<std::pair<Lid, uint64_t>> due;
+    {
+      connex::MutexLock lock(&mu_);
+      for (auto& [lid, r] : registrations_) {
+        if (r.heartbeat_in_flight || r.next_heartbeat_ms > now) continue;
+        r.heartbeat_in_flight = true;
+        r.next_heartbeat_ms = now + heartbeat_ms_;
+        due.emplace_back(lid, r.epoch);
+      }
+    }
+    for (const auto& [lid, epoch] : due) {
+      wire::MapBuilder body;
+      body.Str("lid", lid.ToString()).Uint("epoch", epoch).Uint("instance", instance_);
+      Send(kHeartbeat, body, [this, lid = lid, epoch = epoch](absl::StatusOr<wire::Frame> r) {
+        uint64_t held = epoch;
+        if (r.ok()) {
+          absl::StatusOr<uint64_t> e = r->body.UintOr("epoch", epoch);
+          if (e.ok()) held = *e;
+        }
+        OnHeartbeatReply(lid, epoch, r.status(), held);
+      });
+    }
+    if (!due.empty()) SendOutbox();
+  }
+
+  void OnHeartbeatReply(const Lid& lid, uint64_t epoch, const absl::Status& status,
+                        uint64_t held) {
+    {
+      connex::MutexLock lock(&mu_);
+      auto it = registrations_.find(lid);
+      if (it == registrations_.end() || it->second.epoch != epoch) return;  // left or migrated
+      it->second.heartbeat_in_flight = false;
+      if (status.ok() && held != epoch) {
+        // A JOIN of ours was applied but its reply was lost: the directory knows better.
+        it->second.epoch = held;
+      } else if (status.ok() || status.code() == absl::StatusCode::kDeadlineExceeded ||
+                 status.code() == absl::StatusCode::kUnavailable) {
+        return;  // renewed, or the directory is unreachable: keep trying
+      }
+    }
+    if (status.ok()) {
+      Notify(RegistrationChange{lid, epoch, held, absl::OkStatus()});
+      return;
+    }
+    if (status.code() == absl::StatusCode::kNotFound && options_.rejoin_after_eviction) {
+      CONNEX_LOG_WARN("directory client: {} epoch {}: heartbeat refused ({}); joining again",
+                      lid.ToString(), epoch, AsStd(status.message()));
+      Rejoin(lid, epoch);
+      return;
+    }
+    CONNEX_LOG_WARN("directory client: {} epoch {}: heartbeat refused ({}); giving the LID up",
+                    lid.ToString(), epoch, AsStd(status.message()));
+    {
+      connex::MutexLock lock(&mu_);
+      registrations_.erase(lid);
+    }
+    Notify(RegistrationChange{lid, epoch, 0,
+                              status.code() == absl::StatusCode::kNotFound
+                                  ? absl::FailedPreconditionError(status.message())
+                                  : status});
+  }
+
+  void Rejoin(const Lid& lid, uint64_t old_epoch) {
+    wire::MapBuilder body;
+    {
+      connex::MutexLock lock(&mu_);
+      auto it = registrations_.find(lid);
+      if (it == registrations_.end()) return;
+      it->second.heartbeat_in_flight = true;  // no heartbeats until the JOIN is answered
+      body.Str("lid", lid.ToString())
+          .StrList("addresses", it->second.addresses)
+          .StrMap("metadata", it->second.metadata)
+          .Uint("instance", instance_)
+          .Bool("exclusive", true);
+    }
+    Send(kJoin, body, [this, lid, old_epoch](absl::StatusOr<wire::Frame> reply) {
+      absl::StatusOr<uint64_t> epoch =
+          reply.ok() ? reply->body.Uint("epoch") : absl::StatusOr<uint64_t>(reply.status());
+      bool retry_later =
+          !epoch.ok() && (epoch.status().code() == absl::StatusCode::kDeadlineExceeded ||
+                          epoch.status().code() == absl::StatusCode::kUnavailable);
+      {
+        connex::MutexLock lock(&mu_);
+        auto it = registrations_.find(lid);
+        if (it == registrations_.end() || it->second.epoch != old_epoch) return;
+        if (epoch.ok()) {
+          it->second.epoch = *epoch;
+          it->second.heartbeat_in_flight = false;
+          it->second.next_heartbeat_ms = RealClock::Get()->NowMs() + heartbeat_ms_;
+        } else if (retry_later) {
+          it->second.heartbeat_in_flight = false;  // the next heartbeat tells us again
+          return;
+        } else {
+          registrations_.erase(it);
+        }
+      }
+      if (epoch.ok()) {
+        CONNEX_LOG_INFO("directory client: {} rejoined: epoch {} -> {}", lid.ToString(), old_epoch,
+                        *epoch);
+        Notify(RegistrationChange{lid, old_epoch, *epoch, absl::OkStatus()});
+      } else {
+        Notify(RegistrationChange{lid, old_epoch, 0, epoch.status()});
+      }
+    });
+    SendOutbox();
+  }
+
+  void Notify(const RegistrationChange& change) {
+    std::vector<std::function<void(const RegistrationChange&)>> callbacks;
+    {
+      connex::MutexLock lock(&mu_);
+      callbacks = registration_callbacks_;
+    }
+    for (auto& cb : callbacks) cb(change);
+  }
+
+  // ---- the view ----
+
+  void RequestSnapshot() {
+    snapshot_in_flight_ = true;
+    {
+      connex::MutexLock lock(&mu_);
+      want_snapshot_ = false;
+    }
+    wire::MapBuilder body;
+    Send(kSnapshot, body, [this](absl::StatusOr<wire::Frame> reply) {
+      snapshot_in_flight_ = false;
+      if (!reply.ok()) {
+        CONNEX_LOG_DEBUG("directory client: snapshot failed: {}", reply.status().ToString());
+        connex::MutexLock lock(&mu_);
+        want_snapshot_ = true;
+        return;
+      }
+      absl::StatusOr<Snapshot> snapshot = DecodeSnapshot(reply->body);
+      if (!snapshot.ok()) {
+        CONNEX_LOG_WARN("directory client: bad snapshot: {}", snapshot.status().ToString());
+        connex::MutexLock lock(&mu_);
+        want_snapshot_ = true;
+        return;
+      }
+      InstallSnapshot(*std::move(snapshot));
+    });
+    SendOutbox();
+  }
+
+  void InstallSnapshot(Snapshot snapshot) {
+    std::vector<Event> synthesized;
+    {
+      connex::MutexLock lock(&mu_);
+      std::map<Lid, Record> fresh;
+      for (Record& r : snapshot.records) fresh.emplace(r.lid, std::move(r));
+      if (have_snapshot_) {
+        // What changed while we were not looking, as events.
+        for (const auto& [lid, old] : view_) {
+          auto it = fresh.find(lid);
+          if (it == fresh.end() || it->second.epoch != old.epoch) {
+            Event e;
+            e.revision = snapshot.revision;
+            e.kind = EventKind::kFailed;
+            e.record = old;
+            e.reason = "gone (seen in a fresh snapshot)";
+            synthesized.push_back(std::move(e));
+          }
+        }
+        for (const auto& [lid, record] : fresh) {
+          auto it = view_.find(lid);
+          if (it == view_.end() || it->second.epoch != record.epoch) {
+            Event e;
+            e.revision = snapshot.revision;
+            e.kind = EventKind::kJoined;
+            e.record = record;
+            synthesized.push_back(std::move(e));
+          }
+        }
+        ++resnapshots_;
+      }
+      view_ = std::move(fresh);
+      incarnation_ = snapshot.incarnation;
+      revision_ = snapshot.revision;
+      have_snapshot_ = true;
+    }
+    Deliver(synthesized);
+    // Events that arrived while the snapshot was in flight.
+    std::vector<std::pair<Event, uint64_t>> buffered;
+    buffered.swap(buffered_);
+    std::sort(buffered.begin(), buffered.end(),
+              [](const auto& a, const auto& b) { return a.first.revision < b.first.revision; });
+    for (auto& [e, incarnation] : buffered) {
+      if (incarnation == incarnation_) ApplyEvent(std::move(e), incarnation);
+    }
+  }
+
+  void HandlePublished(std::vector<zmq::message_t>& parts) {
+    if (parts.size() != 2) return;
+    absl::StatusOr<wire::Frame> frame = wire::DecodeFrame(AsView(parts[1]));
+    if (!frame.ok()) {
+      CONNEX_LOG_WARN("directory client: undecodable event: {}", frame.status().ToString());
+      return;
+    }
+    absl::StatusOr<uint64_t> incarnation = frame->body.Uint("incarnation");
+    if (!incarnation.ok()) return;
+    bool watching;
+    uint64_t revision;
+    bool have;
+    {
+      connex::MutexLock lock(&mu_);
+      watching = watching_;
+      revision = revision_;
+      have = have_snapshot_;
+    }
+    if (!watching) return;
+    if (frame->type == kTick) {
+      absl::StatusOr<uint64_t> tick_revision = frame->body.Uint("revision");
+      if (!tick_revision.ok() || !have || snapshot_in_flight_) return;
+      if (*incarnation != incarnation_ || *tick_revision > revision) {
+        CONNEX_LOG_DEBUG("directory client: gap (at {}, directory at {}); new snapshot", revision,
+                         *tick_revision);
+        RequestSnapshot();
+      }
+      return;
+    }
+    if (frame->type != kEvent) return;
+    if (drop_events_.load() > 0) {
+      drop_events_.fetch_sub(1);
+      return;
+    }
+    absl::StatusOr<Event> event = DecodeEvent(frame->body);
+    if (!event.ok()) {
+      CONNEX_LOG_WARN("directory client: bad event: {}", event.status().ToString());
+      return;
+    }
+    if (!have || snapshot_in_flight_) {
+      buffered_.emplace_back(*std::move(event), *incarnation);
+      return;
+    }
+    ApplyEvent(*std::move(event), *incarnation);
+  }
+
+  void ApplyEvent(Event event, uint64_t incarnation) {
+    {
+      connex::MutexLock lock(&mu_);
+      if (incarnation != incarnation_ || event.revision > revision_ + 1) {
+        buffered_.emplace_back(std::move(event), incarnation);
+        want_snapshot_ = true;
+        return;
+      }
+      if (event.revision <= revision_) return;  // already in the snapshot
+      revision_ = event.revision;
+      const Lid& lid = event.record.lid;
+      switch (event.kind) {
+        case EventKind::kJoined:
+        case EventKind::kMigrated:
+          view_[lid] = event.record;
+          break;
+        case EventKind::kLeft:
+        case EventKind::kFailed: {
+          auto it = view_.find(lid);
+          if (it != view_.end() && it->second.epoch == event.record.epoch) view_.erase(it);
+          break;
+        }
+      }
+    }
+    Deliver({event});
+  }
+
+  void Deliver(const std::vector<Event>& events) {
+    if (events.empty()) return;
+    if (int delay = delay_events_ms_.load(); delay > 0 || !delayed_.empty()) {
+      // Held back (in order) and delivered by the loop when due; heartbeats carry on.
+      delayed_.emplace_back(RealClock::Get()->NowMs() + delay, events);
+      return;
+    }
+    DeliverNow(events);
+  }
+
+  void DeliverDue(int64_t now) {
+    while (!delayed_.empty() && delayed_.front().first <= now) {
+      std::vector<Event> events = std::move(delayed_.front().second);
+      delayed_.pop_front();
+      DeliverNow(events);
+    }
+  }
+
+  void DeliverNow(const std::vector<Event>& events) {
+    std::vector<std::shared_ptr<std::function<void(const Event&)>>> callbacks;
+    {
+      connex::MutexLock lock(&mu_);
+      for (const auto& [id, cb] : subscribers_) callbacks.push_back(cb);
+    }
+    for (const Event& e : events) {
+      for (auto& cb : callbacks) (*cb)(e);
+    }
+  }
+
+  DirectoryClientOptions options_;
+  uint64_t instance_ = 0;
+  zmq::context_t context_;
+  zmq::socket_t dealer_;  // loop thread (after Start)
+  zmq::socket_t sub_;     // loop thread
+  int wake_fd_ = -1;
+  std::string pub_address_;
+  int64_t lease_ttl_ms_ = 0;
+  int64_t heartbeat_ms_ = 1000;
+  std::thread thread_;
+  std::thread::id loop_thread_id_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<int> drop_events_{0};
+  std::atomic<int> delay_events_ms_{0};
+
+  // Loop thread only.
+  std::map<uint64_t, Pending> pending_;
+  std::vector<std::pair<Event, uint64_t>> buffered_;  // (event, its incarnation)
+  std::deque<std::pair<int64_t, std::vector<Event>>> delayed_;  // (due ms, events)
+  std::atomic<bool> snapshot_in_flight_{false};
+
+  mutable connex::Mutex mu_;
+  std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
+  std::map<Lid, Registration> registrations_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void(const RegistrationChange&)>> registration_callbacks_
+      ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<std::function<void(const Event&)>>> subscribers_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_subscriber_ ABSL_GUARDED_BY(mu_) = 1;
+  bool watching_ ABSL_GUARDED_BY(mu_) = false;
+  bool want_snapshot_ ABSL_GUARDED_BY(mu_) = false;
+  bool have_snapshot_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<Lid, Record> view_ ABSL_GUARDED_BY(mu_);
+  uint64_t incarnation_ = 0;  // written under mu_ by the loop thread, read by it without
+  uint64_t revision_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t resnapshots_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+DirectoryClient::DirectoryClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DirectoryClient::~DirectoryClient() = default;
+
+absl::StatusOr<std::unique_ptr<DirectoryClient>> DirectoryClient::Connect(
+    DirectoryClientOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  CONNEX_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<DirectoryClient>(new DirectoryClient(std::move(impl)));
+}
+
+absl::StatusOr<uint64_t> DirectoryClient::Join(const Lid& lid, std::vector<std::string> addresses,
+                                               std::map<std::string, std::string> metadata) {
+  return impl_->Join(lid, std::move(addresses), std::move(metadata));
+}
+absl::Status DirectoryClient::Leave(const Lid& lid) { return impl_->Leave(lid); }
+absl::Status DirectoryClient::LeaveAll() { return impl_->LeaveAll(); }
+std::optional<uint64_t> DirectoryClient::EpochOf(const Lid& lid) const {
+  return impl_->EpochOf(lid);
+}
+void DirectoryClient::OnRegistrationChange(std::function<void(const RegistrationChange&)> cb) {
+  impl_->OnRegistrationChange(std::move(cb));
+}
+absl::StatusOr<Snapshot> DirectoryClient::GetSnapshot(std::optional<std::string> model,
+                                                      std::optional<uint32_t> group) {
+  return impl_->GetSnapshot(std::move(model), group);
+}
+absl::StatusOr<bool> DirectoryClient::ReportFailed(const Lid& lid, uint64_t epoch,
+                                                   std::string_view reporter) {
+  return impl_->ReportFailed(lid, epoch, reporter);
+}
+absl::Status DirectoryClient::Evict(const Lid& lid) { return impl_->Evict(lid); }
+absl::Status DirectoryClient::Watch(std::string model) {
+  if (!model.empty()) CONNEX_RETURN_IF_ERROR(Lid::ValidateModel(model));
+  return impl_->Watch();
+}
+std::vector<Record> DirectoryClient::View(std::string_view model,
+                                          std::optional<uint32_t> group) const {
+  return impl_->View(model, group);
+}
+uint64_t DirectoryClient::Subscribe(std::function<void(const Event&)> cb) {
+  return impl_->Subscribe(std::move(cb));
+}
+void DirectoryClient::Unsubscribe(uint64_t id) { impl_->Unsubscribe(id); }
+bool DirectoryClient::AwaitView(std::string_view model,
+                                const std::function<bool(const std::vector<Record>&)>& predicate,
+                                int64_t timeout_ms) const {
+  return impl_->AwaitView(model, predicate, timeout_ms);
+}
+uint64_t DirectoryClient::view_revision() const { return impl_->view_revision(); }
+uint64_t DirectoryClient::resnapshots() const { return impl_->resnapshots(); }
+const std::string& DirectoryClient::pub_address() const { return impl_->pub_address(); }
+const std::string& DirectoryClient::directory_address() const { return impl_->directory_address(); }
+int64_t DirectoryClient::lease_ttl_ms() const { return impl_->lease_ttl_ms(); }
+void DirectoryClient::DropEventsForTest(int n) { impl_->DropEventsForTest(n); }
+void DirectoryClient::DelayEventsForTest(int ms) { impl_->DelayEventsForTest(ms); }
+
+}  // namespace connex::directory

@@ -1,0 +1,113 @@
+// DirectoryClient: talks to a DirectoryServer. As a holder it registers LIDs and keeps their
+// leases alive (heartbeats on its own loop thread, rejoining under a new epoch after a wrongful
+// eviction, and giving a LID up when another process supersedes it). As a watcher it keeps a
+// live view of the records of the models it watches: a snapshot at revision R plus the events
+// after R, with a fresh snapshot whenever a gap shows (missed event, directory restart).
+//
+// Thread-safe: every method may be called from any thread. Callbacks run on the client's loop
+// thread; they must not block nor call the blocking methods (Join, Leave, GetSnapshot, ...).
+#ifndef CONNEX_DIRECTORY_CLIENT_H_
+#define CONNEX_DIRECTORY_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "connex/base/lid.h"
+#include "connex/directory/protocol.h"
+
+namespace connex::directory {
+
+struct DirectoryClientOptions {
+  std::string directory = "tcp://127.0.0.1:7000";  // CONNEX_DIRECTORY
+  std::string token;                               // CONNEX_DIRECTORY_TOKEN
+  int64_t heartbeat_ms = 0;           // CONNEX_HEARTBEAT_MS; 0 = what the directory advises
+  int64_t request_timeout_ms = 3000;  // CONNEX_DIRECTORY_TIMEOUT_MS
+  bool rejoin_after_eviction = true;  // join again (new epoch) when a heartbeat finds us evicted
+
+  // Defaults overridden by CONNEX_DIRECTORY, CONNEX_DIRECTORY_TOKEN, CONNEX_HEARTBEAT_MS,
+  // CONNEX_DIRECTORY_TIMEOUT_MS.
+  static absl::StatusOr<DirectoryClientOptions> FromEnv();
+};
+
+// What happened to one of this client's registrations, reported asynchronously.
+struct RegistrationChange {
+  Lid lid;
+  uint64_t old_epoch = 0;
+  uint64_t new_epoch = 0;  // 0 when the registration is gone
+  absl::Status status;     // OK: rejoined under new_epoch; FailedPrecondition: superseded/left
+};
+
+class DirectoryClient {
+ public:
+  // Connects and says HELLO. Unavailable/DeadlineExceeded when no directory answers.
+  static absl::StatusOr<std::unique_ptr<DirectoryClient>> Connect(DirectoryClientOptions options);
+  // Stops heartbeating without leaving: the directory sees the leases run out, as after a crash.
+  // Call Leave (or LeaveAll) first for a graceful exit.
+  ~DirectoryClient();
+
+  DirectoryClient(const DirectoryClient&) = delete;
+  DirectoryClient& operator=(const DirectoryClient&) = delete;
+
+  // ---- holder side ----
+  // Registers `lid` at `addresses` and keeps its lease alive. Joining a LID this client already
+  // holds with other addresses is a migration (new epoch). Returns the epoch.
+  absl::StatusOr<uint64_t> Join(const Lid& lid, std::vector<std::string> addresses,
+                                std::map<std::string, std::string> metadata = {});
+  // Leaves gracefully (LEFT). NotFound if this client does not hold `lid`.
+  absl::Status Leave(const Lid& lid);
+  absl::Status LeaveAll();
+  // The epoch under which this client holds `lid`, if it does.
+  std::optional<uint64_t> EpochOf(const Lid& lid) const;
+  void OnRegistrationChange(std::function<void(const RegistrationChange&)> callback);
+
+  // ---- requests ----
+  absl::StatusOr<Snapshot> GetSnapshot(std::optional<std::string> model = std::nullopt,
+                                       std::optional<uint32_t> group = std::nullopt);
+  // Evicts (lid, epoch) for everyone (epoch 0: the current one). Returns whether it was evicted
+  // (false: that epoch was already gone). `reporter` is recorded in the FAILED event.
+  absl::StatusOr<bool> ReportFailed(const Lid& lid, uint64_t epoch, std::string_view reporter = "");
+  // An operator's drain of a LID held by anyone (LEFT).
+  absl::Status Evict(const Lid& lid);
+
+  // ---- watcher side ----
+  // Watches `model` ("" = every model): subscribes to events and takes the first snapshot before
+  // returning.
+  absl::Status Watch(std::string model);
+  // The watched records (of `model`, and of `group` if given), sorted by LID.
+  std::vector<Record> View(std::string_view model,
+                           std::optional<uint32_t> group = std::nullopt) const;
+  // Calls `callback` for every event applied to the view, in revision order, including events
+  // synthesized after a fresh snapshot (so a subscriber never misses a change). Returns an id.
+  uint64_t Subscribe(std::function<void(const Event&)> callback);
+  void Unsubscribe(uint64_t id);
+  // Blocks until `predicate(view of model)` holds or `timeout_ms` passes; returns whether it held.
+  bool AwaitView(std::string_view model,
+                 const std::function<bool(const std::vector<Record>&)>& predicate,
+                 int64_t timeout_ms) const;
+
+  uint64_t view_revision() const;
+  uint64_t resnapshots() const;
+  const std::string& pub_address() const;
+  const std::string& directory_address() const;
+  int64_t lease_ttl_ms() const;
+  // Drops the next `n` events received, as a slow subscriber would. For gap-recovery tests.
+  void DropEventsForTest(int n);
+  // Holds every event `ms` milliseconds before subscribers see it (a slow directory), in order;
+  // the view and the heartbeats are not delayed. For the step protocol's fault campaign.
+  void DelayEventsForTest(int ms);
+
+ private:
+  class Impl;
+  explicit DirectoryClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace connex::directory
+
+#endif  // CONNEX_DIRECTORY_CLIENT_H_

@@ -1,0 +1,154 @@
+#include "connex/directory/protocol.h"
+
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
+
+namespace connex::directory {
+
+std::string_view EventKindName(EventKind kind) {
+  switch (kind) {
+    case EventKind::kJoined:
+      return "JOINED";
+    case EventKind::kLeft:
+      return "LEFT";
+    case EventKind::kFailed:
+      return "FAILED";
+    case EventKind::kMigrated:
+      return "MIGRATED";
+  }
+  return "UNKNOWN";
+}
+
+absl::StatusOr<EventKind> ParseEventKind(std::string_view name) {
+  if (name == "JOINED") return EventKind::kJoined;
+  if (name == "LEFT") return EventKind::kLeft;
+  if (name == "FAILED") return EventKind::kFailed;
+  if (name == "MIGRATED") return EventKind::kMigrated;
+  return absl::InvalidArgumentError(StrCat("unknown event kind '", name, "'"));
+}
+
+void EncodeRecord(const Record& record, wire::MapBuilder* out) {
+  out->Str("lid", record.lid.ToString())
+      .Uint("epoch", record.epoch)
+      .StrList("addresses", record.addresses)
+      .StrMap("metadata", record.metadata)
+      .Int("lease_left_ms", record.lease_left_ms);
+}
+
+absl::StatusOr<Record> DecodeRecord(const wire::MapView& in) {
+  Record record;
+  CONNEX_ASSIGN_OR_RETURN(std::string lid_text, in.Str("lid"));
+  absl::StatusOr<Lid> lid = Lid::Parse(lid_text);
+  if (!lid.ok()) return Annotate(lid.status(), StrCat(in.path(), ".lid"));
+  record.lid = *std::move(lid);
+  CONNEX_ASSIGN_OR_RETURN(record.epoch, in.Uint("epoch"));
+  CONNEX_ASSIGN_OR_RETURN(record.addresses, in.StrList("addresses"));
+  if (in.Has("metadata")) {
+    CONNEX_ASSIGN_OR_RETURN(record.metadata, in.StrMap("metadata"));
+  }
+  if (in.Has("lease_left_ms")) {
+    CONNEX_ASSIGN_OR_RETURN(record.lease_left_ms, in.Int("lease_left_ms"));
+  }
+  return record;
+}
+
+void EncodeEvent(const Event& event, uint64_t incarnation, wire::MapBuilder* out) {
+  wire::MapBuilder record;
+  EncodeRecord(event.record, &record);
+  out->Uint("incarnation", incarnation)
+      .Uint("revision", event.revision)
+      .Str("kind", EventKindName(event.kind))
+      .Map("record", record)
+      .Uint("previous_epoch", event.previous_epoch)
+      .Str("reason", event.reason);
+}
+
+absl::StatusOr<Event> DecodeEvent(const wire::MapView& in) {
+  Event event;
+  CONNEX_ASSIGN_OR_RETURN(event.revision, in.Uint("revision"));
+  CONNEX_ASSIGN_OR_RETURN(std::string kind, in.Str("kind"));
+  absl::StatusOr<EventKind> parsed = ParseEventKind(kind);
+  if (!parsed.ok()) return Annotate(parsed.status(), StrCat(in.path(), ".kind"));
+  event.kind = *parsed;
+  CONNEX_ASSIGN_OR_RETURN(wire::MapView record, in.Map("record"));
+  CONNEX_ASSIGN_OR_RETURN(event.record, DecodeRecord(record));
+  CONNEX_ASSIGN_OR_RETURN(event.previous_epoch, in.UintOr("previous_epoch", 0));
+  CONNEX_ASSIGN_OR_RETURN(event.reason, in.StrOr("reason", ""));
+  return event;
+}
+
+void EncodeSnapshot(const Snapshot& snapshot, wire::MapBuilder* out) {
+  wire::ListBuilder records;
+  for (const Record& r : snapshot.records) {
+    wire::MapBuilder m;
+    EncodeRecord(r, &m);
+    records.AddMap(m);
+  }
+  out->Uint("incarnation", snapshot.incarnation)
+      .Uint("revision", snapshot.revision)
+      .List("records", records);
+}
+
+absl::StatusOr<Snapshot> DecodeSnapshot(const wire::MapView& in) {
+  Snapshot snapshot;
+  CONNEX_ASSIGN_OR_RETURN(snapshot.incarnation, in.Uint("incarnation"));
+  CONNEX_ASSIGN_OR_RETURN(snapshot.revision, in.Uint("revision"));
+  CONNEX_ASSIGN_OR_RETURN(wire::ListView records, in.List("records"));
+  snapshot.records.reserve(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    CONNEX_ASSIGN_OR_RETURN(wire::MapView m, records.MapAt(i));
+    CONNEX_ASSIGN_OR_RETURN(Record r, DecodeRecord(m));
+    snapshot.records.push_back(std::move(r));
+  }
+  return snapshot;
+}
+
+absl::Status ValidateRegistration(const std::vector<std::string>& addresses,
+                                  const std::map<std::string, std::string>& metadata) {
+  if (addresses.size() > kMaxAddresses) {
+    return absl::InvalidArgumentError(
+        StrCat("addresses: ", addresses.size(), " given, at most ", kMaxAddresses, " allowed"));
+  }
+  for (const std::string& a : addresses) {
+    if (a.empty() || a.size() > kMaxAddressLength) {
+      return absl::InvalidArgumentError(
+          StrCat("addresses: '", a.substr(0, 64), "' is ", a.empty() ? "empty" : "too long"));
+    }
+    if (a.find("://") == std::string::npos) {
+      return absl::InvalidArgumentError(
+          StrCat("addresses: '", a, "' is not self-describing (expected SCHEME://...)"));
+    }
+  }
+  if (metadata.size() > kMaxMetadataEntries) {
+    return absl::InvalidArgumentError(
+        StrCat("metadata: ", metadata.size(), " entries, at most ", kMaxMetadataEntries));
+  }
+  for (const auto& [k, v] : metadata) {
+    if (k.empty() || k.size() > 128 || v.size() > kMaxMetadataValueLength) {
+      return absl::InvalidArgumentError(
+          StrCat("metadata: entry '", k.substr(0, 64), "' is too long or empty"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string EncodeError(uint64_t request_id, const absl::Status& status) {
+  wire::MapBuilder body;
+  body.Uint("id", request_id)
+      .Uint("code", static_cast<uint64_t>(status.code()))
+      .Str("message", AsStd(status.message()));
+  return wire::EncodeFrame(kError, body);
+}
+
+absl::Status DecodeError(const wire::MapView& body) {
+  absl::StatusOr<uint64_t> code = body.Uint("code");
+  absl::StatusOr<std::string> message = body.Str("message");
+  if (!code.ok() || !message.ok() || *code == 0 || *code > 16) {
+    return absl::InternalError("directory sent a malformed ERROR reply");
+  }
+  return absl::Status(static_cast<absl::StatusCode>(*code), *message);
+}
+
+std::string EventTopic(std::string_view model) { return StrCat(model, "/"); }
+
+}  // namespace connex::directory

@@ -1,0 +1,95 @@
+// The directory protocol: records, events and the encoding of requests, replies and events as
+// wire frames (connex/base/codec.h). docs/design/protocol.md describes the same thing for people;
+// keep the two in step. Value types; thread-compatible.
+#ifndef CONNEX_DIRECTORY_PROTOCOL_H_
+#define CONNEX_DIRECTORY_PROTOCOL_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "connex/base/codec.h"
+#include "connex/base/lid.h"
+
+namespace connex::directory {
+
+// Request frame types (client -> server, over DEALER/REQ -> ROUTER).
+inline constexpr std::string_view kJoin = "JOIN";
+inline constexpr std::string_view kLeave = "LEAVE";
+inline constexpr std::string_view kHeartbeat = "HEARTBEAT";
+inline constexpr std::string_view kReportFailed = "REPORT_FAILED";
+inline constexpr std::string_view kSnapshot = "SNAPSHOT";
+inline constexpr std::string_view kHello = "HELLO";
+// Reply frame types (server -> client).
+inline constexpr std::string_view kOk = "OK";
+inline constexpr std::string_view kError = "ERROR";
+// Frames on the PUB socket.
+inline constexpr std::string_view kEvent = "EVENT";
+inline constexpr std::string_view kTick = "TICK";
+// PUB topic of TICK frames (events use `<model>/`); subscribers to a model subscribe to both.
+inline constexpr std::string_view kTickTopic = "~";
+
+// Largest request the server accepts (ZMQ_MAXMSGSIZE on its ROUTER socket).
+inline constexpr int64_t kMaxRequestBytes = 1 << 20;
+// Limits on fields of a record.
+inline constexpr size_t kMaxAddresses = 16;
+inline constexpr size_t kMaxAddressLength = 512;
+inline constexpr size_t kMaxMetadataEntries = 32;
+inline constexpr size_t kMaxMetadataValueLength = 4096;
+
+// One registered endpoint.
+struct Record {
+  Lid lid;
+  uint64_t epoch = 0;
+  std::vector<std::string> addresses;
+  std::map<std::string, std::string> metadata;
+  int64_t lease_left_ms = 0;  // at the time the server encoded the record
+  friend bool operator==(const Record&, const Record&) = default;
+};
+
+enum class EventKind { kJoined, kLeft, kFailed, kMigrated };
+std::string_view EventKindName(EventKind kind);  // JOINED LEFT FAILED MIGRATED
+absl::StatusOr<EventKind> ParseEventKind(std::string_view name);
+
+struct Event {
+  uint64_t revision = 0;
+  EventKind kind = EventKind::kJoined;
+  Record record;                // the record joined/migrated to, or the one that left/failed
+  uint64_t previous_epoch = 0;  // MIGRATED: the epoch before the migration
+  std::string reason;           // FAILED: lease-expired, reported, superseded
+};
+
+// A consistent view at `revision` of directory incarnation `incarnation`.
+struct Snapshot {
+  uint64_t incarnation = 0;
+  uint64_t revision = 0;
+  std::vector<Record> records;
+};
+
+// Field names and (de)serialisation of the shared structures.
+void EncodeRecord(const Record& record, wire::MapBuilder* out);
+absl::StatusOr<Record> DecodeRecord(const wire::MapView& in);
+void EncodeEvent(const Event& event, uint64_t incarnation, wire::MapBuilder* out);
+absl::StatusOr<Event> DecodeEvent(const wire::MapView& in);
+void EncodeSnapshot(const Snapshot& snapshot, wire::MapBuilder* out);
+absl::StatusOr<Snapshot> DecodeSnapshot(const wire::MapView& in);
+
+// Validates what a JOIN registers; InvalidArgument names the bad field.
+absl::Status ValidateRegistration(const std::vector<std::string>& addresses,
+                                  const std::map<std::string, std::string>& metadata);
+
+// An ERROR reply carries an absl status code and message.
+std::string EncodeError(uint64_t request_id, const absl::Status& status);
+absl::Status DecodeError(const wire::MapView& body);
+
+// PUB topic of events of `model`.
+std::string EventTopic(std::string_view model);
+
+}  // namespace connex::directory
+
+#endif  // CONNEX_DIRECTORY_PROTOCOL_H_

@@ -1,0 +1,323 @@
+#include "connex/directory/server.h"
+
+#include <chrono>
+#include <random>
+#include <vector>
+
+#include "connex/base/codec.h"
+#include "connex/base/config.h"
+#include "connex/base/logging.h"
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
+#include "connex/base/zmq_util.h"
+#include "connex/directory/protocol.h"
+#include "connex/directory/registry.h"
+
+namespace connex::directory {
+namespace {
+
+// Compares secrets in time independent of where they differ.
+bool TokensEqual(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char x = i < a.size() ? a[i] : 0;
+    unsigned char y = i < b.size() ? b[i] : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+uint64_t WallClockMillis() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+}  // namespace
+
+absl::StatusOr<DirectoryServerOptions> DirectoryServerOptions::FromEnv() {
+  DirectoryServerOptions o;
+  o.bind = EnvString("CONNEX_DIRECTORY_BIND", o.bind);
+  o.pub = EnvString("CONNEX_DIRECTORY_PUB", o.pub);
+  CONNEX_ASSIGN_OR_RETURN(o.lease_ttl_ms,
+                          EnvInt("CONNEX_LEASE_TTL_MS", o.lease_ttl_ms, 10, 86'400'000));
+  CONNEX_ASSIGN_OR_RETURN(o.heartbeat_ms,
+                          EnvInt("CONNEX_HEARTBEAT_MS", o.heartbeat_ms, 1, 3'600'000));
+  CONNEX_ASSIGN_OR_RETURN(o.tick_ms, EnvInt("CONNEX_DIRECTORY_TICK_MS", o.tick_ms, 1, 60'000));
+  o.token = EnvString("CONNEX_DIRECTORY_TOKEN", "");
+  return o;
+}
+
+// Owned by the loop thread: the sockets, the registry and request handling.
+class DirectoryServer::Loop {
+ public:
+  Loop(DirectoryServer* server, zmq::socket_t router, zmq::socket_t pub, uint64_t first_epoch)
+      : server_(server),
+        options_(server->options_),
+        router_(std::move(router)),
+        pub_(std::move(pub)),
+        registry_(options_.clock, RegistryOptions{options_.lease_ttl_ms, first_epoch, 65536}) {}
+
+  void Run() {
+    int64_t next_tick = options_.clock->NowMs();
+    std::vector<zmq::message_t> parts;
+    while (!server_->stop_.load()) {
+      int64_t now = options_.clock->NowMs();
+      int64_t timeout = std::min<int64_t>(50, std::max<int64_t>(0, next_tick - now));
+      std::optional<int64_t> expiry = registry_.MsUntilNextExpiry();
+      if (expiry) timeout = std::min(timeout, *expiry);
+      zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0}};
+      try {
+        zmq::poll(items, 1, std::chrono::milliseconds(timeout));
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        CONNEX_LOG_ERROR("directory: poll failed: {}", e.what());
+        return;
+      }
+      // Drain every pending request before looking at leases.
+      for (int i = 0; i < 1024; ++i) {
+        absl::StatusOr<bool> got = RecvMultipart(router_, &parts);
+        if (!got.ok() || !*got) break;
+        HandleMessage(parts);
+      }
+      registry_.ExpireLeases();
+      Publish();
+      now = options_.clock->NowMs();
+      if (now >= next_tick) {
+        PublishTick();
+        next_tick = now + options_.tick_ms;
+      }
+    }
+  }
+
+ private:
+  void HandleMessage(std::vector<zmq::message_t>& parts) {
+    // DEALER peers send [identity, payload]; REQ peers [identity, "", payload].
+    std::vector<zmq::message_t> envelope;
+    const zmq::message_t* payload = nullptr;
+    if (parts.size() == 2) {
+      payload = &parts[1];
+    } else if (parts.size() == 3 && parts[1].size() == 0) {
+      payload = &parts[2];
+    } else {
+      server_->requests_rejected_.fetch_add(1);
+      CONNEX_LOG_DEBUG("directory: dropped a message of {} parts", parts.size());
+      return;
+    }
+    for (size_t i = 0; i + 1 < parts.size(); ++i)
+      envelope.emplace_back(parts[i].data(), parts[i].size());
+
+    std::string reply;
+    absl::StatusOr<wire::Frame> frame = wire::DecodeFrame(AsView(*payload));
+    if (!frame.ok()) {
+      server_->requests_rejected_.fetch_add(1);
+      reply = EncodeError(0, Annotate(frame.status(), "directory: malformed request"));
+    } else {
+      absl::StatusOr<uint64_t> id = frame->body.Uint("id");
+      if (!id.ok()) {
+        server_->requests_rejected_.fetch_add(1);
+        reply = EncodeError(0, Annotate(id.status(), "directory: malformed request"));
+      } else {
+        absl::StatusOr<std::string> ok = Dispatch(*frame, *id);
+        if (ok.ok()) {
+          server_->requests_served_.fetch_add(1);
+          reply = *std::move(ok);
+        } else {
+          if (ok.status().code() == absl::StatusCode::kInvalidArgument) {
+            server_->requests_rejected_.fetch_add(1);
+          }
+          reply = EncodeError(*id, ok.status());
+        }
+      }
+    }
+    try {
+      for (zmq::message_t& e : envelope)
+        router_.send(e, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      router_.send(zmq::buffer(reply), zmq::send_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      CONNEX_LOG_DEBUG("directory: reply dropped: {}", e.what());
+    }
+  }
+
+  absl::Status CheckToken(const wire::MapView& body) {
+    if (options_.token.empty()) return absl::OkStatus();
+    absl::StatusOr<std::string> token = body.StrOr("token", "");
+    if (!token.ok()) return token.status();
+    if (token->empty()) {
+      return absl::PermissionDeniedError(
+          "this directory requires a token (set CONNEX_DIRECTORY_TOKEN or --token)");
+    }
+    if (!TokensEqual(*token, options_.token)) {
+      return absl::PermissionDeniedError("wrong directory token");
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::StatusOr<Lid> LidField(const wire::MapView& body) {
+    CONNEX_ASSIGN_OR_RETURN(std::string text, body.Str("lid"));
+    return Lid::Parse(text);
+  }
+
+  absl::StatusOr<std::string> Dispatch(const wire::Frame& frame, uint64_t id) {
+    const wire::MapView& body = frame.body;
+    const std::string& type = frame.type;
+    if (type == kHello) {
+      wire::MapBuilder out;
+      out.Uint("id", id)
+          .Str("pub", server_->pub_address_)
+          .Uint("incarnation", server_->incarnation_)
+          .Uint("revision", registry_.revision())
+          .Int("lease_ttl_ms", options_.lease_ttl_ms)
+          .Int("heartbeat_ms", options_.heartbeat_ms)
+          .Bool("auth", !options_.token.empty())
+          .Uint("version", wire::kVersion);
+      return wire::EncodeFrame(kOk, out);
+    }
+    if (type == kSnapshot) {
+      std::optional<std::string> model;
+      std::optional<uint32_t> group;
+      if (body.Has("model")) {
+        CONNEX_ASSIGN_OR_RETURN(model, body.Str("model"));
+      }
+      if (body.Has("group")) {
+        CONNEX_ASSIGN_OR_RETURN(uint64_t g, body.Uint("group"));
+        if (g > UINT32_MAX) return absl::InvalidArgumentError("SNAPSHOT.group: out of range");
+        group = static_cast<uint32_t>(g);
+      }
+      wire::MapBuilder out;
+      out.Uint("id", id);
+      EncodeSnapshot(registry_.Snap(server_->incarnation_, model, group), &out);
+      return wire::EncodeFrame(kOk, out);
+    }
+    if (type == kJoin || type == kLeave || type == kHeartbeat || type == kReportFailed) {
+      absl::StatusOr<Lid> lid = LidField(body);
+      if (!lid.ok()) return Annotate(lid.status(), StrCat("directory: ", type));
+      absl::StatusOr<std::string> reply = HandleLidRequest(type, *lid, body, id);
+      if (!reply.ok()) {
+        return Annotate(reply.status(), StrCat("directory: ", type, " for ", lid->ToString()));
+      }
+      return reply;
+    }
+    return absl::InvalidArgumentError(StrCat("directory: unknown request type '", type, "'"));
+  }
+
+  absl::StatusOr<std::string> HandleLidRequest(const std::string& type, const Lid& lid,
+                                               const wire::MapView& body, uint64_t id) {
+    wire::MapBuilder out;
+    out.Uint("id", id);
+    if (type == kHeartbeat) {
+      CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, body.Uint("epoch"));
+      CONNEX_ASSIGN_OR_RETURN(uint64_t instance, body.Uint("instance"));
+      CONNEX_ASSIGN_OR_RETURN(uint64_t held, registry_.Heartbeat(lid, epoch, instance));
+      out.Int("lease_ttl_ms", options_.lease_ttl_ms).Uint("epoch", held);
+      return wire::EncodeFrame(kOk, out);
+    }
+    CONNEX_RETURN_IF_ERROR(CheckToken(body));
+    if (type == kJoin) {
+      CONNEX_ASSIGN_OR_RETURN(std::vector<std::string> addresses, body.StrList("addresses"));
+      std::map<std::string, std::string> metadata;
+      if (body.Has("metadata")) {
+        CONNEX_ASSIGN_OR_RETURN(metadata, body.StrMap("metadata"));
+      }
+      CONNEX_ASSIGN_OR_RETURN(uint64_t instance, body.Uint("instance"));
+      CONNEX_ASSIGN_OR_RETURN(bool exclusive, body.BoolOr("exclusive", false));
+      CONNEX_ASSIGN_OR_RETURN(Registry::JoinResult joined,
+                              registry_.Join(lid, addresses, metadata, instance, exclusive));
+      out.Uint("epoch", joined.epoch).Int("lease_ttl_ms", options_.lease_ttl_ms);
+      return wire::EncodeFrame(kOk, out);
+    }
+    if (type == kLeave) {
+      CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, body.UintOr("epoch", 0));
+      CONNEX_RETURN_IF_ERROR(registry_.Leave(lid, epoch));
+      return wire::EncodeFrame(kOk, out);
+    }
+    // REPORT_FAILED
+    CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, body.UintOr("epoch", 0));
+    CONNEX_ASSIGN_OR_RETURN(std::string reporter, body.StrOr("reporter", ""));
+    if (reporter.size() > 256) reporter.resize(256);
+    CONNEX_ASSIGN_OR_RETURN(bool evicted, registry_.ReportFailed(lid, epoch, reporter));
+    out.Bool("evicted", evicted);
+    return wire::EncodeFrame(kOk, out);
+  }
+
+  void Publish() {
+    for (const Event& e : registry_.TakeEvents()) {
+      CONNEX_LOG_DEBUG("directory: {} {} {} epoch={}", e.revision, EventKindName(e.kind),
+                       e.record.lid.ToString(), e.record.epoch);
+      if (server_->drop_events_.load() > 0) {
+        server_->drop_events_.fetch_sub(1);
+        continue;
+      }
+      wire::MapBuilder body;
+      EncodeEvent(e, server_->incarnation_, &body);
+      std::string frame = wire::EncodeFrame(kEvent, body);
+      std::string topic = EventTopic(e.record.lid.model);
+      try {
+        pub_.send(zmq::buffer(topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+        pub_.send(zmq::buffer(frame), zmq::send_flags::dontwait);
+      } catch (const zmq::error_t& err) {
+        CONNEX_LOG_WARN("directory: publishing event {} failed: {}", e.revision, err.what());
+      }
+    }
+  }
+
+  void PublishTick() {
+    wire::MapBuilder body;
+    body.Uint("incarnation", server_->incarnation_).Uint("revision", registry_.revision());
+    std::string frame = wire::EncodeFrame(kTick, body);
+    try {
+      pub_.send(zmq::buffer(kTickTopic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      pub_.send(zmq::buffer(frame), zmq::send_flags::dontwait);
+    } catch (const zmq::error_t& err) {
+      CONNEX_LOG_WARN("directory: publishing tick failed: {}", err.what());
+    }
+  }
+
+  DirectoryServer* server_;
+  const DirectoryServerOptions& options_;
+  zmq::socket_t router_;
+  zmq::socket_t pub_;
+  Registry registry_;
+};
+
+DirectoryServer::DirectoryServer(DirectoryServerOptions options)
+    : options_(std::move(options)), context_(1) {}
+
+absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
+    DirectoryServerOptions options) {
+  if (options.lease_ttl_ms <= 0 || options.heartbeat_ms <= 0 || options.tick_ms <= 0) {
+    return absl::InvalidArgumentError("directory: lease TTL, heartbeat and tick must be positive");
+  }
+  std::unique_ptr<DirectoryServer> server(new DirectoryServer(std::move(options)));
+  zmq::socket_t router(server->context_, zmq::socket_type::router);
+  zmq::socket_t pub(server->context_, zmq::socket_type::pub);
+  ConfigureZmqSocket(router, kMaxRequestBytes);
+  ConfigureZmqSocket(pub, kMaxRequestBytes);
+  router.set(zmq::sockopt::router_mandatory, 0);
+  pub.set(zmq::sockopt::sndhwm, 100000);
+  absl::StatusOr<std::string> bound = BindZmq(router, server->options_.bind);
+  if (!bound.ok()) return Annotate(bound.status(), "directory: --bind");
+  server->bind_address_ = *bound;
+  bound = BindZmq(pub, server->options_.pub);
+  if (!bound.ok()) return Annotate(bound.status(), "directory: --pub");
+  server->pub_address_ = *bound;
+  // Epochs and the incarnation come from the wall clock, so that both keep growing across a
+  // restart of this in-memory directory.
+  uint64_t now_ms = WallClockMillis();
+  std::random_device rd;
+  server->incarnation_ = (now_ms << 8) ^ (rd() & 0xff);
+  server->loop_ = std::make_unique<Loop>(server.get(), std::move(router), std::move(pub), now_ms);
+  server->thread_ = std::thread([s = server.get()] { s->loop_->Run(); });
+  return server;
+}
+
+void DirectoryServer::Stop() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+  loop_.reset();
+}
+
+DirectoryServer::~DirectoryServer() { Stop(); }
+
+}  // namespace connex::directory

@@ -1,0 +1,79 @@
+// DirectoryServer: the embedded in-memory directory. It serves requests on a ZeroMQ ROUTER socket
+// and publishes events and revision ticks on a PUB socket (docs/design/protocol.md).
+// Thread-safe: Start returns a running server whose loop thread owns both sockets and the
+// Registry; Stop may be called from any thread.
+#ifndef CONNEX_DIRECTORY_SERVER_H_
+#define CONNEX_DIRECTORY_SERVER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "connex/base/clock.h"
+#include "zmq.hpp"
+
+namespace connex::directory {
+
+struct DirectoryServerOptions {
+  std::string bind = "tcp://127.0.0.1:7000";  // requests (ROUTER); port 0 picks a free port
+  std::string pub = "tcp://127.0.0.1:7001";   // events (PUB); port 0 picks a free port
+  int64_t lease_ttl_ms = 3000;                // CONNEX_LEASE_TTL_MS
+  int64_t heartbeat_ms = 1000;                // CONNEX_HEARTBEAT_MS: advised to clients
+  std::string token;                          // CONNEX_DIRECTORY_TOKEN: empty = no auth
+  int64_t tick_ms = 250;                      // CONNEX_DIRECTORY_TICK_MS: revision ticks on PUB
+  Clock* clock = RealClock::Get();
+
+  // Defaults overridden by CONNEX_DIRECTORY_BIND, CONNEX_DIRECTORY_PUB, CONNEX_LEASE_TTL_MS,
+  // CONNEX_HEARTBEAT_MS, CONNEX_DIRECTORY_TOKEN, CONNEX_DIRECTORY_TICK_MS.
+  static absl::StatusOr<DirectoryServerOptions> FromEnv();
+};
+
+class DirectoryServer {
+ public:
+  // Binds both sockets and starts the loop. Unavailable when an address is taken;
+  // InvalidArgument for a malformed endpoint or setting.
+  static absl::StatusOr<std::unique_ptr<DirectoryServer>> Start(DirectoryServerOptions options);
+  ~DirectoryServer();
+
+  DirectoryServer(const DirectoryServer&) = delete;
+  DirectoryServer& operator=(const DirectoryServer&) = delete;
+
+  // The endpoints actually bound, with real ports: `tcp://127.0.0.1:40123`.
+  const std::string& bind_address() const { return bind_address_; }
+  const std::string& pub_address() const { return pub_address_; }
+  uint64_t incarnation() const { return incarnation_; }
+
+  // Stops the loop and closes the sockets. Idempotent.
+  void Stop();
+
+  // The next `n` events are assigned revisions but not published, as if a subscriber missed
+  // them. For gap-recovery tests.
+  void DropEventsForTest(int n) { drop_events_.fetch_add(n); }
+
+  // Requests served and malformed requests seen so far.
+  uint64_t requests_served() const { return requests_served_.load(); }
+  uint64_t requests_rejected() const { return requests_rejected_.load(); }
+
+ private:
+  class Loop;
+  explicit DirectoryServer(DirectoryServerOptions options);
+
+  DirectoryServerOptions options_;
+  std::string bind_address_;
+  std::string pub_address_;
+  uint64_t incarnation_ = 0;
+  zmq::context_t context_;
+  std::unique_ptr<Loop> loop_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> drop_events_{0};
+  std::atomic<uint64_t> requests_served_{0};
+  std::atomic<uint64_t> requests_rejected_{0};
+};
+
+}  // namespace connex::directory
+
+#endif  // CONNEX_DIRECTORY_SERVER_H_

@@ -1,0 +1,355 @@
+// DirectoryServer and DirectoryClient together, in one process, over real ZeroMQ sockets.
+#include "connex/directory/server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "connex/base/mutex.h"
+#include "connex/base/wait.h"
+#include "connex/base/zmq_util.h"
+#include "connex/directory/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace connex::directory {
+namespace {
+
+using ::testing::HasSubstr;
+
+class EventLog {
+ public:
+  void Add(const Event& e) {
+    connex::MutexLock lock(&mu_);
+    events_.push_back(e);
+  }
+  bool Has(EventKind kind, const Lid& lid, uint64_t epoch = 0) const {
+    connex::MutexLock lock(&mu_);
+    for (const Event& e : events_) {
+      if (e.kind == kind && e.record.lid == lid && (epoch == 0 || e.record.epoch == epoch))
+        return true;
+    }
+    return false;
+  }
+  std::vector<Event> All() const {
+    connex::MutexLock lock(&mu_);
+    return events_;
+  }
+
+ private:
+  mutable connex::Mutex mu_;
+  std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
+};
+
+class DirectoryTest : public ::testing::Test {
+ protected:
+  void StartServer(DirectoryServerOptions options = {}) {
+    options.bind = bind_.empty() ? "tcp://127.0.0.1:0" : bind_;
+    options.pub = pub_.empty() ? "tcp://127.0.0.1:0" : pub_;
+    if (options.lease_ttl_ms == 3000) options.lease_ttl_ms = 600;
+    if (options.heartbeat_ms == 1000) options.heartbeat_ms = 100;
+    options.tick_ms = 50;
+    auto server = DirectoryServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    bind_ = server_->bind_address();
+    pub_ = server_->pub_address();
+  }
+
+  std::unique_ptr<DirectoryClient> Client(std::string token = "") {
+    DirectoryClientOptions options;
+    options.directory = bind_;
+    options.token = std::move(token);
+    options.request_timeout_ms = 2000;
+    auto client = DirectoryClient::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  std::unique_ptr<DirectoryClient> Watcher(EventLog* log) {
+    auto w = Client();
+    w->Subscribe([log](const Event& e) { log->Add(e); });
+    EXPECT_TRUE(w->Watch("demo").ok());
+    return w;
+  }
+
+  std::unique_ptr<DirectoryServer> server_;
+  std::string bind_, pub_;
+  const Lid a_{"demo", 1, 0, 0};
+  const Lid b_{"demo", 1, 0, 1};
+};
+
+TEST_F(DirectoryTest, JoinIsSeenByWatchersAndLeaveRemovesIt) {
+  StartServer();
+  EventLog log;
+  auto watcher = Watcher(&log);
+  auto holder = Client();
+  auto epoch = holder->Join(a_, {"tcp://127.0.0.1:5555"}, {{"stage", "1"}});
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kJoined, a_, *epoch); }, 5000));
+  std::vector<Record> view = watcher->View("demo", 1);
+  ASSERT_EQ(view.size(), 1u);
+  EXPECT_EQ(view[0].addresses, std::vector<std::string>{"tcp://127.0.0.1:5555"});
+  EXPECT_EQ(view[0].metadata.at("stage"), "1");
+
+  auto snapshot = watcher->GetSnapshot("demo", 1);
+  ASSERT_TRUE(snapshot.ok());
+  ASSERT_EQ(snapshot->records.size(), 1u);
+  EXPECT_GT(snapshot->records[0].lease_left_ms, 0);
+
+  ASSERT_TRUE(holder->Leave(a_).ok());
+  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kLeft, a_, *epoch); }, 5000));
+  EXPECT_TRUE(watcher->View("demo").empty());
+  EXPECT_EQ(holder->Leave(a_).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(DirectoryTest, HeartbeatsKeepTheLeaseAndACrashEndsIt) {
+  StartServer();
+  EventLog log;
+  auto watcher = Watcher(&log);
+  auto holder = Client();
+  auto epoch = holder->Join(a_, {"tcp://127.0.0.1:5555"});
+  ASSERT_TRUE(epoch.ok());
+  // Heartbeats every 100 ms keep a 600 ms lease alive for several TTLs.
+  EXPECT_FALSE(WaitUntil([&] { return log.Has(EventKind::kFailed, a_); }, 1500));
+  holder.reset();  // as if the process died: no LEAVE
+  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kFailed, a_, *epoch); }, 600 + 500));
+  EXPECT_EQ(log.All().back().reason, "lease-expired");
+}
+
+TEST_F(DirectoryTest, AnotherProcessSupersedesTheHolder) {
+  StartServer();
+  auto first = Client();
+  auto second = Client();
+  std::atomic<int> lost{0};
+  std::string why;
+  connex::Mutex mu;
+  first->OnRegistrationChange([&](const RegistrationChange& c) {
+    connex::MutexLock lock(&mu);
+    why = std::string(c.status.message());
+    if (c.status.code() == absl::StatusCode::kFailedPrecondition) lost++;
+  });
+  auto e1 = first->Join(a_, {"tcp://127.0.0.1:1"});
+  auto e2 = second->Join(a_, {"tcp://127.0.0.1:2"});
+  ASSERT_TRUE(e1.ok() && e2.ok());
+  EXPECT_GT(*e2, *e1);
+  ASSERT_TRUE(WaitUntil([&] { return lost.load() == 1; }, 3000));
+  EXPECT_FALSE(first->EpochOf(a_).has_value());
+  EXPECT_EQ(second->EpochOf(a_), *e2);
+  connex::MutexLock lock(&mu);
+  EXPECT_THAT(why, HasSubstr("superseded by " + std::to_string(*e2)));
+}
+
+TEST_F(DirectoryTest, MigrationKeepsTheLidUnderANewEpoch) {
+  StartServer();
+  EventLog log;
+  auto watcher = Watcher(&log);
+  auto holder = Client();
+  auto e1 = holder->Join(a_, {"tcp://127.0.0.1:1"});
+  auto e2 = holder->Join(a_, {"tcp://127.0.0.1:2"});
+  ASSERT_TRUE(e1.ok() && e2.ok());
+  EXPECT_GT(*e2, *e1);
+  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kMigrated, a_, *e2); }, 3000));
+  EXPECT_EQ(watcher->View("demo")[0].addresses, std::vector<std::string>{"tcp://127.0.0.1:2"});
+}
+
+TEST_F(DirectoryTest, ReportFailedEvictsForEveryoneAndTheLiveHolderRejoins) {
+  StartServer();
+  EventLog log;
+  auto watcher = Watcher(&log);
+  auto holder = Client();
+  std::atomic<uint64_t> rejoined{0};
+  holder->OnRegistrationChange([&](const RegistrationChange& c) {
+    if (c.status.ok()) rejoined = c.new_epoch;
+  });
+  auto epoch = holder->Join(a_, {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(epoch.ok());
+  auto evicted = watcher->ReportFailed(a_, *epoch, "test");
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  EXPECT_TRUE(*evicted);
+  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kFailed, a_, *epoch); }, 3000));
+  // The wrongly evicted holder learns it on its next heartbeat and joins under a new epoch.
+  ASSERT_TRUE(WaitUntil([&] { return rejoined.load() > *epoch; }, 3000));
+  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kJoined, a_, rejoined.load()); }, 3000));
+  EXPECT_EQ(holder->EpochOf(a_), rejoined.load());
+  // A second report of the old epoch changes nothing.
+  EXPECT_FALSE(*watcher->ReportFailed(a_, *epoch, "late"));
+}
+
+TEST_F(DirectoryTest, TokenIsRequiredForChangesWhenConfigured) {
+  DirectoryServerOptions options;
+  options.token = "s3cret";
+  StartServer(options);
+  auto anonymous = Client();
+  auto wrong = Client("guess");
+  auto right = Client("s3cret");
+  absl::StatusOr<uint64_t> j = anonymous->Join(a_, {"tcp://127.0.0.1:1"});
+  EXPECT_EQ(j.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(j.status().message()), HasSubstr("requires a token"));
+  j = wrong->Join(a_, {"tcp://127.0.0.1:1"});
+  EXPECT_EQ(j.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(j.status().message()), HasSubstr("wrong directory token"));
+  EXPECT_EQ(wrong->ReportFailed(a_, 0).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(wrong->Evict(a_).code(), absl::StatusCode::kPermissionDenied);
+  ASSERT_TRUE(right->Join(a_, {"tcp://127.0.0.1:1"}).ok());
+  // Reads need no token.
+  auto snapshot = anonymous->GetSnapshot();
+  ASSERT_TRUE(snapshot.ok());
+  EXPECT_EQ(snapshot->records.size(), 1u);
+  EXPECT_EQ(wrong->ReportFailed(a_, 0).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(anonymous->GetSnapshot()->records.size(), 1u);
+}
+
+TEST_F(DirectoryTest, ViewConvergesWhenPublishedEventsAreDropped) {
+  StartServer();
+  EventLog log;
+  auto watcher = Watcher(&log);
+  auto holder = Client();
+  server_->DropEventsForTest(2);  // lost on the wire for every subscriber
+  ASSERT_TRUE(holder->Join(a_, {"tcp://127.0.0.1:1"}).ok());
+  ASSERT_TRUE(holder->Join(b_, {"tcp://127.0.0.1:2"}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return watcher->View("demo").size() == 2; }, 3000));
+  EXPECT_GE(watcher->resnapshots(), 1u);
+  // Subscribers still heard of both joins (synthesized from the fresh snapshot).
+  EXPECT_TRUE(log.Has(EventKind::kJoined, a_));
+  EXPECT_TRUE(log.Has(EventKind::kJoined, b_));
+
+  // A slow subscriber that misses events in the middle of a stream converges too.
+  watcher->DropEventsForTest(1);
+  ASSERT_TRUE(holder->Leave(a_).ok());
+  ASSERT_TRUE(holder->Join(a_, {"tcp://127.0.0.1:3"}).ok());
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto v = watcher->View("demo");
+        return v.size() == 2 && v[0].addresses == std::vector<std::string>{"tcp://127.0.0.1:3"};
+      },
+      3000));
+  auto snapshot = watcher->GetSnapshot("demo");
+  ASSERT_TRUE(WaitUntil([&] { return watcher->view_revision() == snapshot->revision; }, 3000));
+}
+
+TEST_F(DirectoryTest, DirectoryRestartIsRecovered) {
+  StartServer();
+  EventLog log;
+  auto watcher = Watcher(&log);
+  auto holder = Client();
+  auto epoch = holder->Join(a_, {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(epoch.ok());
+  ASSERT_TRUE(WaitUntil([&] { return watcher->View("demo").size() == 1; }, 3000));
+  server_.reset();
+  StartServer();  // same ports, empty table, new incarnation
+  // The holder's heartbeat finds itself unknown and joins again; the watcher resnapshots.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto v = watcher->View("demo");
+        return v.size() == 1 && v[0].epoch > *epoch;
+      },
+      5000));
+  EXPECT_GT(*holder->EpochOf(a_), *epoch);
+}
+
+// Sends raw bytes to a TCP port, as a port scanner or a confused client would.
+void SendGarbage(const std::string& endpoint, const std::string& bytes) {
+  auto ep = ParseTcpEndpoint(endpoint);
+  ASSERT_TRUE(ep.ok());
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(ep->port));
+  inet_pton(AF_INET, ep->host.c_str(), &addr.sin_addr);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ssize_t n = write(fd, bytes.data(), bytes.size());
+  (void)n;
+  close(fd);
+}
+
+TEST_F(DirectoryTest, SurvivesGarbageOnBothPorts) {
+  StartServer();
+  auto holder = Client();
+  ASSERT_TRUE(holder->Join(a_, {"tcp://127.0.0.1:1"}).ok());
+  std::string garbage(4096, '\xff');
+  SendGarbage(bind_, garbage);
+  SendGarbage(pub_, garbage);
+  SendGarbage(bind_, std::string("\x01\x00\x00\x00", 4) + "GET / HTTP/1.1\r\n\r\n");
+
+  // Well-formed ZeroMQ, malformed payloads: each gets an ERROR naming the problem.
+  zmq::context_t ctx(1);
+  zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(bind_);
+  auto ask = [&](const std::string& payload) -> std::string {
+    dealer.send(zmq::buffer(payload), zmq::send_flags::none);
+    zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(3000));
+    if (!(item.revents & ZMQ_POLLIN)) return "<no reply>";
+    zmq::message_t reply;
+    (void)dealer.recv(reply);
+    auto frame = wire::DecodeFrame(AsView(reply));
+    if (!frame.ok() || frame->type != kError) return "<not an error>";
+    return std::string(DecodeError(frame->body).message());
+  };
+  EXPECT_THAT(ask("not msgpack at all"), HasSubstr("malformed request"));
+  wire::MapBuilder unknown;
+  unknown.Uint("id", 3);
+  EXPECT_THAT(ask(wire::EncodeFrame("FROB", unknown)), HasSubstr("unknown request type 'FROB'"));
+  wire::MapBuilder bad_lid;
+  bad_lid.Uint("id", 4)
+      .Str("lid", "demo/g1")
+      .StrList("addresses", {"tcp://x:1"})
+      .Uint("instance", 1);
+  EXPECT_THAT(ask(wire::EncodeFrame("JOIN", bad_lid)), HasSubstr("expected 4 parts"));
+  wire::MapBuilder wrong_type;
+  wrong_type.Uint("id", 5)
+      .Str("lid", "demo/g1/s0/r9")
+      .Str("addresses", "tcp://x:1")
+      .Uint("instance", 1);
+  EXPECT_THAT(ask(wire::EncodeFrame("JOIN", wrong_type)),
+              HasSubstr("JOIN.addresses: expected array, found string"));
+  wire::MapBuilder no_id;
+  EXPECT_THAT(ask(wire::EncodeFrame("SNAPSHOT", no_id)), HasSubstr("SNAPSHOT.id: missing"));
+  // Larger than the request limit: the connection is dropped, the server carries on.
+  zmq::socket_t big(ctx, zmq::socket_type::dealer);
+  big.set(zmq::sockopt::linger, 0);
+  big.connect(bind_);
+  big.send(zmq::buffer(std::string(kMaxRequestBytes + 10, 'x')), zmq::send_flags::none);
+
+  // The table is intact and the server keeps serving.
+  auto other = Client();
+  ASSERT_TRUE(other->Join(b_, {"tcp://127.0.0.1:2"}).ok());
+  auto snapshot = other->GetSnapshot("demo");
+  ASSERT_TRUE(snapshot.ok());
+  EXPECT_EQ(snapshot->records.size(), 2u);
+  EXPECT_GE(server_->requests_rejected(), 4u);
+}
+
+TEST(DirectoryClientTest, NoDirectoryIsAClearError) {
+  DirectoryClientOptions options;
+  options.directory = "tcp://127.0.0.1:1";
+  options.request_timeout_ms = 200;
+  auto client = DirectoryClient::Connect(options);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(client.status().message()), HasSubstr("no answer within 200 ms"));
+  options.directory = "127.0.0.1:7000";
+  client = DirectoryClient::Connect(options);
+  EXPECT_THAT(std::string(client.status().message()), HasSubstr("must look like tcp://HOST:PORT"));
+}
+
+TEST(DirectoryServerTest, TakenPortIsAClearError) {
+  DirectoryServerOptions options;
+  options.bind = "tcp://127.0.0.1:0";
+  options.pub = "tcp://127.0.0.1:0";
+  auto first = DirectoryServer::Start(options);
+  ASSERT_TRUE(first.ok());
+  options.bind = (*first)->bind_address();
+  auto second = DirectoryServer::Start(options);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("--bind"));
+}
+
+}  // namespace
+}  // namespace connex::directory

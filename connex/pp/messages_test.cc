@@ -1,0 +1,81 @@
+#include "connex/pp/messages.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace connex::pp {
+namespace {
+
+using ::testing::HasSubstr;
+
+Hop MakeHop(uint32_t stage) {
+  return Hop{Lid{"m", stage, 0, 1}, 40 + stage, "pp+mem://3", {"mem://x"}};
+}
+
+TEST(MessagesTest, StepRoundTrip) {
+  StepSignal s;
+  s.corr = 11;
+  s.step = 22;
+  s.attempt = 3;
+  s.owner = MakeHop(0);
+  s.origin = MakeHop(1);
+  s.route = {MakeHop(1), MakeHop(2)};
+  s.hop = 1;
+  s.request_ids = {5, 6};
+  s.start_positions = {0, 7};
+  s.num_tokens = {4, 1};
+  s.layout = {TensorLayout{"hidden", DType::kF32, {5, 8}, 64, 160}};
+  s.remote_addr = 0xdeadbeef;
+  s.length = 224;
+  absl::StatusOr<Signal> back = Decode(Encode(s));
+  ASSERT_TRUE(back.ok()) << back.status();
+  const StepSignal& d = std::get<StepSignal>(*back);
+  EXPECT_EQ(d.corr, 11u);
+  EXPECT_EQ(d.attempt, 3u);
+  EXPECT_EQ(d.route, s.route);
+  EXPECT_EQ(d.target().lid, (Lid{"m", 2, 0, 1}));
+  EXPECT_EQ(d.num_tokens, s.num_tokens);
+  EXPECT_EQ(d.layout[0].shape, (std::vector<int64_t>{5, 8}));
+  EXPECT_EQ(d.remote_addr, 0xdeadbeefu);
+}
+
+TEST(MessagesTest, OtherSignalsRoundTrip) {
+  ResultSignal r{1, 2, Lid{"m", 3, 0, 0}, {7, 8}, {100, 5}};
+  auto back = Decode(Encode(r));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(std::get<ResultSignal>(*back).tokens, (std::vector<int32_t>{100, 5}));
+  auto ack = Decode(Encode(AckSignal{9, Lid{"m", 1, 0, 0}, 9, "fenced"}));
+  ASSERT_TRUE(ack.ok());
+  EXPECT_EQ(std::get<AckSignal>(*ack).message, "fenced");
+}
+
+TEST(MessagesTest, MalformedSignalsAreNamed) {
+  EXPECT_THAT(std::string(Decode("garbage").status().message()), HasSubstr("wire"));
+  StepSignal s;
+  s.owner = MakeHop(0);
+  s.origin = MakeHop(0);
+  s.route = {MakeHop(1)};
+  s.hop = 4;
+  EXPECT_THAT(std::string(Decode(Encode(s)).status().message()),
+              HasSubstr("STEP.hop: 4 is outside"));
+  s.hop = 0;
+  s.request_ids = {1};
+  EXPECT_THAT(std::string(Decode(Encode(s)).status().message()), HasSubstr("differ in length"));
+}
+
+TEST(TensorDictTest, PackUnpackAndBadLayouts) {
+  TensorDict d;
+  d.Set("a", Tensor::Of<int32_t>({3}, std::vector<int32_t>{1, 2, 3}));
+  d.Set("b", Tensor::Of<float>({2, 2}, std::vector<float>{1, 2, 3, 4}));
+  std::vector<uint8_t> buf(PackedSize(d));
+  auto layout = Pack(d, buf.data());
+  auto back = Unpack(layout, buf.data(), buf.size());
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(*back == d);
+  layout[1].size += 4;
+  EXPECT_THAT(std::string(Unpack(layout, buf.data(), buf.size()).status().message()),
+              HasSubstr("tensor 'b'"));
+}
+
+}  // namespace
+}  // namespace connex::pp

@@ -1,0 +1,354 @@
+// The step protocol over the mem transport and mem signals, with a real directory: targeted tests
+// of each rule.
+#include "connex/pp/node.h"
+
+#include "connex/base/wait.h"
+#include "connex/pp/messages.h"
+#include "connex/pp/send_ring.h"
+#include "connex/pp/testing/cluster.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace connex::pp {
+namespace {
+
+using testing::Cluster;
+using ::testing::HasSubstr;
+using testing::ReferenceTokens;
+
+std::unique_ptr<directory::DirectoryServer> StartDirectory() {
+  directory::DirectoryServerOptions options;
+  options.bind = "tcp://127.0.0.1:0";
+  options.pub = "tcp://127.0.0.1:0";
+  options.lease_ttl_ms = 600;
+  options.heartbeat_ms = 100;
+  options.tick_ms = 50;
+  return *directory::DirectoryServer::Start(options);
+}
+
+StageNodeOptions FastOptions() {
+  StageNodeOptions o;
+  o.step_timeout_ms = 300;
+  o.probe_timeout_ms = 150;
+  o.ring_slots = 8;
+  o.slot_bytes = 1 << 16;
+  o.route_wait_ms = 10000;
+  return o;
+}
+
+std::vector<int32_t> Prompt(uint64_t id) {
+  std::vector<int32_t> p;
+  for (uint64_t i = 0; i < 3 + id % 5; ++i)
+    p.push_back(static_cast<int32_t>((id * 31 + i * 7) % 200));
+  return p;
+}
+
+class NodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override { server_ = StartDirectory(); }
+
+  std::unique_ptr<Cluster> MakeCluster(uint32_t stages, uint32_t replicas,
+                                       StageNodeOptions o = FastOptions()) {
+    static int counter = 0;
+    auto c = std::make_unique<Cluster>(*server_, "m" + std::to_string(++counter), stages, 7, o);
+    for (uint32_t r = 0; r < replicas; ++r) {
+      for (uint32_t s = 0; s < stages; ++s) EXPECT_NE(c->Start(s, r), nullptr);
+    }
+    // Owners route only through stages they can see.
+    directory::DirectoryClientOptions options;
+    options.directory = server_->bind_address();
+    auto watcher = directory::DirectoryClient::Connect(options);
+    (*watcher)->Watch(c->model()).IgnoreError();
+    EXPECT_TRUE((*watcher)->AwaitView(
+        c->model(), [&](const auto& v) { return v.size() == stages * replicas; }, 5000));
+    return c;
+  }
+
+  // Every request finished with exactly the tokens of an undisturbed run (all generated
+  // `max_new` tokens, except those listed in `other_max`).
+  void ExpectAllMatchReference(const Cluster& c, int max_new,
+                               std::map<uint64_t, int> other_max = {}) {
+    for (const auto& [id, o] : c.outcomes()) {
+      ASSERT_TRUE(o.done) << "request " << id;
+      ASSERT_TRUE(o.tokens.ok()) << "request " << id << ": " << o.tokens.status();
+      int n = other_max.count(id) ? other_max[id] : max_new;
+      EXPECT_EQ(*o.tokens, ReferenceTokens(c.stages(), Prompt(id), n)) << "request " << id;
+    }
+    EXPECT_THAT(c.violations(), ::testing::IsEmpty());
+  }
+
+  std::unique_ptr<directory::DirectoryServer> server_;
+};
+
+TEST_F(NodeTest, SingleChainMatchesTheReference) {
+  auto c = MakeCluster(3, 1);
+  for (uint64_t id = 1; id <= 6; ++id) ASSERT_TRUE(c->Submit(0, id, Prompt(id), 12).ok());
+  ASSERT_TRUE(c->AwaitAll(20000));
+  ExpectAllMatchReference(*c, 12);
+  EXPECT_TRUE(c->AwaitRingsEmpty(5000));
+  StageNodeStats s = c->TotalStats();
+  EXPECT_EQ(s.completed, 6u);
+  EXPECT_EQ(s.reprefills, 0u);
+  EXPECT_EQ(s.steps_replayed, 0u);
+}
+
+TEST_F(NodeTest, OneStagePipelineNeedsNoPeers) {
+  auto c = MakeCluster(1, 1);
+  ASSERT_TRUE(c->Submit(0, 1, Prompt(1), 5).ok());
+  ASSERT_TRUE(c->AwaitAll(5000));
+  ExpectAllMatchReference(*c, 5);
+}
+
+TEST_F(NodeTest, KilledStageFailsOverToAnotherReplica) {
+  auto c = MakeCluster(3, 2);
+  for (uint64_t id = 1; id <= 8; ++id) ASSERT_TRUE(c->Submit(0, id, Prompt(id), 300).ok());
+  ASSERT_TRUE(WaitUntil([&] { return c->TotalStats().steps_executed > 30; }, 10000));
+  c->Kill(1, 0);
+  ASSERT_TRUE(c->AwaitAll(30000));
+  ExpectAllMatchReference(*c, 300);
+  StageNodeStats s = c->TotalStats();
+  EXPECT_GT(s.failovers, 0u);
+  EXPECT_GT(s.reprefills, 0u);  // replica 1's stage 1 did not hold their state
+  EXPECT_GT(c->engine(1, 1)->executions(), 0u);
+  EXPECT_TRUE(c->AwaitRingsEmpty(5000));
+}
+
+TEST_F(NodeTest, AbortsAfterTheReprefillLimit) {
+  StageNodeOptions o = FastOptions();
+  o.reprefill_max = 2;
+  auto c = MakeCluster(2, 1, o);
+  c->engine(1, 0)->SetAmnesiac(true);  // loses every request's state after its prefill
+  ASSERT_TRUE(c->Submit(0, 1, Prompt(1), 10).ok());
+  ASSERT_TRUE(c->AwaitAll(10000));
+  auto outcome = c->outcomes()[1];
+  ASSERT_FALSE(outcome.tokens.ok());
+  EXPECT_EQ(outcome.tokens.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(outcome.tokens.status().message()), HasSubstr("after 2 failovers"));
+  EXPECT_EQ(c->TotalStats().reprefills, 3u);
+}
+
+TEST_F(NodeTest, DroppedDelayedAndDuplicatedSignalsChangeNothing) {
+  auto c = MakeCluster(3, 1);
+  c->signals().SetFaults(SignalFaults{0.05, 0.2, 0.2, 40});
+  for (uint64_t id = 1; id <= 6; ++id) ASSERT_TRUE(c->Submit(0, id, Prompt(id), 15).ok());
+  ASSERT_TRUE(c->AwaitAll(30000));
+  ExpectAllMatchReference(*c, 15);
+  StageNodeStats s = c->TotalStats();
+  EXPECT_GT(s.duplicates_dropped + s.late_dropped + s.steps_replayed, 0u);
+  c->signals().SetFaults({});
+  EXPECT_TRUE(c->AwaitRingsEmpty(5000));
+}
+
+TEST_F(NodeTest, BackpressureNeverOverwritesASlot) {
+  StageNodeOptions o = FastOptions();
+  o.ring_slots = 1;
+  o.inflight = 4;
+  o.max_batch = 1;
+  auto c = MakeCluster(3, 1, o);
+  for (uint64_t id = 1; id <= 8; ++id) ASSERT_TRUE(c->Submit(0, id, Prompt(id), 8).ok());
+  ASSERT_TRUE(c->AwaitAll(20000));
+  ExpectAllMatchReference(*c, 8);
+  EXPECT_GT(c->TotalStats().backpressured, 0u);
+}
+
+TEST_F(NodeTest, GracefulLeaveDrainsWithoutLosingSteps) {
+  auto c = MakeCluster(3, 2);
+  for (uint64_t id = 1; id <= 6; ++id) ASSERT_TRUE(c->Submit(0, id, Prompt(id), 300).ok());
+  ASSERT_TRUE(WaitUntil([&] { return c->TotalStats().steps_executed > 20; }, 10000));
+  c->Leave(2, 0);
+  ASSERT_TRUE(c->AwaitAll(30000));
+  ExpectAllMatchReference(*c, 300);
+  EXPECT_GT(c->engine(2, 1)->executions(), 0u);
+}
+
+TEST_F(NodeTest, RejoinedStageTakesTrafficAgain) {
+  auto c = MakeCluster(2, 1);
+  ASSERT_TRUE(c->Submit(0, 1, Prompt(1), 5).ok());
+  ASSERT_TRUE(c->AwaitAll(10000));
+  c->Kill(1, 0);
+  ASSERT_NE(c->Start(1, 0), nullptr);  // same LID, new process, new epoch
+  ASSERT_TRUE(c->Submit(0, 2, Prompt(2), 20).ok());
+  ASSERT_TRUE(c->AwaitAll(20000));
+  ExpectAllMatchReference(*c, 20, {{1, 5}});
+  EXPECT_GT(c->engine(1, 0)->executions(), 0u);
+}
+
+TEST_F(NodeTest, MigratedStageIsReachedWithoutRecompute) {
+  auto c = MakeCluster(3, 1);
+  for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(c->Submit(0, id, Prompt(id), 300).ok());
+  ASSERT_TRUE(WaitUntil([&] { return c->TotalStats().steps_executed > 20; }, 10000));
+  uint64_t before = c->node(1, 0)->epoch();
+  ASSERT_TRUE(c->Migrate(1, 0).ok());
+  EXPECT_GT(c->node(1, 0)->epoch(), before);
+  ASSERT_TRUE(c->AwaitAll(30000));
+  ExpectAllMatchReference(*c, 300);
+  EXPECT_GT(c->TotalStats().fenced + c->TotalStats().resends, 0u);
+  EXPECT_EQ(c->TotalStats().reprefills, 0u);  // the state moved with the endpoint
+}
+
+}  // namespace
+}  // namespace connex::pp
+
+namespace connex::pp {
+namespace {
+
+// A hand-driven stage 0: it packs payloads into its own ring and sends crafted signals to the
+// last stage of a two-stage pipeline, then reads what comes back.
+class RawOwner {
+ public:
+  explicit RawOwner(Cluster& c) : lid_{c.model(), 0, 0, 9} {
+    transport::TransportOptions t;
+    t.backend = transport::Backend::kMem;
+    t.local_lid = lid_;
+    t.fabric = std::shared_ptr<transport::mem::Fabric>(&c.fabric(), [](auto*) {});
+    transfer_ = *transport::CreateTransferEngine(t);
+    ring_ = *SendRing::Create(*transfer_, 4, 1 << 16);
+    endpoint_ = c.signals().NewEndpoint();
+    endpoint_->SetReceiver([this](std::string frame) {
+      connex::MutexLock lock(&mu_);
+      inbox_.push_back(*Decode(frame));
+    });
+  }
+
+  Hop Me() const { return Hop{lid_, 1, endpoint_->address(), transfer_->LocalAddresses()}; }
+
+  // A step for `id` at `start` with `n` tokens, addressed to `target`.
+  StepSignal Step(uint64_t corr, uint64_t step, uint32_t attempt, const Hop& target, uint64_t id,
+                  int32_t start, int32_t n) {
+    TensorDict d;
+    SetBatch(d, {id}, {start}, {n});
+    std::vector<int64_t> hidden(static_cast<size_t>(n), 42);
+    d.Set("hidden", Tensor::Of<int64_t>({n}, hidden));
+    uint32_t slot = *ring_->Acquire(corr);
+    StepSignal s;
+    s.layout = Pack(d, ring_->payload(slot));
+    uint64_t size = PackedSize(d);
+    ring_->Seal(slot, corr, size);
+    s.corr = corr;
+    s.step = step;
+    s.attempt = attempt;
+    s.owner = Me();
+    s.origin = Me();
+    s.route = {target};
+    s.hop = 0;
+    s.request_ids = {id};
+    s.start_positions = {start};
+    s.num_tokens = {n};
+    s.remote_addr = ring_->remote_addr(slot);
+    s.length = size;
+    return s;
+  }
+
+  void Send(const Hop& target, const StepSignal& s) { endpoint_->Send(target.signal, Encode(s)); }
+
+  // Signals received until `count` arrived (or 3 s passed).
+  std::vector<Signal> Await(size_t count) {
+    WaitUntil(
+        [&] {
+          connex::MutexLock lock(&mu_);
+          return inbox_.size() >= count;
+        },
+        3000);
+    connex::MutexLock lock(&mu_);
+    return inbox_;
+  }
+
+ private:
+  Lid lid_;
+  transport::TransferEnginePtr transfer_;
+  std::unique_ptr<SendRing> ring_;
+  std::unique_ptr<SignalTransport> endpoint_;
+  connex::Mutex mu_;
+  std::vector<Signal> inbox_ ABSL_GUARDED_BY(mu_);
+};
+
+template <typename T>
+std::vector<T> Only(const std::vector<Signal>& signals) {
+  std::vector<T> out;
+  for (const Signal& s : signals) {
+    if (auto* t = std::get_if<T>(&s)) out.push_back(*t);
+  }
+  return out;
+}
+
+class RuleTest : public NodeTest {
+ protected:
+  void SetUp() override {
+    NodeTest::SetUp();
+    c_ = MakeCluster(2, 1);
+    raw_ = std::make_unique<RawOwner>(*c_);
+    StageNode* last = c_->node(1, 0);
+    auto view = directory::DirectoryClient::Connect({server_->bind_address(), "", 0, 2000, true});
+    (*view)->Watch(c_->model()).IgnoreError();
+    for (const auto& r : (*view)->View(c_->model(), 1)) {
+      target_.lid = r.lid;
+      target_.epoch = r.epoch;
+      for (const auto& a : r.addresses) {
+        if (a.rfind("pp+", 0) == 0) target_.signal = a;
+      }
+    }
+    ASSERT_EQ(target_.epoch, last->epoch());
+  }
+  std::unique_ptr<Cluster> c_;
+  std::unique_ptr<RawOwner> raw_;
+  Hop target_;
+};
+
+TEST_F(RuleTest, FencingRefusesASignalForAnotherEpoch) {
+  Hop stale = target_;
+  stale.epoch = target_.epoch - 1;
+  raw_->Send(stale, raw_->Step(1, 100, 1, stale, 5, 0, 3));
+  auto acks = Only<AckSignal>(raw_->Await(1));
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].code, static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(acks[0].message, HasSubstr("refused"));
+  EXPECT_EQ(c_->engine(1, 0)->executions(), 0u);
+  EXPECT_EQ(c_->node(1, 0)->stats().fenced, 1u);
+}
+
+TEST_F(RuleTest, ADuplicateCorrelationIdRunsOnce) {
+  StepSignal s = raw_->Step(7, 101, 1, target_, 5, 0, 3);
+  raw_->Send(target_, s);
+  raw_->Send(target_, s);
+  auto got = raw_->Await(3);
+  EXPECT_EQ(Only<AckSignal>(got).size(), 2u);  // the duplicate is acknowledged again
+  EXPECT_EQ(Only<ResultSignal>(got).size(), 1u);
+  EXPECT_EQ(c_->engine(1, 0)->executions(), 1u);
+  EXPECT_EQ(c_->node(1, 0)->stats().duplicates_dropped, 1u);
+}
+
+TEST_F(RuleTest, AResentAttemptIsAnsweredWithoutRunningTheStepAgain) {
+  raw_->Send(target_, raw_->Step(8, 102, 1, target_, 5, 0, 3));
+  raw_->Send(target_, raw_->Step(9, 102, 2, target_, 5, 0, 3));
+  auto results = Only<ResultSignal>(raw_->Await(4));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].attempt, 1u);
+  EXPECT_EQ(results[1].attempt, 2u);
+  EXPECT_EQ(results[0].tokens, results[1].tokens);
+  EXPECT_EQ(c_->engine(1, 0)->executions(), 1u);
+  EXPECT_EQ(c_->node(1, 0)->stats().steps_replayed, 1u);
+  EXPECT_THAT(c_->violations(), ::testing::IsEmpty());
+}
+
+TEST_F(RuleTest, AStepWithoutItsStateIsReportedMissing) {
+  raw_->Send(target_, raw_->Step(10, 103, 1, target_, 77, 5, 1));
+  auto got = raw_->Await(2);
+  auto missing = Only<MissingSignal>(got);
+  ASSERT_EQ(missing.size(), 1u);
+  EXPECT_EQ(missing[0].request_ids, std::vector<uint64_t>{77});
+  EXPECT_TRUE(Only<ResultSignal>(got).empty());
+  EXPECT_EQ(c_->engine(1, 0)->executions(), 0u);
+}
+
+TEST_F(RuleTest, AStaleSlotIsNotConsumed) {
+  StepSignal s = raw_->Step(11, 104, 1, target_, 5, 0, 3);
+  s.corr = 12;  // the slot's header says 11: the payload was replaced
+  raw_->Send(target_, s);
+  auto acks = Only<AckSignal>(raw_->Await(1));
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].code, static_cast<uint32_t>(absl::StatusCode::kAborted));
+  EXPECT_EQ(c_->engine(1, 0)->executions(), 0u);
+}
+
+}  // namespace
+}  // namespace connex::pp

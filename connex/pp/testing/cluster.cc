@@ -1,0 +1,185 @@
+#include "connex/pp/testing/cluster.h"
+
+#include "connex/base/wait.h"
+
+namespace connex::pp::testing {
+
+Cluster::Cluster(directory::DirectoryServer& server, std::string model, uint32_t stages,
+                 uint64_t seed, StageNodeOptions options)
+    : server_(server), model_(std::move(model)), stages_(stages), options_(std::move(options)) {
+  transport::mem::FabricOptions fabric;
+  fabric.seed = seed;
+  fabric.partition_timeout_ms = 100;
+  fabric_ = transport::mem::Fabric::Create(fabric);
+  signals_ = MemSignalNetwork::Create(seed);
+}
+
+Cluster::~Cluster() {
+  for (auto& [key, m] : members_) {
+    if (m.node) m.node->Stop(false);
+    m.node.reset();
+    m.client.reset();
+  }
+  signals_->Stop();
+}
+
+Cluster::Member& Cluster::Get(uint32_t stage, uint32_t replica) {
+  return members_[{stage, replica}];
+}
+
+StageNode* Cluster::Start(uint32_t stage, uint32_t replica) {
+  Member& m = Get(stage, replica);
+  if (m.engine) graveyard_.push_back(std::move(m.engine));
+  directory::DirectoryClientOptions client;
+  client.directory = server_.bind_address();
+  auto c = directory::DirectoryClient::Connect(client);
+  if (!c.ok()) return nullptr;
+  m.client = *std::move(c);
+  m.client->DelayEventsForTest(event_delay_ms_);
+  m.engine = std::make_unique<TestEngine>(stage, stages_);
+  transport::TransportOptions t;
+  t.backend = transport::Backend::kMem;
+  t.local_lid = Lid{model_, stage, 0, replica};
+  t.fabric = fabric_;
+  t.heartbeat_ms = 20;
+  t.suspect_ms = 200;
+  auto transfer = transport::CreateTransferEngine(t);
+  if (!transfer.ok()) return nullptr;
+  StageNodeOptions o = options_;
+  o.model = model_;
+  o.stage = stage;
+  o.stages = stages_;
+  o.replica = replica;
+  auto node =
+      StageNode::Start(o, *m.engine, *std::move(transfer), signals_->NewEndpoint(), *m.client);
+  if (!node.ok()) return nullptr;
+  m.node = *std::move(node);
+  m.alive = true;
+  return m.node.get();
+}
+
+void Cluster::SetDirectoryEventDelay(int ms) {
+  event_delay_ms_ = ms;
+  for (auto& [key, m] : members_) {
+    if (m.client) m.client->DelayEventsForTest(ms);
+  }
+}
+
+void Cluster::Kill(uint32_t stage, uint32_t replica) {
+  Member& m = Get(stage, replica);
+  if (!m.alive) return;
+  m.alive = false;
+  fabric_->Kill(Lid{model_, stage, 0, replica});
+  dead_stats_.push_back(m.node->stats());
+  m.node->Stop(false);
+  m.node.reset();
+  m.client.reset();  // no LEAVE: the lease runs out
+}
+
+void Cluster::Leave(uint32_t stage, uint32_t replica) {
+  Member& m = Get(stage, replica);
+  if (!m.alive) return;
+  m.alive = false;
+  m.node->Stop(true, 5000);
+  dead_stats_.push_back(m.node->stats());
+  m.node.reset();
+  m.client.reset();
+}
+
+absl::Status Cluster::Migrate(uint32_t stage, uint32_t replica) {
+  Member& m = Get(stage, replica);
+  if (!m.alive) return absl::FailedPreconditionError("not alive");
+  return m.node->Migrate(signals_->NewEndpoint());
+}
+
+StageNode* Cluster::node(uint32_t stage, uint32_t replica) {
+  return Get(stage, replica).node.get();
+}
+TestEngine* Cluster::engine(uint32_t stage, uint32_t replica) {
+  return Get(stage, replica).engine.get();
+}
+bool Cluster::alive(uint32_t stage, uint32_t replica) const {
+  auto it = members_.find({stage, replica});
+  return it != members_.end() && it->second.alive;
+}
+
+absl::Status Cluster::Submit(uint32_t replica, uint64_t id, std::vector<int32_t> prompt,
+                             int max_new) {
+  {
+    connex::MutexLock lock(&mu_);
+    outcomes_[id] = Outcome{};
+  }
+  return node(0, replica)
+      ->Submit(id, std::move(prompt), max_new,
+               [this](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
+                 connex::MutexLock lock(&mu_);
+                 outcomes_[rid].done = true;
+                 outcomes_[rid].tokens = std::move(r);
+               });
+}
+
+bool Cluster::AwaitAll(int64_t timeout_ms) {
+  return WaitUntil(
+      [this] {
+        connex::MutexLock lock(&mu_);
+        for (const auto& [id, o] : outcomes_) {
+          if (!o.done) return false;
+        }
+        return true;
+      },
+      timeout_ms, 5);
+}
+
+std::map<uint64_t, Outcome> Cluster::outcomes() const {
+  connex::MutexLock lock(&mu_);
+  return outcomes_;
+}
+
+std::vector<std::string> Cluster::violations() const {
+  std::vector<std::string> out;
+  for (const auto& [key, m] : members_) {
+    if (m.engine) {
+      for (std::string& v : m.engine->violations()) out.push_back(std::move(v));
+    }
+  }
+  for (const auto& e : graveyard_) {
+    for (std::string& v : e->violations()) out.push_back(std::move(v));
+  }
+  return out;
+}
+
+bool Cluster::AwaitRingsEmpty(int64_t timeout_ms) {
+  return WaitUntil(
+      [this] {
+        for (const auto& [key, m] : members_) {
+          if (m.alive && m.node->stats().ring_in_use != 0) return false;
+        }
+        return true;
+      },
+      timeout_ms, 5);
+}
+
+StageNodeStats Cluster::TotalStats() const {
+  StageNodeStats total;
+  auto add = [&total](const StageNodeStats& s) {
+    total.steps_executed += s.steps_executed;
+    total.steps_replayed += s.steps_replayed;
+    total.duplicates_dropped += s.duplicates_dropped;
+    total.fenced += s.fenced;
+    total.missing_reported += s.missing_reported;
+    total.late_dropped += s.late_dropped;
+    total.resends += s.resends;
+    total.failovers += s.failovers;
+    total.reprefills += s.reprefills;
+    total.aborted += s.aborted;
+    total.completed += s.completed;
+    total.backpressured += s.backpressured;
+  };
+  for (const auto& [key, m] : members_) {
+    if (m.node) add(m.node->stats());
+  }
+  for (const StageNodeStats& s : dead_stats_) add(s);
+  return total;
+}
+
+}  // namespace connex::pp::testing

@@ -1,0 +1,89 @@
+// Cluster: replica chains of StageNodes over the mem transport and the mem signal network, with a
+// real in-process directory, for the step protocol's tests. Each node has its own directory
+// client, as its own process would. Thread-compatible (driven by one test thread).
+#ifndef CONNEX_PP_TESTING_CLUSTER_H_
+#define CONNEX_PP_TESTING_CLUSTER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "connex/base/mutex.h"
+#include "connex/directory/client.h"
+#include "connex/directory/server.h"
+#include "connex/pp/mem_signal.h"
+#include "connex/pp/node.h"
+#include "connex/pp/testing/test_engine.h"
+#include "connex/transport/mem/mem_engine.h"
+
+namespace connex::pp::testing {
+
+// What one request ended with.
+struct Outcome {
+  bool done = false;
+  absl::StatusOr<std::vector<int32_t>> tokens = absl::UnknownError("not finished");
+};
+
+class Cluster {
+ public:
+  // `server` is shared (one directory serves many clusters, each with its own model name).
+  Cluster(directory::DirectoryServer& server, std::string model, uint32_t stages, uint64_t seed,
+          StageNodeOptions options);
+  ~Cluster();
+
+  StageNode* Start(uint32_t stage, uint32_t replica);
+  // As SIGKILL would: transport and signals die, no LEAVE.
+  void Kill(uint32_t stage, uint32_t replica);
+  // Graceful: LEFT, drain, stop.
+  void Leave(uint32_t stage, uint32_t replica);
+  absl::Status Migrate(uint32_t stage, uint32_t replica);
+  StageNode* node(uint32_t stage, uint32_t replica);
+  TestEngine* engine(uint32_t stage, uint32_t replica);
+  bool alive(uint32_t stage, uint32_t replica) const;
+
+  // Submits a request to the stage-0 node of `replica`.
+  absl::Status Submit(uint32_t replica, uint64_t id, std::vector<int32_t> prompt, int max_new);
+  // Waits until every submitted request finished; false after `timeout_ms`.
+  bool AwaitAll(int64_t timeout_ms);
+  std::map<uint64_t, Outcome> outcomes() const;
+  // Every double execution any engine (live or killed) saw.
+  std::vector<std::string> violations() const;
+  // Waits until no live node has a ring slot in use; false after `timeout_ms`.
+  bool AwaitRingsEmpty(int64_t timeout_ms);
+  StageNodeStats TotalStats() const;
+
+  // Every node's directory client (now and later) sees events `ms` late.
+  void SetDirectoryEventDelay(int ms);
+
+  MemSignalNetwork& signals() { return *signals_; }
+  transport::mem::Fabric& fabric() { return *fabric_; }
+  const std::string& model() const { return model_; }
+  uint32_t stages() const { return stages_; }
+
+ private:
+  struct Member {
+    std::unique_ptr<directory::DirectoryClient> client;
+    std::unique_ptr<TestEngine> engine;
+    std::unique_ptr<StageNode> node;
+    bool alive = false;
+  };
+  Member& Get(uint32_t stage, uint32_t replica);
+
+  directory::DirectoryServer& server_;
+  const std::string model_;
+  const uint32_t stages_;
+  const StageNodeOptions options_;
+  std::shared_ptr<transport::mem::Fabric> fabric_;
+  std::shared_ptr<MemSignalNetwork> signals_;
+  std::map<std::pair<uint32_t, uint32_t>, Member> members_;
+  std::vector<std::unique_ptr<TestEngine>> graveyard_;  // engines of killed nodes
+  std::vector<StageNodeStats> dead_stats_;
+  int event_delay_ms_ = 0;
+  mutable connex::Mutex mu_;
+  std::map<uint64_t, Outcome> outcomes_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace connex::pp::testing
+
+#endif  // CONNEX_PP_TESTING_CLUSTER_H_

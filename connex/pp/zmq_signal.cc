@@ -1,0 +1,156 @@
+// The ZeroMQ signal transport: `pp+tcp://HOST:PORT`. One I/O thread owns the ROUTER that
+// receives and one DEALER per destination; other threads hand frames over through a queue and an
+// eventfd.
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <thread>
+
+#include "connex/base/mutex.h"
+#include "connex/base/logging.h"
+#include "connex/base/strings.h"
+#include "connex/base/zmq_util.h"
+#include "connex/pp/signal_transport.h"
+
+namespace connex::pp {
+namespace {
+
+constexpr std::string_view kScheme = "pp+tcp://";
+constexpr int64_t kMaxSignalBytes = 4 << 20;
+
+class ZmqSignalTransport : public SignalTransport {
+ public:
+  ZmqSignalTransport() : context_(1) {}
+  ~ZmqSignalTransport() override { Close(); }
+
+  absl::Status Start(const std::string& host) {
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) return absl::InternalError("eventfd failed");
+    router_ = zmq::socket_t(context_, zmq::socket_type::router);
+    ConfigureZmqSocket(router_, kMaxSignalBytes);
+    absl::StatusOr<std::string> bound = BindZmq(router_, StrCat("tcp://", host, ":0"));
+    if (!bound.ok()) return bound.status();
+    address_ = StrCat("pp+", *bound);
+    thread_ = std::thread([this] { Run(); });
+    return absl::OkStatus();
+  }
+
+  const std::string& address() const override { return address_; }
+
+  void SetReceiver(Receiver receiver) override {
+    connex::MutexLock lock(&mu_);
+    receiver_ = std::move(receiver);
+  }
+
+  void Send(const std::string& address, std::string frame) override {
+    {
+      connex::MutexLock lock(&mu_);
+      if (closed_) return;
+      outbox_.emplace_back(address, std::move(frame));
+    }
+    uint64_t one = 1;
+    ssize_t n = write(wake_fd_, &one, sizeof(one));
+    (void)n;
+  }
+
+  void Close() override {
+    {
+      connex::MutexLock lock(&mu_);
+      if (closed_) return;
+      closed_ = true;
+    }
+    stop_.store(true);
+    uint64_t one = 1;
+    if (wake_fd_ >= 0) {
+      ssize_t n = write(wake_fd_, &one, sizeof(one));
+      (void)n;
+    }
+    if (thread_.joinable()) thread_.join();
+    if (wake_fd_ >= 0) close(wake_fd_);
+    wake_fd_ = -1;
+  }
+
+ private:
+  zmq::socket_t& DealerFor(const std::string& address) {
+    auto it = dealers_.find(address);
+    if (it != dealers_.end()) return it->second;
+    zmq::socket_t dealer(context_, zmq::socket_type::dealer);
+    ConfigureZmqSocket(dealer, kMaxSignalBytes);
+    dealer.set(zmq::sockopt::sndhwm, 10000);
+    dealer.connect(address.substr(3));  // drop "pp+"
+    return dealers_.emplace(address, std::move(dealer)).first->second;
+  }
+
+  void Run() {
+    std::vector<zmq::message_t> parts;
+    while (!stop_.load()) {
+      zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                                 {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+      try {
+        zmq::poll(items, 2, std::chrono::milliseconds(100));
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        CONNEX_LOG_ERROR("pp signals: poll failed: {}", e.what());
+        return;
+      }
+      if (items[1].revents & ZMQ_POLLIN) {
+        uint64_t counter;
+        ssize_t n = read(wake_fd_, &counter, sizeof(counter));
+        (void)n;
+      }
+      std::deque<std::pair<std::string, std::string>> batch;
+      Receiver receiver;
+      {
+        connex::MutexLock lock(&mu_);
+        batch.swap(outbox_);
+        receiver = receiver_;
+      }
+      for (auto& [address, frame] : batch) {
+        if (address.rfind(kScheme, 0) != 0) {
+          CONNEX_LOG_WARN("pp signals: cannot send to '{}' (not {}...)", address, kScheme);
+          continue;
+        }
+        try {
+          DealerFor(address).send(zmq::buffer(frame), zmq::send_flags::dontwait);
+        } catch (const zmq::error_t& e) {
+          CONNEX_LOG_DEBUG("pp signals: send to {} failed: {}", address, e.what());
+        }
+      }
+      while (true) {
+        absl::StatusOr<bool> got = RecvMultipart(router_, &parts);
+        if (!got.ok() || !*got) break;
+        if (parts.size() != 2 || !receiver) continue;
+        receiver(std::string(AsView(parts[1])));
+      }
+    }
+    dealers_.clear();
+    router_.close();
+  }
+
+  zmq::context_t context_;
+  zmq::socket_t router_;                          // I/O thread
+  std::map<std::string, zmq::socket_t> dealers_;  // I/O thread
+  std::string address_;
+  int wake_fd_ = -1;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  connex::Mutex mu_;
+  std::deque<std::pair<std::string, std::string>> outbox_ ABSL_GUARDED_BY(mu_);
+  Receiver receiver_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SignalTransport>> CreateZmqSignalTransport(const std::string& host) {
+  auto transport = std::make_unique<ZmqSignalTransport>();
+  absl::Status started = transport->Start(host);
+  if (!started.ok()) return started;
+  return transport;
+}
+
+}  // namespace connex::pp

@@ -1,0 +1,7 @@
+if(CONNEX_FUZZ)
+  add_executable(fuzz_wire ${CMAKE_CURRENT_LIST_DIR}/wire_fuzzer.cc)
+  target_compile_options(fuzz_wire PRIVATE -fsanitize=fuzzer)
+  target_link_options(fuzz_wire PRIVATE -fsanitize=fuzzer)
+  target_link_libraries(fuzz_wire PRIVATE connex_directory)
+  add_dependencies(fuzzers fuzz_wire)
+endif()

@@ -1,0 +1,263 @@
+// Multi-process tests of the control plane: real connex-directory and connexctl binaries, killed
+// with SIGKILL, stopped with SIGSTOP, and fed bad input.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <regex>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/subprocess.h"
+
+namespace connex::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kLeaseTtlMs = 1000;
+
+class DirectoryProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartDirectory({}); }
+
+  void StartDirectory(std::vector<std::string> extra) {
+    std::vector<std::string> argv = {BinDir() + "/connex-directory",
+                                     "--bind",
+                                     "tcp://127.0.0.1:0",
+                                     "--pub",
+                                     "tcp://127.0.0.1:0",
+                                     "--lease-ttl-ms",
+                                     std::to_string(kLeaseTtlMs),
+                                     "--heartbeat-ms",
+                                     "200"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto p = Subprocess::Start(argv);
+    ASSERT_TRUE(p.has_value());
+    directory_.emplace(std::move(*p));
+    std::optional<std::string> line = directory_->ReadLine(10000);
+    ASSERT_TRUE(line.has_value()) << "connex-directory printed nothing";
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(*line, m,
+                                 std::regex("listening bind=(tcp://127.0.0.1:[0-9]+) "
+                                            "pub=(tcp://127.0.0.1:[0-9]+)")))
+        << *line;
+    bind_ = m[1];
+    pub_ = m[2];
+  }
+
+  Subprocess Ctl(std::vector<std::string> args, std::vector<std::string> env = {}) {
+    std::vector<std::string> argv = {BinDir() + "/connexctl", "--directory", bind_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto p = Subprocess::Start(argv, env, /*capture_stderr=*/true);
+    EXPECT_TRUE(p.has_value());
+    return std::move(*p);
+  }
+
+  // Runs connexctl to completion; returns (exit code, output).
+  std::pair<int, std::string> Run(std::vector<std::string> args,
+                                  std::vector<std::string> env = {}) {
+    Subprocess p = Ctl(std::move(args), std::move(env));
+    while (p.ReadLine(10000)) {
+    }
+    std::optional<int> code = p.Wait(10000);
+    return {code.value_or(-1), p.transcript()};
+  }
+
+  Subprocess Watcher() {
+    Subprocess w = Ctl({"watch"});
+    EXPECT_TRUE(w.WaitForLine("# watching", 10000).has_value());
+    return w;
+  }
+
+  // Starts `connexctl join LID` and returns it with the epoch it printed.
+  std::pair<Subprocess, uint64_t> Join(const std::string& lid, const std::string& address) {
+    Subprocess j = Ctl({"join", lid, "--address", address});
+    std::optional<std::string> line = j.WaitForLine("joined " + lid, 10000);
+    EXPECT_TRUE(line.has_value()) << j.transcript();
+    uint64_t epoch = 0;
+    if (line) epoch = std::stoull(line->substr(line->find("epoch=") + 6));
+    return {std::move(j), epoch};
+  }
+
+  std::optional<Subprocess> directory_;
+  std::string bind_, pub_;
+};
+
+TEST_F(DirectoryProcessTest, KilledHolderIsFailedWithinTheLease) {
+  Subprocess watcher = Watcher();
+  auto [holder, epoch] = Join("demo/g1/s0/r0", "tcp://127.0.0.1:5555");
+  std::string e = std::to_string(epoch);
+  ASSERT_TRUE(watcher.WaitForLine("JOINED demo/g1/s0/r0 epoch=" + e, 5000));
+  holder.Signal(SIGKILL);
+  auto killed = std::chrono::steady_clock::now();
+  std::optional<std::string> failed =
+      watcher.WaitForLine("FAILED demo/g1/s0/r0 epoch=" + e, kLeaseTtlMs + 500);
+  ASSERT_TRUE(failed.has_value()) << watcher.transcript();
+  EXPECT_THAT(*failed, HasSubstr("reason=lease-expired"));
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                  killed)
+                .count();
+  RecordProperty("kill_to_failed_ms", std::to_string(ms));
+  EXPECT_EQ(holder.Wait(1000), 128 + SIGKILL);
+}
+
+TEST_F(DirectoryProcessTest, StoppedHolderIsRefusedAfterItWasReplaced) {
+  Subprocess watcher = Watcher();
+  auto [old_holder, old_epoch] = Join("demo/g1/s0/r0", "tcp://127.0.0.1:5555");
+  old_holder.Signal(SIGSTOP);
+  ASSERT_TRUE(watcher.WaitForLine("FAILED demo/g1/s0/r0 epoch=" + std::to_string(old_epoch),
+                                  kLeaseTtlMs + 2000));
+  auto [replacement, new_epoch] = Join("demo/g1/s0/r0", "tcp://127.0.0.1:6666");
+  EXPECT_GT(new_epoch, old_epoch);
+  old_holder.Signal(SIGCONT);
+  // Its next heartbeat is refused: it gives the LID up and exits 3.
+  std::optional<std::string> lost = old_holder.WaitForLine("lost demo/g1/s0/r0", 5000);
+  ASSERT_TRUE(lost.has_value()) << old_holder.transcript();
+  EXPECT_THAT(*lost, HasSubstr("superseded by " + std::to_string(new_epoch)));
+  EXPECT_EQ(old_holder.Wait(5000), 3);
+  // The replacement keeps the LID.
+  auto [code, out] = Run({"resolve", "demo", "1"});
+  EXPECT_EQ(code, 0);
+  EXPECT_THAT(out, HasSubstr("demo/g1/s0/r0 epoch=" + std::to_string(new_epoch) +
+                             " addresses=tcp://127.0.0.1:6666"));
+}
+
+TEST_F(DirectoryProcessTest, StoppedHolderComesBackUnderANewEpoch) {
+  Subprocess watcher = Watcher();
+  auto [holder, epoch] = Join("demo/g1/s0/r0", "tcp://127.0.0.1:5555");
+  holder.Signal(SIGSTOP);
+  ASSERT_TRUE(watcher.WaitForLine("FAILED demo/g1/s0/r0 epoch=" + std::to_string(epoch),
+                                  kLeaseTtlMs + 2000));
+  holder.Signal(SIGCONT);
+  // The evicted epoch is refused; the live process joins again under a new one.
+  std::optional<std::string> rejoined = holder.WaitForLine("rejoined demo/g1/s0/r0", 5000);
+  ASSERT_TRUE(rejoined.has_value()) << holder.transcript();
+  EXPECT_THAT(*rejoined, HasSubstr("previous_epoch=" + std::to_string(epoch)));
+  std::optional<std::string> joined = watcher.WaitForLine("JOINED demo/g1/s0/r0", 5000);
+  ASSERT_TRUE(joined.has_value());
+  EXPECT_THAT(*joined, ::testing::Not(HasSubstr("epoch=" + std::to_string(epoch) + " ")));
+  // The old epoch stays fenced.
+  auto [code, out] = Run({"report-failed", "demo/g1/s0/r0", "--epoch", std::to_string(epoch)});
+  EXPECT_EQ(code, 0);
+  EXPECT_THAT(out, HasSubstr("not evicted"));
+}
+
+TEST_F(DirectoryProcessTest, SigtermLeavesGracefully) {
+  Subprocess watcher = Watcher();
+  auto [holder, epoch] = Join("demo/g2/s0/r1", "tcp://127.0.0.1:5555");
+  holder.Signal(SIGTERM);
+  ASSERT_TRUE(holder.WaitForLine("left demo/g2/s0/r1", 5000));
+  EXPECT_EQ(holder.Wait(5000), 0);
+  ASSERT_TRUE(watcher.WaitForLine("LEFT demo/g2/s0/r1 epoch=" + std::to_string(epoch), 5000));
+}
+
+TEST_F(DirectoryProcessTest, StatusResolveLeaveAndReportFailed) {
+  auto [a, ea] = Join("demo/g1/s0/r0", "tcp://127.0.0.1:5555");
+  auto [b, eb] = Join("demo/g1/s0/r1", "tcp://127.0.0.1:5556");
+  auto [code, out] = Run({"status"});
+  EXPECT_EQ(code, 0);
+  EXPECT_THAT(out, HasSubstr("LID"));
+  EXPECT_THAT(out, HasSubstr("demo/g1/s0/r1"));
+  auto [jcode, json_text] = Run({"resolve", "demo", "1", "--json"});
+  EXPECT_EQ(jcode, 0);
+  nlohmann::json records = nlohmann::json::parse(json_text);
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0]["lid"], "demo/g1/s0/r0");
+  EXPECT_EQ(records[0]["epoch"], ea);
+  EXPECT_GT(records[1]["lease_left_ms"].get<int64_t>(), 0);
+
+  Subprocess watcher = Watcher();
+  auto [rcode, rout] = Run({"report-failed", "demo/g1/s0/r0"});
+  EXPECT_EQ(rcode, 0) << rout;
+  EXPECT_THAT(rout, HasSubstr("evicted demo/g1/s0/r0"));
+  ASSERT_TRUE(watcher.WaitForLine("FAILED demo/g1/s0/r0 epoch=" + std::to_string(ea), 5000));
+  auto [lcode, lout] = Run({"leave", "demo/g1/s0/r1"});
+  EXPECT_EQ(lcode, 0) << lout;
+  ASSERT_TRUE(watcher.WaitForLine("LEFT demo/g1/s0/r1", 5000));
+  // The drained holder learns it and stops claiming the LID.
+  ASSERT_TRUE(b.WaitForLine("lost demo/g1/s0/r1", 5000)) << b.transcript();
+  EXPECT_EQ(b.Wait(5000), 3);
+}
+
+void SendGarbage(const std::string& endpoint) {
+  size_t colon = endpoint.rfind(':');
+  int port = std::stoi(endpoint.substr(colon + 1));
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  std::string junk(65536, '\x5a');
+  ssize_t n = write(fd, junk.data(), junk.size());
+  (void)n;
+  close(fd);
+}
+
+TEST_F(DirectoryProcessTest, BadInputGetsClearErrorsAndTheDirectoryKeepsServing) {
+  auto [a, ea] = Join("demo/g1/s0/r0", "tcp://127.0.0.1:5555");
+  SendGarbage(bind_);
+  SendGarbage(pub_);
+
+  auto [c1, o1] = Run({"join", "demo/g1/s0", "--address", "tcp://x:1"});
+  EXPECT_EQ(c1, 2);
+  EXPECT_THAT(o1, HasSubstr("LID 'demo/g1/s0': expected 4 parts"));
+  auto [c2, o2] = Run({"frobnicate"});
+  EXPECT_EQ(c2, 2);
+  EXPECT_THAT(o2, HasSubstr("unknown command 'frobnicate'"));
+  auto [c3, o3] = Run({"resolve", "demo"});
+  EXPECT_EQ(c3, 2);
+  EXPECT_THAT(o3, HasSubstr("group is required"));
+  auto [c4, o4] = Run({"join", "demo/g1/s0/r9", "--address", "no-scheme"});
+  EXPECT_EQ(c4, 2);
+  EXPECT_THAT(o4, HasSubstr("not self-describing"));
+  auto [c5, o5] = Run({"status", "--timeout-ms", "abc"});
+  EXPECT_EQ(c5, 2);
+
+  // The directory survived all of it, with its table intact.
+  auto [code, out] = Run({"status", "--json"});
+  ASSERT_EQ(code, 0) << out;
+  nlohmann::json status = nlohmann::json::parse(out);
+  ASSERT_EQ(status["records"].size(), 1u);
+  EXPECT_EQ(status["records"][0]["epoch"], ea);
+  EXPECT_FALSE(directory_->Wait(0).has_value());  // still running
+}
+
+TEST_F(DirectoryProcessTest, NoDirectoryIsAClearError) {
+  std::vector<std::string> argv = {BinDir() + "/connexctl", "--directory", "tcp://127.0.0.1:1",
+                                   "--timeout-ms",          "300",         "status"};
+  auto p = Subprocess::Start(argv, {}, true);
+  ASSERT_TRUE(p.has_value());
+  while (p->ReadLine(5000)) {
+  }
+  EXPECT_EQ(p->Wait(5000), 1);
+  EXPECT_THAT(p->transcript(), HasSubstr("no answer within 300 ms"));
+}
+
+class TokenDirectoryTest : public DirectoryProcessTest {
+ protected:
+  void SetUp() override { StartDirectory({"--token", "s3cret"}); }
+};
+
+TEST_F(TokenDirectoryTest, WrongTokenIsRefusedAndRightTokenWorks) {
+  auto [c1, o1] = Run({"join", "demo/g1/s0/r0", "--address", "tcp://127.0.0.1:1"});
+  EXPECT_EQ(c1, 1);
+  EXPECT_THAT(o1, HasSubstr("requires a token"));
+  auto [c2, o2] = Run({"--token", "nope", "report-failed", "demo/g1/s0/r0"});
+  EXPECT_EQ(c2, 1);
+  EXPECT_THAT(o2, HasSubstr("wrong directory token"));
+  Subprocess j = Ctl({"join", "demo/g1/s0/r0", "--address", "tcp://127.0.0.1:1"},
+                     {"CONNEX_DIRECTORY_TOKEN=s3cret"});
+  ASSERT_TRUE(j.WaitForLine("joined demo/g1/s0/r0", 5000)) << j.transcript();
+  auto [c3, o3] = Run({"status"});  // reads need no token
+  EXPECT_EQ(c3, 0);
+  EXPECT_THAT(o3, HasSubstr("demo/g1/s0/r0"));
+}
+
+}  // namespace
+}  // namespace connex::testing

@@ -1,0 +1,144 @@
+// pp_test_node: one pipeline stage as its own process, for the multi-process step-protocol
+// tests: a StageNode with the deterministic TestEngine over a real transport (tcp, shm, ucx) and
+// ZeroMQ signals. Stage 0 also submits --requests requests and prints one JSON line per finished
+// request, then `done`. Every node prints `ready LID epoch=E` once it has joined. SIGTERM leaves
+// gracefully; SIGKILL is what the tests use to kill it.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+#include <random>
+
+#include "CLI/CLI.hpp"
+#include "connex/base/logging.h"
+#include "connex/directory/client.h"
+#include "connex/pp/node.h"
+#include "connex/pp/testing/test_engine.h"
+#include "nlohmann/json.hpp"
+#include "tests/pp_prompts.h"
+
+using connex::testing::PromptOf;
+
+int main(int argc, char** argv) {
+  CLI::App app{"pp_test_node: a step-protocol stage with the test engine"};
+  std::string directory = "tcp://127.0.0.1:7000";
+  std::string model = "pp";
+  std::string backend = "tcp";
+  uint32_t stage = 0, stages = 3, replica = 0;
+  int requests = 0, max_new = 50;
+  uint64_t first_id = 1;
+  app.add_option("--directory", directory)->envname("CONNEX_DIRECTORY");
+  app.add_option("--model", model);
+  app.add_option("--backend", backend)->envname("CONNEX_PP_BACKEND");
+  app.add_option("--stage", stage);
+  app.add_option("--stages", stages);
+  app.add_option("--replica", replica);
+  app.add_option("--requests", requests, "stage 0: requests to submit");
+  app.add_option("--max-new-tokens", max_new);
+  app.add_option("--first-id", first_id);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "pp_test_node: " << s.message() << "\n";
+    return 1;
+  };
+  connex::directory::DirectoryClientOptions dopts;
+  dopts.directory = directory;
+  auto client = connex::directory::DirectoryClient::Connect(dopts);
+  if (!client.ok()) return fail(client.status());
+  connex::Lid lid{model, stage, 0, replica};
+  auto topts = connex::transport::TransportOptions::FromEnv(lid);
+  if (!topts.ok()) return fail(topts.status());
+  auto parsed = connex::transport::ParseBackend(backend);
+  if (!parsed.ok()) return fail(parsed.status());
+  topts->backend = *parsed;
+  auto transfer = connex::transport::CreateTransferEngine(*topts);
+  if (!transfer.ok()) return fail(transfer.status());
+  auto sig = connex::pp::CreateZmqSignalTransport();
+  if (!sig.ok()) return fail(sig.status());
+  connex::pp::StageNodeOptions base;
+  base.model = model;
+  base.stage = stage;
+  base.stages = stages;
+  base.replica = replica;
+  base.step_timeout_ms = 1000;
+  base.probe_timeout_ms = 300;
+  auto options = connex::pp::StageNodeOptions::FromEnv(base);
+  if (!options.ok()) return fail(options.status());
+  connex::pp::testing::TestEngine engine(stage, stages);
+  auto node = connex::pp::StageNode::Start(*options, engine, *std::move(transfer), *std::move(sig),
+                                           **client);
+  if (!node.ok()) return fail(node.status());
+  std::printf("ready %s epoch=%llu\n", lid.ToString().c_str(),
+              static_cast<unsigned long long>((*node)->epoch()));
+  std::fflush(stdout);
+
+  std::atomic<int> finished{0};
+  if (stage == 0 && requests > 0) {
+    // Wait until the directory shows every stage before submitting.
+    for (uint32_t g = 1; g < stages; ++g) {
+      (*client)->AwaitView(
+          model,
+          [g](const auto& v) {
+            for (const auto& r : v)
+              if (r.lid.group == g) return true;
+            return false;
+          },
+          10000);
+    }
+    for (int i = 0; i < requests; ++i) {
+      uint64_t id = first_id + static_cast<uint64_t>(i);
+      absl::Status s =
+          (*node)->Submit(id, PromptOf(id), max_new,
+                          [&finished](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
+                            nlohmann::json line = {{"id", rid}};
+                            if (r.ok()) {
+                              line["tokens"] = *r;
+                            } else {
+                              line["error"] = std::string(r.status().message());
+                            }
+                            std::printf("%s\n", line.dump().c_str());
+                            std::fflush(stdout);
+                            finished.fetch_add(1);
+                          });
+      if (!s.ok()) return fail(s);
+    }
+  }
+  timespec tick{0, 20'000'000};
+  int64_t last_progress = 0;
+  while (true) {
+    int sig_no = sigtimedwait(&signals, nullptr, &tick);
+    if (sig_no > 0) {
+      (*node)->Stop(/*leave=*/true);
+      return 0;
+    }
+    if (stage == 0 && requests > 0) {
+      auto stats = (*node)->stats();
+      if (static_cast<int64_t>(stats.steps_executed) / 50 > last_progress) {
+        last_progress = static_cast<int64_t>(stats.steps_executed) / 50;
+        std::printf("progress steps=%llu\n", static_cast<unsigned long long>(stats.steps_executed));
+        std::fflush(stdout);
+      }
+      if (finished.load() == requests) {
+        auto s = (*node)->stats();
+        std::printf("done failovers=%llu reprefills=%llu resends=%llu\n",
+                    static_cast<unsigned long long>(s.failovers),
+                    static_cast<unsigned long long>(s.reprefills),
+                    static_cast<unsigned long long>(s.resends));
+        std::fflush(stdout);
+        (*node)->Stop(/*leave=*/true);
+        return 0;
+      }
+    }
+  }
+}

@@ -1,0 +1,146 @@
+// The step protocol with real processes over a real transport: stage processes are killed with
+// SIGKILL, stopped with SIGSTOP and drained with SIGTERM mid-generation, and every request must
+// still finish with exactly the tokens of an undisturbed run.
+#include <signal.h>
+
+#include <regex>
+
+#include "connex/pp/testing/test_engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/pp_prompts.h"
+#include "tests/subprocess.h"
+
+namespace connex::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kStages = 3;
+
+class PpProcessTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    auto p =
+        Subprocess::Start({BinDir() + "/connex-directory", "--bind", "tcp://127.0.0.1:0", "--pub",
+                           "tcp://127.0.0.1:0", "--lease-ttl-ms", "1500", "--heartbeat-ms", "300"});
+    ASSERT_TRUE(p.has_value());
+    directory_.emplace(std::move(*p));
+    auto line = directory_->ReadLine(10000);
+    ASSERT_TRUE(line.has_value());
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(*line, m, std::regex("bind=(tcp://[0-9.:]+)")));
+    bind_ = m[1];
+  }
+
+  Subprocess Node(int stage, int replica, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {BinDir() + "/pp_test_node",
+                                     "--directory",
+                                     bind_,
+                                     "--backend",
+                                     GetParam(),
+                                     "--model",
+                                     "pp",
+                                     "--stage",
+                                     std::to_string(stage),
+                                     "--stages",
+                                     std::to_string(kStages),
+                                     "--replica",
+                                     std::to_string(replica)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto p = Subprocess::Start(argv, {"CONNEX_LOG_LEVEL=warn"});
+    EXPECT_TRUE(p.has_value());
+    EXPECT_TRUE(p->WaitForLine("ready ", 15000).has_value()) << p->transcript();
+    return std::move(*p);
+  }
+
+  // Starts stages 1..N-1 of both replica chains.
+  void StartStages() {
+    for (int r = 0; r < 2; ++r) {
+      for (int s = 1; s < kStages; ++s) stages_.emplace(std::make_pair(s, r), Node(s, r));
+    }
+  }
+
+  // Reads the owner's output to `done`; checks every request against the reference.
+  std::string CheckOwner(Subprocess& owner, int requests, int max_new, int64_t timeout_ms = 90000) {
+    int seen = 0;
+    std::string done;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto line = owner.ReadLine(1000);
+      if (!line) {
+        if (owner.Wait(0).has_value()) break;
+        continue;
+      }
+      if (line->rfind("done", 0) == 0) {
+        done = *line;
+        break;
+      }
+      if (line->empty() || (*line)[0] != '{') continue;
+      nlohmann::json j = nlohmann::json::parse(*line);
+      uint64_t id = j["id"];
+      EXPECT_FALSE(j.contains("error")) << *line;
+      if (j.contains("tokens")) {
+        std::vector<int32_t> got = j["tokens"];
+        EXPECT_EQ(got, pp::testing::ReferenceTokens(kStages, PromptOf(id), max_new))
+            << "request " << id;
+      }
+      ++seen;
+    }
+    EXPECT_EQ(seen, requests) << owner.transcript();
+    EXPECT_FALSE(done.empty()) << owner.transcript();
+    return done;
+  }
+
+  std::optional<Subprocess> directory_;
+  std::string bind_;
+  std::map<std::pair<int, int>, Subprocess> stages_;
+};
+
+TEST_P(PpProcessTest, UndisturbedRunMatchesTheReference) {
+  StartStages();
+  Subprocess owner = Node(0, 0, {"--requests", "4", "--max-new-tokens", "40"});
+  std::string done = CheckOwner(owner, 4, 40);
+  EXPECT_THAT(done, HasSubstr("failovers=0"));
+}
+
+TEST_P(PpProcessTest, KilledStageHandsItsStepsOver) {
+  StartStages();
+  Subprocess owner = Node(0, 0, {"--requests", "6", "--max-new-tokens", "400"});
+  ASSERT_TRUE(owner.WaitForLine("progress", 30000)) << owner.transcript();
+  stages_.at({1, 0}).Signal(SIGKILL);
+  std::string done = CheckOwner(owner, 6, 400);
+  EXPECT_THAT(done, ::testing::Not(HasSubstr("failovers=0 ")));
+  EXPECT_THAT(done, ::testing::Not(HasSubstr("reprefills=0 ")));
+}
+
+TEST_P(PpProcessTest, StoppedStageIsProbedAndReplaced) {
+  StartStages();
+  Subprocess owner = Node(0, 0, {"--requests", "4", "--max-new-tokens", "300"});
+  ASSERT_TRUE(owner.WaitForLine("progress", 30000)) << owner.transcript();
+  stages_.at({2, 0}).Signal(SIGSTOP);  // hung, not dead: found by the step timeout and a probe
+  std::string done = CheckOwner(owner, 4, 300);
+  EXPECT_THAT(done, ::testing::Not(HasSubstr("failovers=0 ")));
+  stages_.at({2, 0}).Signal(SIGKILL);
+}
+
+TEST_P(PpProcessTest, DrainedStageFinishesInFlightStepsAndARestartRejoins) {
+  StartStages();
+  Subprocess owner = Node(0, 0, {"--requests", "4", "--max-new-tokens", "300"});
+  ASSERT_TRUE(owner.WaitForLine("progress", 30000)) << owner.transcript();
+  stages_.at({1, 0}).Signal(SIGTERM);
+  CheckOwner(owner, 4, 300);
+  EXPECT_EQ(stages_.at({1, 0}).Wait(10000), 0);
+  // The same LID comes back as a new process and takes the next requests.
+  stages_.erase({1, 0});
+  stages_.emplace(std::make_pair(1, 0), Node(1, 0));
+  Subprocess again = Node(0, 0, {"--requests", "2", "--max-new-tokens", "30", "--first-id", "100"});
+  CheckOwner(again, 2, 30);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, PpProcessTest, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace connex::testing

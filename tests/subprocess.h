@@ -1,0 +1,51 @@
+// Subprocess: starts a real binary with its stdout on a pipe, reads its lines with deadlines and
+// sends it signals — for multi-process tests that kill -9 their peers. Thread-compatible.
+#ifndef CONNEX_TESTS_SUBPROCESS_H_
+#define CONNEX_TESTS_SUBPROCESS_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace connex::testing {
+
+// The directory holding the project's binaries (CONNEX_BIN_DIR, set by CTest).
+std::string BinDir();
+
+class Subprocess {
+ public:
+  // Starts `argv` (argv[0] is a path) with `env` added to the environment. stderr is inherited
+  // unless `capture_stderr`, in which case it goes to the same pipe as stdout.
+  static std::optional<Subprocess> Start(const std::vector<std::string>& argv,
+                                         const std::vector<std::string>& env = {},
+                                         bool capture_stderr = false);
+  Subprocess(Subprocess&& other) noexcept;
+  Subprocess& operator=(Subprocess&& other) noexcept;
+  ~Subprocess();  // SIGKILLs and reaps a process still running
+
+  pid_t pid() const { return pid_; }
+  // The next line of output (without '\n'), or nullopt at EOF or after `timeout_ms`.
+  std::optional<std::string> ReadLine(int64_t timeout_ms);
+  // Reads lines until one contains `needle`; returns it, or nullopt after `timeout_ms`.
+  std::optional<std::string> WaitForLine(const std::string& needle, int64_t timeout_ms);
+  // Everything read so far.
+  const std::string& transcript() const { return transcript_; }
+  void Signal(int signal);
+  // Waits for the exit; returns the exit code (128+signal when killed), or nullopt on timeout.
+  std::optional<int> Wait(int64_t timeout_ms);
+
+ private:
+  Subprocess() = default;
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string buffer_;
+  std::string transcript_;
+  std::optional<int> exit_code_;
+};
+
+}  // namespace connex::testing
+
+#endif  // CONNEX_TESTS_SUBPROCESS_H_
