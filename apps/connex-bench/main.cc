@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   std::string size_text = "64M";
   std::string lid_text = "bench/g1/s0/r0";
   int heartbeat_ms = 250, suspect_ms = 1000, connections = 4, spin_us = 50;
+  bool ucx_peer_errors = true;
 
   auto add_common = [&](CLI::App* sub) {
     sub->add_option("--backend", backend_text, "auto|mem|tcp|shm|ucx")
@@ -56,6 +57,9 @@ int main(int argc, char** argv) {
         ->envname("CONNEX_TRANSPORT_TCP_CONNECTIONS");
     sub->add_option("--spin-us", spin_us, "busy-poll before blocking")
         ->envname("CONNEX_TRANSPORT_SPIN_US");
+    sub->add_option("--ucx-peer-errors", ucx_peer_errors,
+                    "UCX endpoints with peer error handling (0 lets UCX use shared memory)")
+        ->envname("CONNEX_TRANSPORT_UCX_PEER_ERRORS");
   };
   CLI::App* transport = app.add_subcommand("transport", "one-sided read bandwidth and latency");
   add_common(transport);
@@ -89,6 +93,7 @@ int main(int argc, char** argv) {
   options.suspect_ms = suspect_ms;
   options.tcp_connections = connections;
   options.spin_us = spin_us;
+  options.ucx_peer_errors = ucx_peer_errors;
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
 
   if (serve->parsed()) {

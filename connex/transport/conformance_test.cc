@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "connex/base/mutex.h"
 #include "connex/transport/mem/mem_engine.h"
 #include "connex/transport/shm/shm_engine.h"
 #include "connex/transport/testing/peer_server.h"
@@ -47,13 +47,13 @@ class Recorder {
  public:
   explicit Recorder(TransferEngine& engine) : engine_(engine) {
     id_ = engine.SubscribePeerEvents([this](const PeerEvent& e) {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       events_.push_back(e);
     });
   }
   ~Recorder() { engine_.UnsubscribePeerEvents(id_); }
   bool WaitFor(PeerEventKind kind, const Lid& lid, int n = 1, int ms = 10000) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       int c = 0;
       for (const PeerEvent& e : events_) c += (e.kind == kind && e.lid == lid);
@@ -65,7 +65,7 @@ class Recorder {
  private:
   TransferEngine& engine_;
   uint64_t id_ = 0;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<PeerEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -89,11 +89,18 @@ class ProcessPeer : public Peer {
     if (pid_ > 0) {
       kill(pid_, SIGCONT);
       close(to_child_);  // EOF: the peer shuts down cleanly
-      int status;
-      for (int i = 0; i < 500 && waitpid(pid_, &status, WNOHANG) == 0; ++i) usleep(10000);
-      if (waitpid(pid_, &status, WNOHANG) == 0) {
+      int status = 0;
+      pid_t done = 0;
+      for (int i = 0; i < 1000 && (done = waitpid(pid_, &status, WNOHANG)) == 0; ++i) {
+        usleep(10000);
+      }
+      if (done == 0) {
         kill(pid_, SIGKILL);
         waitpid(pid_, &status, 0);
+        ADD_FAILURE() << "peer did not exit within 10 s of its stdin closing";
+      } else {
+        // A clean exit, and under ASan no leak (LeakSanitizer would make the status non-zero).
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "peer exit status " << status;
       }
     }
     if (from_child_ != nullptr) fclose(from_child_);
@@ -195,9 +202,10 @@ class MemPeer : public Peer {
 class ConformanceTest : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
-    TransportOptions o;
+    // From the environment, as the peer processes do (e.g. UCX_TLS with
+    // CONNEX_TRANSPORT_UCX_PEER_ERRORS=0 to run ucx over shared memory).
+    TransportOptions o = TransportOptions::FromEnv(self_).value();
     o.backend = GetParam();
-    o.local_lid = self_;
     o.heartbeat_ms = 50;
     o.suspect_ms = 400;
     o.fabric = fabric_;
@@ -463,8 +471,32 @@ TEST(ShmCleanupTest, SocketsRemovedOnExitAndReapedAfterKill) {
   std::filesystem::remove_all(dir);
 }
 
+// auto skips an shm address of another host and a dead ucx address, and reads over tcp.
+TEST(AutoTest, PicksPerPeerFromPublishedAddresses) {
+  TransportOptions o = TransportOptions::FromEnv(L("auto/g0/s0/r0")).value();
+  o.backend = Backend::kTcp;
+  o.local_lid = L("auto/g1/s0/r0");
+  TransferEnginePtr owner = CreateTransferEngine(o).value();
+  auto* src = static_cast<uint8_t*>(owner->AllocateManagedBuffer(4096).value());
+  std::memset(src, 0x5a, 4096);
+  o.backend = Backend::kAuto;
+  o.local_lid = L("auto/g0/s0/r0");
+  TransferEnginePtr reader = CreateTransferEngine(o).value();
+  EXPECT_EQ(reader->GetCapabilities().backend, "auto");
+  auto* dst = static_cast<uint8_t*>(reader->AllocateManagedBuffer(4096).value());
+  PeerRef ref{
+      L("auto/g1/s0/r0"),
+      {"shm://no-such-host/dev/shm/x.sock", "ucx://127.0.0.1:1", owner->LocalAddresses().at(0)}};
+  ASSERT_TRUE(reader->TransferSyncRead(ref, dst, reinterpret_cast<uint64_t>(src), 4096).ok());
+  EXPECT_EQ(dst[4095], 0x5a);
+  PeerRef none{L("auto/g1/s0/r0"), {"rdma://somewhere"}};
+  EXPECT_EQ(reader->TransferSyncRead(none, dst, reinterpret_cast<uint64_t>(src), 8).code(),
+            absl::StatusCode::kUnavailable);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ConformanceTest,
-                         ::testing::Values(Backend::kMem, Backend::kTcp, Backend::kShm),
+                         ::testing::Values(Backend::kMem, Backend::kTcp, Backend::kShm,
+                                           Backend::kUcx, Backend::kAuto),
                          [](const ::testing::TestParamInfo<Backend>& info) {
                            return std::string(BackendName(info.param));
                          });

@@ -57,6 +57,7 @@ absl::StatusOr<TransportOptions> TransportOptions::FromEnv(const Lid& local_lid)
   o.connect_timeout_ms = static_cast<int>(ct);
   o.tcp_connections = static_cast<int>(conns);
   o.spin_us = static_cast<int>(spin);
+  CONNEX_ASSIGN_OR_RETURN(o.ucx_peer_errors, EnvBool("CONNEX_TRANSPORT_UCX_PEER_ERRORS", true));
   o.host = EnvString("CONNEX_TRANSPORT_HOST", "127.0.0.1");
   o.shm_dir = EnvString("CONNEX_TRANSPORT_SHM_DIR", "/dev/shm");
   return o;

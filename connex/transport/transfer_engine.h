@@ -122,6 +122,10 @@ struct TransportOptions {
   int tcp_connections = 4;           // CONNEX_TRANSPORT_TCP_CONNECTIONS: data connections per peer
   int spin_us = 50;                  // CONNEX_TRANSPORT_SPIN_US: busy-poll before blocking
   std::string shm_dir = "/dev/shm";  // CONNEX_TRANSPORT_SHM_DIR: where shm sockets live
+  // CONNEX_TRANSPORT_UCX_PEER_ERRORS: UCX endpoints with UCP_ERR_HANDLING_MODE_PEER. UCX 1.13
+  // has no peer-failure support on its shared-memory transports, so `false` is what lets UCX
+  // use posix/sysv/cma; peer death is then reported by the side channel alone.
+  bool ucx_peer_errors = true;
   // mem only: the in-process fabric the engine attaches to (required for kMem; for kAuto, adds
   // mem to the candidates).
   std::shared_ptr<mem::Fabric> fabric;

@@ -9,21 +9,21 @@ EventHub::EventHub() : thread_([this] { Run(); }) {}
 
 EventHub::~EventHub() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   thread_.join();
 }
 
 uint64_t EventHub::Subscribe(PeerEventCallback cb) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   uint64_t id = next_id_++;
   subscribers_.emplace(id, std::make_shared<PeerEventCallback>(std::move(cb)));
   return id;
 }
 
 void EventHub::Unsubscribe(uint64_t id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   subscribers_.erase(id);
   if (std::this_thread::get_id() == thread_.get_id()) return;
   auto not_running = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_id_ != id; };
@@ -31,14 +31,14 @@ void EventHub::Unsubscribe(uint64_t id) {
 }
 
 void EventHub::Publish(PeerEvent event) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (stop_) return;
   queue_.push_back(std::move(event));
   ++published_;
 }
 
 void EventHub::Flush() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   uint64_t target = published_;
   auto done = [this, target]()
                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return delivered_ >= target || stop_; };
@@ -46,7 +46,7 @@ void EventHub::Flush() {
 }
 
 void EventHub::Run() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   while (true) {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
     mu_.Await(absl::Condition(&ready));

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/transport/transfer_engine.h"
 
 namespace connex::transport::internal {
@@ -36,7 +36,7 @@ class EventHub {
  private:
   void Run();
 
-  absl::Mutex mu_;
+  Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::shared_ptr<PeerEventCallback>> subscribers_ ABSL_GUARDED_BY(mu_);
   std::deque<PeerEvent> queue_ ABSL_GUARDED_BY(mu_);

@@ -28,7 +28,7 @@ PeerWatch::PeerWatch(EventHub& hub, std::string backend, int heartbeat_ms, int s
 
 PeerWatch::~PeerWatch() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   Wake();
@@ -48,9 +48,9 @@ std::shared_ptr<Liveness> PeerWatch::Watch(Fd control, const Lid& lid, const std
   liveness->last_rx_us = NowUs();
   int fd = control.get();
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     Entry& e = entries_[fd];
-    e.fd = std::move(control);
+    e.fd = std::make_shared<Fd>(std::move(control));
     e.liveness = liveness;
     e.handler = std::move(handler);
     epoll_event ev{};
@@ -65,7 +65,7 @@ std::shared_ptr<Liveness> PeerWatch::Watch(Fd control, const Lid& lid, const std
 }
 
 void PeerWatch::Unwatch(const std::shared_ptr<Liveness>& liveness) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->second.liveness == liveness) {
       epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->first, nullptr);
@@ -75,16 +75,22 @@ void PeerWatch::Unwatch(const std::shared_ptr<Liveness>& liveness) {
   }
 }
 
+void PeerWatch::ReportDead(const std::shared_ptr<Liveness>& liveness, const std::string& detail) {
+  if (liveness->dead.exchange(true)) return;
+  hub_.Publish(PeerEvent{PeerEventKind::kDead, liveness->lid, liveness->address,
+                         StrCat(backend_, ": ", detail)});
+}
+
 void PeerWatch::MarkDead(Entry& e, const std::string& detail) {
   if (e.liveness->dead.exchange(true)) return;
   hub_.Publish(PeerEvent{PeerEventKind::kDead, e.liveness->lid, e.liveness->address,
                          StrCat(backend_, ": ", detail)});
 }
 
-void PeerWatch::ReadFrom(Entry& e) {
+void PeerWatch::ReadFrom(Entry& e, std::vector<Dispatch>* out) {
   char buf[4096];
   while (true) {
-    ssize_t n = recv(e.fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
+    ssize_t n = recv(e.fd->get(), buf, sizeof(buf), MSG_DONTWAIT);
     if (n > 0) {
       e.buffer.append(buf, static_cast<size_t>(n));
       continue;
@@ -116,7 +122,7 @@ void PeerWatch::ReadFrom(Entry& e) {
     std::string payload = e.buffer.substr(sizeof(h), h.payload);
     e.buffer.erase(0, sizeof(h) + h.payload);
     if (h.type != static_cast<uint16_t>(FrameType::kPong) && e.handler) {
-      e.handler(e.fd.get(), h, payload);
+      out->push_back(Dispatch{e.fd, e.handler, h, std::move(payload)});
     }
   }
 }
@@ -128,7 +134,8 @@ void PeerWatch::Run() {
     int timeout_ms = static_cast<int>(std::max<int64_t>(0, (next_beat - now) / 1000));
     epoll_event events[64];
     int n = epoll_wait(epoll_.get(), events, 64, timeout_ms);
-    absl::MutexLock lock(&mu_);
+    std::vector<Dispatch> dispatch;
+    MutexLock lock(&mu_);
     if (stop_) return;
     for (int i = 0; i < n; ++i) {
       int fd = events[i].data.fd;
@@ -139,7 +146,7 @@ void PeerWatch::Run() {
       }
       auto it = entries_.find(fd);
       if (it == entries_.end()) continue;
-      ReadFrom(it->second);
+      ReadFrom(it->second, &dispatch);
       if (!it->second.liveness->dead && (events[i].events & (EPOLLHUP | EPOLLERR))) {
         MarkDead(it->second, "connection lost");
       }
@@ -147,6 +154,13 @@ void PeerWatch::Run() {
         epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
         entries_.erase(it);
       }
+    }
+    if (!dispatch.empty()) {
+      mu_.Unlock();
+      for (Dispatch& d : dispatch) d.handler(d.fd->get(), d.header, d.payload);
+      dispatch.clear();
+      mu_.Lock();
+      if (stop_) return;
     }
     now = NowUs();
     if (now >= next_beat) {

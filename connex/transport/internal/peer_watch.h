@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/transport/internal/event_hub.h"
 #include "connex/transport/internal/socket.h"
 
@@ -34,7 +34,7 @@ struct Liveness {
 class PeerWatch {
  public:
   // Frames other than PONG that arrive on a control connection (e.g. ucx INVALIDATE); runs on
-  // the watch thread.
+  // the watch thread, without the watch's lock, and may block briefly; replies go to `fd`.
   using FrameHandler =
       std::function<void(int fd, const FrameHeader& h, const std::string& payload)>;
 
@@ -46,12 +46,15 @@ class PeerWatch {
   // Takes a connected, handshaken control connection to `lid`; publishes kConnected.
   std::shared_ptr<Liveness> Watch(Fd control, const Lid& lid, const std::string& address,
                                   FrameHandler handler = nullptr);
+  // Marks the peer dead and publishes kDead once (e.g. from a UCX endpoint error); the control
+  // connection is closed with the next poll.
+  void ReportDead(const std::shared_ptr<Liveness>& liveness, const std::string& detail);
   // Stops watching (the connection was replaced); closes it without an event.
   void Unwatch(const std::shared_ptr<Liveness>& liveness);
 
  private:
   struct Entry {
-    Fd fd;
+    std::shared_ptr<Fd> fd;  // shared: a handler running outside the lock keeps it open
     std::shared_ptr<Liveness> liveness;
     FrameHandler handler;
     std::string buffer;   // bytes of a partially received frame
@@ -59,7 +62,14 @@ class PeerWatch {
   };
   void Run();
   void Wake();
-  void ReadFrom(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Dispatch {
+    std::shared_ptr<Fd> fd;
+    FrameHandler handler;
+    FrameHeader header;
+    std::string payload;
+  };
+  // Reads what arrived; frames for the handler are appended to `out` (called without mu_).
+  void ReadFrom(Entry& e, std::vector<Dispatch>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDead(Entry& e, const std::string& detail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   EventHub& hub_;
@@ -68,7 +78,7 @@ class PeerWatch {
   const int suspect_ms_;
   Fd epoll_;
   Fd wake_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::map<int, Entry> entries_ ABSL_GUARDED_BY(mu_);  // by fd
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

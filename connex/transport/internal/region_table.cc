@@ -26,7 +26,7 @@ const RegionTable::Region& RegionTable::Pin::region() const { return entry_->reg
 
 void RegionTable::Pin::Release() {
   if (entry_ == nullptr) return;
-  absl::MutexLock lock(&table_->mu_);
+  MutexLock lock(&table_->mu_);
   --entry_->pins;
   entry_ = nullptr;
   table_ = nullptr;
@@ -43,7 +43,7 @@ absl::Status RegionTable::Register(const Region& region) {
     return absl::InvalidArgumentError(
         StrCat("register: range ", RangeString(region.base, region.length), " wraps around"));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto next = regions_.lower_bound(region.base);
   if (next != regions_.end() && next->first < region.base + region.length) {
     return absl::InvalidArgumentError(
@@ -66,7 +66,7 @@ absl::Status RegionTable::Register(const Region& region) {
 
 absl::StatusOr<RegionTable::Region> RegionTable::Unregister(uint64_t base) {
   std::unique_ptr<Pin::Entry> entry;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = regions_.find(base);
   if (it == regions_.end()) {
     return absl::InvalidArgumentError(
@@ -75,14 +75,14 @@ absl::StatusOr<RegionTable::Region> RegionTable::Unregister(uint64_t base) {
   entry = std::move(it->second);
   regions_.erase(it);
   Pin::Entry* raw = entry.get();
-  mu_.Await(absl::Condition(
-      +[](Pin::Entry* e) { return e->pins == 0; }, raw));
+  auto drained = [raw]() { return raw->pins == 0; };
+  mu_.Await(absl::Condition(&drained));
   return entry->region;
 }
 
 absl::StatusOr<RegionTable::Pin> RegionTable::Acquire(uint64_t addr, uint64_t length,
                                                       std::string_view what) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = regions_.upper_bound(addr);
   if (it != regions_.begin()) {
     --it;
@@ -97,14 +97,14 @@ absl::StatusOr<RegionTable::Pin> RegionTable::Acquire(uint64_t addr, uint64_t le
 }
 
 std::optional<RegionTable::Region> RegionTable::Find(uint64_t base) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = regions_.find(base);
   if (it == regions_.end()) return std::nullopt;
   return it->second->region;
 }
 
 std::vector<RegionTable::Region> RegionTable::List() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<Region> out;
   for (const auto& [base, entry] : regions_) out.push_back(entry->region);
   return out;

@@ -15,7 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 
 namespace connex::transport::internal {
 
@@ -75,7 +75,7 @@ class RegionTable {
   std::vector<Region> List() const;
 
  private:
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   // Keyed by base address.
   std::map<uint64_t, std::unique_ptr<Pin::Entry>> regions_ ABSL_GUARDED_BY(mu_);
 };

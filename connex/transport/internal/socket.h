@@ -58,6 +58,8 @@ enum class FrameType : uint16_t {
   kRkeyInfo = 11,    // ucx: a = region base, b = region length, payload = packed rkey
   kInvalidate = 12,  // ucx: a = region base, unregistered (reply kInvalidateAck)
   kInvalidateAck = 13,
+  kWorkerAddress = 14,      // ucx: reply kWorkerAddressInfo
+  kWorkerAddressInfo = 15,  // ucx: payload = the UCP worker address
 };
 
 enum class ChannelKind : uint64_t { kData = 0, kControl = 1 };

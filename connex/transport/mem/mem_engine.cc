@@ -90,14 +90,14 @@ Fabric::Fabric(FabricOptions options)
 
 Fabric::~Fabric() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   ticker_.join();
 }
 
 std::string Fabric::AddressOf(uint64_t incarnation) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return AddressOfLocked(incarnation);
 }
 
@@ -106,7 +106,7 @@ std::string Fabric::AddressOfLocked(uint64_t incarnation) const {
 }
 
 uint64_t Fabric::Attach(MemEngine* engine, const Lid& lid, int suspect_ms) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   uint64_t inc = next_incarnation_++;
   auto old = current_.find(lid);
   if (old != current_.end() && nodes_[old->second].alive) {
@@ -121,7 +121,7 @@ uint64_t Fabric::Attach(MemEngine* engine, const Lid& lid, int suspect_ms) {
 }
 
 void Fabric::Detach(uint64_t incarnation) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Node& node = nodes_[incarnation];
   if (node.alive) MarkDeadLocked(incarnation, "mem: engine destroyed");
   auto idle = [&node]() { return node.active_reads == 0; };
@@ -195,7 +195,7 @@ absl::StatusOr<uint64_t> Fabric::ConnectLocked(uint64_t reader, const Lid& lid,
 }
 
 absl::Status Fabric::Connect(uint64_t reader, const Lid& lid, const std::string& address) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return ConnectLocked(reader, lid, address).status();
 }
 
@@ -205,7 +205,7 @@ absl::Status Fabric::Read(uint64_t reader, const Lid& lid, const std::string& ad
   uint64_t target = 0;
   int delay_ms = 0;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     CONNEX_ASSIGN_OR_RETURN(target, ConnectLocked(reader, lid, address));
     ++reads_started_;
     auto fail = fail_next_.find(lid);
@@ -230,8 +230,7 @@ absl::Status Fabric::Read(uint64_t reader, const Lid& lid, const std::string& ad
       auto healed = [this, &self_lid, &lid, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || !PartitionedLocked(self_lid, lid) || !nodes_[target].alive;
       };
-      mu_.AwaitWithTimeout(absl::Condition(&healed),
-                           absl::Milliseconds(options_.partition_timeout_ms));
+      mu_.AwaitWithTimeout(absl::Condition(&healed), absl::Milliseconds(options_.partition_timeout_ms));
       if (PartitionedLocked(self_lid, lid) || !nodes_[target].alive) {
         return absl::UnavailableError(StrCat("mem: ", lid.ToString(), " unreachable from ",
                                              self_lid.ToString(), " (partitioned)"));
@@ -245,7 +244,7 @@ absl::Status Fabric::Read(uint64_t reader, const Lid& lid, const std::string& ad
   absl::Status status;
   if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!nodes_[target].alive) {
       status =
           absl::UnavailableError(StrCat("mem: peer ", lid.ToString(), " died during the read"));
@@ -260,7 +259,7 @@ absl::Status Fabric::Read(uint64_t reader, const Lid& lid, const std::string& ad
       std::memcpy(local, reinterpret_cast<const void*>(remote_addr), length);
     }
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   --nodes_[target].active_reads;
   --nodes_[reader].active_reads;
   if (status.ok() && !nodes_[target].alive) {
@@ -270,19 +269,19 @@ absl::Status Fabric::Read(uint64_t reader, const Lid& lid, const std::string& ad
 }
 
 void Fabric::Kill(const Lid& lid) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = current_.find(lid);
   if (it == current_.end() || !nodes_[it->second].alive) return;
   MarkDeadLocked(it->second, "mem: killed (fault injection)");
 }
 
 void Fabric::Partition(const Lid& a, const Lid& b) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   partitions_.emplace(Key(a, b), Partitioned{options_.clock->NowMs(), {}});
 }
 
 void Fabric::Heal(const Lid& a, const Lid& b) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = partitions_.find(Key(a, b));
   if (it == partitions_.end()) return;
   std::set<uint64_t> suspecting = std::move(it->second.suspecting);
@@ -299,14 +298,14 @@ void Fabric::Heal(const Lid& a, const Lid& b) {
 void Fabric::HealAll() {
   std::vector<std::pair<Lid, Lid>> keys;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (const auto& [key, p] : partitions_) keys.push_back(key);
   }
   for (const auto& [a, b] : keys) Heal(a, b);
 }
 
 void Fabric::SetReadDelay(const Lid& owner, int delay_ms) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (delay_ms <= 0) {
     delay_ms_.erase(owner);
   } else {
@@ -315,7 +314,7 @@ void Fabric::SetReadDelay(const Lid& owner, int delay_ms) {
 }
 
 void Fabric::SetDropRate(double fraction, std::optional<Lid> owner) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (owner) {
     drop_[*owner] = fraction;
   } else {
@@ -324,40 +323,40 @@ void Fabric::SetDropRate(double fraction, std::optional<Lid> owner) {
 }
 
 void Fabric::FailNextReads(const Lid& owner, int count, absl::StatusCode code) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   fail_next_[owner] = {count, code};
 }
 
 void Fabric::SetDuplicateEvents(bool duplicate) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   duplicate_events_ = duplicate;
 }
 
 void Fabric::InjectEvent(const Lid& watcher, PeerEvent event) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = current_.find(watcher);
   if (it == current_.end()) return;
   PublishLocked(it->second, std::move(event));
 }
 
 bool Fabric::IsAlive(const Lid& lid) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = current_.find(lid);
   return it != current_.end() && nodes_.at(it->second).alive;
 }
 
 uint64_t Fabric::reads_started() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return reads_started_;
 }
 
 uint64_t Fabric::reads_dropped() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return reads_dropped_;
 }
 
 void Fabric::TickLoop() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   while (!stop_) {
     auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
     mu_.AwaitWithTimeout(absl::Condition(&stopped), absl::Milliseconds(5));

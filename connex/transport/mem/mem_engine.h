@@ -17,9 +17,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "connex/base/clock.h"
 #include "connex/base/lid.h"
+#include "connex/base/mutex.h"
 #include "connex/transport/transfer_engine.h"
 
 namespace connex::transport::mem {
@@ -117,7 +117,7 @@ class Fabric {
 
   const FabricOptions options_;
   const uint64_t id_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Node> nodes_ ABSL_GUARDED_BY(mu_);              // by incarnation
   absl::flat_hash_map<Lid, uint64_t> current_ ABSL_GUARDED_BY(mu_);  // LID → latest incarnation

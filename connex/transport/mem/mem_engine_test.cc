@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "connex/base/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -24,24 +24,24 @@ class Recorder {
  public:
   explicit Recorder(TransferEngine& engine) : engine_(engine) {
     id_ = engine.SubscribePeerEvents([this](const PeerEvent& e) {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       events_.push_back(e);
     });
   }
   ~Recorder() { engine_.UnsubscribePeerEvents(id_); }
 
   int Count(PeerEventKind kind, const Lid& lid) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return CountLocked(kind, lid);
   }
   // True when at least `n` events of `kind` about `lid` arrived within `ms`.
   bool WaitFor(PeerEventKind kind, const Lid& lid, int n = 1, int ms = 5000) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return CountLocked(kind, lid) >= n; };
     return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Milliseconds(ms));
   }
   std::vector<PeerEvent> events() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return events_;
   }
 
@@ -53,7 +53,7 @@ class Recorder {
   }
   TransferEngine& engine_;
   uint64_t id_ = 0;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<PeerEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -95,7 +95,7 @@ class ShmEngine final : public internal::EngineBase {
     table_->pid = static_cast<uint64_t>(getpid());
     table_->high_water = 0;
     {
-      absl::MutexLock lock(&seg_mu_);
+      MutexLock lock(&seg_mu_);
       segments_[0] = std::move(table);  // segment 0 is the table
     }
     path_ = StrCat(options_.shm_dir, "/connex-", getpid(), "-", next_engine_index.fetch_add(1),
@@ -114,19 +114,19 @@ class ShmEngine final : public internal::EngineBase {
     if (acceptor_.joinable()) acceptor_.join();
     if (!path_.empty()) unlink(path_.c_str());
     {
-      absl::MutexLock lock(&server_mu_);
+      MutexLock lock(&server_mu_);
       for (auto& c : conns_) {
         if (!c.done) shutdown(c.fd, SHUT_RDWR);
       }
     }
     for (auto& c : conns_) c.thread.join();
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       peers_.clear();
     }
     watch_.reset();
     FreeAllManagedBuffers();
-    absl::MutexLock lock(&seg_mu_);
+    MutexLock lock(&seg_mu_);
     for (auto& [id, seg] : segments_) munmap(seg.addr, seg.length);
   }
 
@@ -212,7 +212,7 @@ class ShmEngine final : public internal::EngineBase {
  protected:
   absl::StatusOr<Backing> AllocateBacking(size_t length) override {
     CONNEX_ASSIGN_OR_RETURN(Segment seg, CreateSegment(length, PROT_READ | PROT_WRITE));
-    absl::MutexLock lock(&seg_mu_);
+    MutexLock lock(&seg_mu_);
     uint64_t id = next_segment_++;
     void* addr = seg.addr;
     segments_[id] = std::move(seg);
@@ -220,13 +220,13 @@ class ShmEngine final : public internal::EngineBase {
   }
 
   void FreeBacking(void* addr, size_t length, uint64_t cookie) override {
-    absl::MutexLock lock(&seg_mu_);
+    MutexLock lock(&seg_mu_);
     munmap(addr, length);
     segments_.erase(cookie);  // closes the fd; readers keep their own mappings
   }
 
   absl::Status OnRegister(internal::RegionTable::Region& region) override {
-    absl::MutexLock lock(&table_mu_);
+    MutexLock lock(&table_mu_);
     int free_slot = -1;
     for (int i = 0; i < kSlots; ++i) {
       if (table_->slots[i].length.load(std::memory_order_relaxed) == 0 &&
@@ -253,7 +253,7 @@ class ShmEngine final : public internal::EngineBase {
   }
 
   void OnUnregister(const internal::RegionTable::Region& region) override {
-    absl::MutexLock lock(&table_mu_);
+    MutexLock lock(&table_mu_);
     int i = slot_of_.take(region.base);
     if (i < 0) return;
     Slot& s = table_->slots[i];
@@ -288,12 +288,12 @@ class ShmEngine final : public internal::EngineBase {
     std::shared_ptr<internal::Liveness> live;
     pid_t pid = 0;
     const Table* table = nullptr;
-    absl::Mutex mu;
+    Mutex mu;
     Fd data ABSL_GUARDED_BY(mu);  // segment requests
     absl::flat_hash_map<uint64_t, Mapping> maps ABSL_GUARDED_BY(mu);
     ~Peer() {
       if (table != nullptr) munmap(const_cast<Table*>(table), sizeof(Table));
-      absl::MutexLock lock(&mu);
+      MutexLock lock(&mu);
       for (auto& [id, m] : maps) munmap(const_cast<uint8_t*>(m.addr), m.length);
     }
   };
@@ -310,7 +310,7 @@ class ShmEngine final : public internal::EngineBase {
           StrCat("shm: peer ", ref.lid.ToString(), " publishes no shm:// address"));
     }
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto it = peers_.find(ref.lid);
       if (it != peers_.end() && it->second->path == *where && !it->second->live->dead) {
         return it->second;
@@ -328,20 +328,20 @@ class ShmEngine final : public internal::EngineBase {
     CONNEX_ASSIGN_OR_RETURN(Fd control, Dial(path, ref.lid, internal::ChannelKind::kControl));
     CONNEX_ASSIGN_OR_RETURN(Fd data, Dial(path, ref.lid, internal::ChannelKind::kData));
     {
-      absl::MutexLock lock(&peer->mu);
+      MutexLock lock(&peer->mu);
       peer->data = std::move(data);
     }
     CONNEX_ASSIGN_OR_RETURN(Mapping table, MapSegment(*peer, 0));
     peer->table = reinterpret_cast<const Table*>(table.addr);
     {
-      absl::MutexLock lock(&peer->mu);
+      MutexLock lock(&peer->mu);
       peer->maps.erase(0);  // owned through peer->table
     }
     if (table.length < sizeof(Table) || peer->table->magic.load() != kTableMagic) {
       return absl::UnavailableError(StrCat("shm: ", path, " sent a malformed region table"));
     }
     peer->pid = static_cast<pid_t>(peer->table->pid.load());
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto& slot = peers_[ref.lid];
     if (slot != nullptr && slot->path == *where && !slot->live->dead) return slot;
     if (slot != nullptr) watch_->Unwatch(slot->live);
@@ -369,7 +369,7 @@ class ShmEngine final : public internal::EngineBase {
 
   // The reader's mapping of the peer's segment `id`, asked for over the data socket once.
   absl::StatusOr<Mapping> MapSegment(Peer& peer, uint64_t id) {
-    absl::MutexLock lock(&peer.mu);
+    MutexLock lock(&peer.mu);
     auto it = peer.maps.find(id);
     if (it != peer.maps.end()) return it->second;
     if (!peer.data.valid()) return absl::UnavailableError("shm: peer connection lost");
@@ -444,7 +444,7 @@ class ShmEngine final : public internal::EngineBase {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         return;
       }
-      absl::MutexLock lock(&server_mu_);
+      MutexLock lock(&server_mu_);
       for (auto it = conns_.begin(); it != conns_.end();) {
         if (it->done) {
           it->thread.join();
@@ -475,7 +475,7 @@ class ShmEngine final : public internal::EngineBase {
         if (h.type == static_cast<uint16_t>(FrameType::kPing)) {
           s = internal::SendFrame(fd, internal::MakeFrame(FrameType::kPong));
         } else if (h.type == static_cast<uint16_t>(FrameType::kSegment)) {
-          absl::MutexLock lock(&seg_mu_);
+          MutexLock lock(&seg_mu_);
           auto it = segments_.find(h.a);
           if (it == segments_.end()) {
             s = internal::SendError(fd, absl::InvalidArgumentError(
@@ -492,7 +492,7 @@ class ShmEngine final : public internal::EngineBase {
         if (!s.ok()) break;
       }
     }
-    absl::MutexLock lock(&server_mu_);
+    MutexLock lock(&server_mu_);
     close(fd);
     c->done = true;
   }
@@ -505,18 +505,18 @@ class ShmEngine final : public internal::EngineBase {
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
 
-  absl::Mutex table_mu_;
+  Mutex table_mu_;
   Table* table_ = nullptr;  // segments_[0]; slots written under table_mu_
   SlotIndex slot_of_ ABSL_GUARDED_BY(table_mu_);
 
-  absl::Mutex seg_mu_;
+  Mutex seg_mu_;
   uint64_t next_segment_ ABSL_GUARDED_BY(seg_mu_) = 1;
   absl::flat_hash_map<uint64_t, Segment> segments_ ABSL_GUARDED_BY(seg_mu_);
 
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_map<Lid, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
 
-  absl::Mutex server_mu_;
+  Mutex server_mu_;
   std::list<ServerConn> conns_;
 };
 

@@ -46,14 +46,14 @@ class TcpEngine final : public internal::EngineBase {
     if (listen_.valid()) shutdown(listen_.get(), SHUT_RDWR);
     if (acceptor_.joinable()) acceptor_.join();
     {
-      absl::MutexLock lock(&server_mu_);
+      MutexLock lock(&server_mu_);
       for (auto& c : conns_) {
         if (!c.done) shutdown(c.fd, SHUT_RDWR);
       }
     }
     for (auto& c : conns_) c.thread.join();  // no new connections: the acceptor is gone
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       peers_.clear();
     }
     watch_.reset();
@@ -118,7 +118,7 @@ class TcpEngine final : public internal::EngineBase {
     std::string hostport;
     internal::HostPort hp;
     std::shared_ptr<internal::Liveness> live;
-    absl::Mutex mu;
+    Mutex mu;
     std::vector<Fd> idle ABSL_GUARDED_BY(mu);
     int open ABSL_GUARDED_BY(mu) = 0;
     bool retired ABSL_GUARDED_BY(mu) = false;
@@ -136,7 +136,7 @@ class TcpEngine final : public internal::EngineBase {
           StrCat("tcp: peer ", ref.lid.ToString(), " publishes no tcp:// address"));
     }
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto it = peers_.find(ref.lid);
       if (it != peers_.end() && it->second->hostport == *hostport && !it->second->live->dead) {
         return it->second;
@@ -145,7 +145,7 @@ class TcpEngine final : public internal::EngineBase {
     CONNEX_ASSIGN_OR_RETURN(internal::HostPort hp, internal::ParseHostPort(*hostport));
     absl::StatusOr<Fd> control = Dial(hp, ref.lid, internal::ChannelKind::kControl);
     if (!control.ok()) return control.status();
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto& slot = peers_[ref.lid];
     if (slot != nullptr && slot->hostport == *hostport && !slot->live->dead) return slot;
     if (slot != nullptr) Retire(*slot);
@@ -160,7 +160,7 @@ class TcpEngine final : public internal::EngineBase {
 
   void Retire(Peer& peer) {
     watch_->Unwatch(peer.live);
-    absl::MutexLock lock(&peer.mu);
+    MutexLock lock(&peer.mu);
     peer.retired = true;
     peer.open -= static_cast<int>(peer.idle.size());
     peer.idle.clear();
@@ -188,7 +188,7 @@ class TcpEngine final : public internal::EngineBase {
 
   absl::StatusOr<Fd> CheckOut(Peer& peer) {
     {
-      absl::MutexLock lock(&peer.mu);
+      MutexLock lock(&peer.mu);
       const int max_open = options_.tcp_connections;
       auto usable = [&peer, max_open]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(peer.mu) {
         return !peer.idle.empty() || peer.open < max_open || peer.retired || peer.live->dead;
@@ -211,7 +211,7 @@ class TcpEngine final : public internal::EngineBase {
   }
 
   void CheckIn(Peer& peer, Fd fd) {
-    absl::MutexLock lock(&peer.mu);
+    MutexLock lock(&peer.mu);
     if (peer.retired || peer.live->dead) {
       --peer.open;
       return;
@@ -220,7 +220,7 @@ class TcpEngine final : public internal::EngineBase {
   }
 
   void DropConnection(Peer& peer) {
-    absl::MutexLock lock(&peer.mu);
+    MutexLock lock(&peer.mu);
     --peer.open;
   }
 
@@ -234,7 +234,7 @@ class TcpEngine final : public internal::EngineBase {
         if (!stopping_) CONNEX_LOG_ERROR("tcp: accept: {}", std::strerror(errno));
         return;
       }
-      absl::MutexLock lock(&server_mu_);
+      MutexLock lock(&server_mu_);
       // Reap finished connections.
       for (auto it = conns_.begin(); it != conns_.end();) {
         if (it->done) {
@@ -263,7 +263,7 @@ class TcpEngine final : public internal::EngineBase {
       setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
       ServeRequests(fd, *kind == internal::ChannelKind::kData ? options_.spin_us : 0);
     }
-    absl::MutexLock lock(&server_mu_);
+    MutexLock lock(&server_mu_);
     close(fd);
     c->done = true;
   }
@@ -306,9 +306,9 @@ class TcpEngine final : public internal::EngineBase {
   std::unique_ptr<internal::PeerWatch> watch_;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_map<Lid, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex server_mu_;
+  Mutex server_mu_;
   std::list<ServerConn> conns_;  // list: stable addresses; guarded by server_mu_ except at stop
 };
 

@@ -17,7 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/transport/testing/peer_server.h"
@@ -173,7 +173,7 @@ absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions
     }
     std::atomic<bool> stop{false};
     std::atomic<uint64_t> reads{0};
-    absl::Mutex mu;
+    Mutex mu;
     std::vector<double> latencies;
     absl::Status error;
     std::vector<std::thread> workers;
@@ -187,14 +187,14 @@ absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions
           absl::Status s = engine->TransferSyncRead(peer.ref, locals[t], peer.base, size);
           auto t1 = Clock::now();
           if (!s.ok()) {
-            absl::MutexLock lock(&mu);
+            MutexLock lock(&mu);
             error = s;
             break;
           }
           mine.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
           reads.fetch_add(1, std::memory_order_relaxed);
         }
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         latencies.insert(latencies.end(), mine.begin(), mine.end());
       });
     }
@@ -225,14 +225,14 @@ absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions
 absl::StatusOr<DeathBenchResult> RunDeathBench(const DeathBenchOptions& options) {
   CONNEX_ASSIGN_OR_RETURN(TransferEnginePtr engine, CreateTransferEngine(options.transport));
   const PeerEventKind wanted = options.stop ? PeerEventKind::kSuspected : PeerEventKind::kDead;
-  absl::Mutex mu;
+  Mutex mu;
   Lid current;
   bool got = false;
   Clock::time_point got_at;
   bool connected = false;
   uint64_t sub = engine->SubscribePeerEvents([&](const PeerEvent& e) {
     auto now = Clock::now();
-    absl::MutexLock lock(&mu);
+    MutexLock lock(&mu);
     if (e.lid != current) return;
     if (e.kind == PeerEventKind::kConnected) connected = true;
     if (e.kind == wanted && !got) {
@@ -252,14 +252,14 @@ absl::StatusOr<DeathBenchResult> RunDeathBench(const DeathBenchOptions& options)
       break;
     }
     {
-      absl::MutexLock lock(&mu);
+      MutexLock lock(&mu);
       current = peer->ref.lid;
       got = connected = false;
     }
     status = engine->Connect(peer->ref);
     if (!status.ok()) break;
     {
-      absl::MutexLock lock(&mu);
+      MutexLock lock(&mu);
       if (!mu.AwaitWithTimeout(absl::Condition(&connected), absl::Seconds(10))) {
         status = absl::DeadlineExceededError("no kConnected event");
         break;
@@ -269,7 +269,7 @@ absl::StatusOr<DeathBenchResult> RunDeathBench(const DeathBenchOptions& options)
     auto sent = Clock::now();
     kill(child.pid(), options.stop ? SIGSTOP : SIGKILL);
     {
-      absl::MutexLock lock(&mu);
+      MutexLock lock(&mu);
       if (!mu.AwaitWithTimeout(absl::Condition(&got), absl::Seconds(30))) {
         status = absl::DeadlineExceededError(
             StrCat("no ", PeerEventKindName(wanted), " event within 30 s"));
