@@ -26,10 +26,12 @@ class ABSL_LOCKABLE Mutex {
   Mutex& operator=(const Mutex&) = delete;
 
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
-  // Waiters re-check their conditions whenever the lock is released, as with absl::Mutex.
+  // Waiters re-check their conditions whenever the lock is released, as with absl::Mutex. They
+  // are woken before the unlock: once unlocked, the Mutex may already be destroyed by another
+  // thread.
   void Unlock() ABSL_UNLOCK_FUNCTION() {
-    mu_.unlock();
     cv_.notify_all();
+    mu_.unlock();
   }
 
   // Blocks until `cond` holds. The caller holds the lock, and holds it again on return.
