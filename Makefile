@@ -28,7 +28,7 @@ test: build
 	cd build && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
 
 test-asan: build-asan
-	cd build-asan && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
+	cd build-asan && CONNEX_TEST_SEEDS=50 ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
 
 # TSan covers the concurrent layers: directory, elastic, transport and pp.
 test-tsan: build-tsan

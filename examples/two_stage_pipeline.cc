@@ -192,9 +192,9 @@ int main(int argc, char** argv) {
   for (auto& a : args) cargs.push_back(a.data());
   cargs.push_back(nullptr);
   pid_t child = -1;
-  if (posix_spawn(&child, self.c_str(), &actions, nullptr, cargs.data(), environ) != 0) {
-    Die("spawn", absl::InternalError("cannot start stage 1"));
-  }
+  int spawned = posix_spawn(&child, self.c_str(), &actions, nullptr, cargs.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) Die("spawn", absl::InternalError("cannot start stage 1"));
   close(to_child[0]);
 
   connex::directory::DirectoryClientOptions d;

@@ -1,16 +1,16 @@
 add_executable(pp_test_node ${CMAKE_CURRENT_LIST_DIR}/pp_node_main.cc)
-target_link_libraries(pp_test_node PRIVATE connex_pp_testing CLI11::CLI11 nlohmann_json::nlohmann_json)
+target_link_libraries(pp_test_node PRIVATE connex_pp_testing connex_engine CLI11::CLI11 nlohmann_json::nlohmann_json)
 
 connex_test(pp_process_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/pp_process_test.cc
-  LIBS connex_test_subprocess connex_pp_testing nlohmann_json::nlohmann_json
-  LABELS "pp;multiprocess")
-add_dependencies(pp_process_test pp_test_node connex-directory)
+  LIBS connex_test_subprocess connex_pp_testing connex_engine nlohmann_json::nlohmann_json
+  LABELS pp)
+add_dependencies(pp_process_test pp_test_node connex-directory connex-mkmodel)
 
 # The example must keep working: run it as a test over each same-host backend.
 foreach(backend tcp shm)
   add_test(NAME two_stage_pipeline_${backend} COMMAND two_stage_pipeline --backend ${backend})
-  set_tests_properties(two_stage_pipeline_${backend} PROPERTIES LABELS "pp;example" TIMEOUT 60)
+  set_tests_properties(two_stage_pipeline_${backend} PROPERTIES LABELS pp TIMEOUT 60)
 endforeach()
 add_test(NAME mobile_endpoints_example COMMAND mobile_endpoints)
-set_tests_properties(mobile_endpoints_example PROPERTIES LABELS "elastic;example" TIMEOUT 60)
+set_tests_properties(mobile_endpoints_example PROPERTIES LABELS elastic TIMEOUT 60)

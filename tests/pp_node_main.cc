@@ -13,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "connex/base/logging.h"
 #include "connex/directory/client.h"
+#include "connex/engine/stage_engine.h"
 #include "connex/pp/node.h"
 #include "connex/pp/testing/test_engine.h"
 #include "nlohmann/json.hpp"
@@ -37,6 +38,10 @@ int main(int argc, char** argv) {
   app.add_option("--requests", requests, "stage 0: requests to submit");
   app.add_option("--max-new-tokens", max_new);
   app.add_option("--first-id", first_id);
+  std::string engine_name = "test";
+  std::string model_path;
+  app.add_option("--engine", engine_name, "test (the deterministic test engine) or llama");
+  app.add_option("--model-path", model_path, "llama: the checkpoint");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -75,9 +80,21 @@ int main(int argc, char** argv) {
   base.probe_timeout_ms = 300;
   auto options = connex::pp::StageNodeOptions::FromEnv(base);
   if (!options.ok()) return fail(options.status());
-  connex::pp::testing::TestEngine engine(stage, stages);
-  auto node = connex::pp::StageNode::Start(*options, engine, *std::move(transfer), *std::move(sig),
-                                           **client);
+  std::unique_ptr<connex::pp::Engine> engine;
+  if (engine_name == "test") {
+    engine = std::make_unique<connex::pp::testing::TestEngine>(stage, stages);
+  } else if (engine_name == "llama") {
+    connex::engine::StageOptions so;
+    so.stage = static_cast<int>(stage);
+    so.stages = static_cast<int>(stages);
+    auto loaded = connex::engine::StageEngine::Load(model_path, so);
+    if (!loaded.ok()) return fail(loaded.status());
+    engine = *std::move(loaded);
+  } else {
+    return fail(absl::InvalidArgumentError("--engine must be test or llama"));
+  }
+  auto node = connex::pp::StageNode::Start(*options, *engine, *std::move(transfer),
+                                           *std::move(sig), **client);
   if (!node.ok()) return fail(node.status());
   std::printf("ready %s epoch=%llu\n", lid.ToString().c_str(),
               static_cast<unsigned long long>((*node)->epoch()));

@@ -5,6 +5,11 @@
 
 #include <regex>
 
+#include <filesystem>
+#include <functional>
+
+#include "connex/engine/generator.h"
+#include "connex/engine/pipeline.h"
 #include "connex/pp/testing/test_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -49,21 +54,27 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
                                      "--replica",
                                      std::to_string(replica)};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    auto p = Subprocess::Start(argv, {"CONNEX_LOG_LEVEL=warn"});
+    auto p = Subprocess::Start(argv, {"CONNEX_LOG_LEVEL=warn", "CONNEX_ENGINE_THREADS=1"});
     EXPECT_TRUE(p.has_value());
     EXPECT_TRUE(p->WaitForLine("ready ", 15000).has_value()) << p->transcript();
     return std::move(*p);
   }
 
   // Starts stages 1..N-1 of both replica chains.
-  void StartStages() {
+  void StartStages(std::vector<std::string> extra = {}) {
     for (int r = 0; r < 2; ++r) {
-      for (int s = 1; s < kStages; ++s) stages_.emplace(std::make_pair(s, r), Node(s, r));
+      for (int s = 1; s < kStages; ++s) stages_.emplace(std::make_pair(s, r), Node(s, r, extra));
     }
   }
 
+  using Reference = std::function<std::vector<int32_t>(uint64_t id, int max_new)>;
+  static std::vector<int32_t> TestEngineReference(uint64_t id, int max_new) {
+    return pp::testing::ReferenceTokens(kStages, PromptOf(id), max_new);
+  }
+
   // Reads the owner's output to `done`; checks every request against the reference.
-  std::string CheckOwner(Subprocess& owner, int requests, int max_new, int64_t timeout_ms = 90000) {
+  std::string CheckOwner(Subprocess& owner, int requests, int max_new, int64_t timeout_ms = 90000,
+                         Reference reference = TestEngineReference) {
     int seen = 0;
     std::string done;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -83,7 +94,7 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
       EXPECT_FALSE(j.contains("error")) << *line;
       if (j.contains("tokens")) {
         std::vector<int32_t> got = j["tokens"];
-        EXPECT_EQ(got, pp::testing::ReferenceTokens(kStages, PromptOf(id), max_new))
+        EXPECT_EQ(got, reference(id, max_new))
             << "request " << id;
       }
       ++seen;
@@ -137,6 +148,44 @@ TEST_P(PpProcessTest, DrainedStageFinishesInFlightStepsAndARestartRejoins) {
   stages_.emplace(std::make_pair(1, 0), Node(1, 0));
   Subprocess again = Node(0, 0, {"--requests", "2", "--max-new-tokens", "30", "--first-id", "100"});
   CheckOwner(again, 2, 30);
+}
+
+// The mission in one test: a pipeline stage of the reference Llama engine is killed with
+// SIGKILL mid-generation, its in-flight steps continue on the same stage of the other replica,
+// and every request produces exactly the tokens of an undisturbed single-process run.
+TEST_P(PpProcessTest, LlamaStageKilledMidGenerationKeepsExactTokens) {
+  std::string dir = ::testing::TempDir() + "/llama-" + GetParam() + "-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::string model = dir + "/model.safetensors";
+  auto mk = Subprocess::Start({BinDir() + "/connex-mkmodel", "--out", model, "--layers", "3",
+                               "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
+                               "--seed", "11"},
+                              {}, true);
+  ASSERT_TRUE(mk.has_value());
+  while (mk->ReadLine(10000)) {
+  }
+  ASSERT_EQ(mk->Wait(30000), 0) << mk->transcript();
+
+  std::vector<std::string> llama = {"--engine", "llama", "--model-path", model};
+  StartStages(llama);
+  std::vector<std::string> owner_args = llama;
+  for (const char* a : {"--requests", "4", "--max-new-tokens", "120"}) owner_args.push_back(a);
+  Subprocess owner = Node(0, 0, owner_args);
+  ASSERT_TRUE(owner.WaitForLine("progress", 60000)) << owner.transcript();
+  stages_.at({1, 0}).Signal(SIGKILL);
+
+  auto pipeline = engine::Pipeline::Load(model, kStages);
+  ASSERT_TRUE(pipeline.ok()) << pipeline.status();
+  Reference reference = [&](uint64_t id, int max_new) {
+    engine::GenerateOptions options;
+    options.max_tokens = max_new;
+    options.stop_at_eos = false;
+    auto g = engine::Generate(**pipeline, {PromptOf(id)}, options, /*first_request_id=*/1000 + id);
+    return g.ok() ? (*g)[0].tokens : std::vector<int32_t>{};
+  };
+  std::string done = CheckOwner(owner, 4, 120, 120000, reference);
+  EXPECT_THAT(done, ::testing::Not(HasSubstr("reprefills=0 ")));
+  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PpProcessTest, ::testing::Values("tcp", "shm"),

@@ -2,7 +2,7 @@
 
 #include "connex/base/strings.h"
 #include "connex/base/wait.h"
-#include "connex/directory/server.h"
+#include "connex/directory/testing/test_directory.h"
 #include "connex/elastic/channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -16,21 +16,13 @@ using ::testing::HasSubstr;
 class PeerSetTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    directory::DirectoryServerOptions options;
-    options.bind = "tcp://127.0.0.1:0";
-    options.pub = "tcp://127.0.0.1:0";
-    options.lease_ttl_ms = 600;
-    options.heartbeat_ms = 100;
-    options.tick_ms = 50;
-    auto server = directory::DirectoryServer::Start(options);
+    auto server = directory::testing::StartTestDirectory();
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
 
   std::unique_ptr<directory::DirectoryClient> Client() {
-    directory::DirectoryClientOptions options;
-    options.directory = server_->bind_address();
-    auto client = directory::DirectoryClient::Connect(options);
+    auto client = directory::testing::ConnectTo(*server_);
     EXPECT_TRUE(client.ok()) << client.status();
     return *std::move(client);
   }

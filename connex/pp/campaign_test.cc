@@ -10,6 +10,7 @@
 
 #include "connex/base/config.h"
 #include "connex/base/wait.h"
+#include "connex/directory/testing/test_directory.h"
 #include "connex/pp/testing/cluster.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -53,9 +54,7 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
     }
   }
   // Owners must see both chains before they route.
-  directory::DirectoryClientOptions watch;
-  watch.directory = server.bind_address();
-  auto watcher = directory::DirectoryClient::Connect(watch);
+  auto watcher = directory::testing::ConnectTo(server);
   if (!watcher.ok() || !(*watcher)->Watch(c.model()).ok() ||
       !(*watcher)->AwaitView(
           c.model(), [](const auto& v) { return v.size() == 2 * kStages; }, 5000)) {
@@ -161,13 +160,7 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
 }
 
 TEST(PpCampaignTest, EverySeedHoldsTheContract) {
-  directory::DirectoryServerOptions options;
-  options.bind = "tcp://127.0.0.1:0";
-  options.pub = "tcp://127.0.0.1:0";
-  options.lease_ttl_ms = 500;
-  options.heartbeat_ms = 100;
-  options.tick_ms = 50;
-  auto server = directory::DirectoryServer::Start(options);
+  auto server = directory::testing::StartTestDirectory(/*lease_ttl_ms=*/500);
   ASSERT_TRUE(server.ok());
   int64_t seeds = *EnvInt("CONNEX_TEST_SEEDS", 200, 1, 1'000'000);
   int64_t first = 1;

@@ -1,0 +1,109 @@
+// connex-generate: a single-process reference run of the engine. Greedy generation for one
+// prompt (--prompt) or for the lines of a file (--prompts-file, one continuous batch), optionally
+// as n pipeline stages passing tensor dicts (--stages) and with the KV cache dropped and rebuilt
+// after K tokens (--recompute-at): the output must not change.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "connex/base/logging.h"
+#include "connex/engine/generator.h"
+#include "connex/engine/pipeline.h"
+#include "connex/engine/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::cerr << "connex-generate: " << status.message() << "\n";
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace connex::engine;
+  std::string model, prompt, prompts_file, log_level;
+  bool json = false, ignore_eos = false;
+  int stages = 1;
+  GenerateOptions options;
+  absl::StatusOr<int> env_threads = EngineThreadsFromEnv();
+  if (!env_threads.ok()) return Fail(env_threads.status());
+  int threads = *env_threads;
+
+  CLI::App app{"Greedy generation with the reference engine (byte-level tokenizer)"};
+  app.add_option("--model", model,
+                 "checkpoint: a .safetensors file or a directory with "
+                 "model.safetensors")
+      ->required();
+  auto* prompt_opt = app.add_option("--prompt", prompt, "prompt text");
+  auto* file_opt =
+      app.add_option("--prompts-file", prompts_file, "one prompt per line, run as one batch");
+  prompt_opt->excludes(file_opt);
+  app.add_option("--max-tokens", options.max_tokens, "tokens to generate per prompt")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_flag("--json", json, R"(print {"tokens":[...],"text":"..."}, one line per prompt)");
+  app.add_option("--recompute-at", options.recompute_at,
+                 "after K generated tokens drop the KV cache and re-prefill (0: never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--stages", stages, "run the model as n pipeline stages")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--threads", threads, "kernel threads")
+      ->envname("CONNEX_ENGINE_THREADS")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--max-batch", options.max_batch,
+                 "at most this many requests per step, the others wait (0: no limit)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--prefill-chunk", options.prefill_chunk,
+                 "at most this many prompt tokens of a request per step (0: whole prompt)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--ignore-eos", ignore_eos, "keep generating after an EOS token");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->envname("CONNEX_LOG_LEVEL");
+  try {
+    app.parse(argc, argv);
+    if (prompt_opt->count() == 0 && file_opt->count() == 0) {
+      throw CLI::RequiredError("--prompt or --prompts-file");
+    }
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (!log_level.empty()) connex::Log().set_level(spdlog::level::from_str(log_level));
+  options.stop_at_eos = !ignore_eos;
+
+  std::vector<std::vector<int32_t>> prompts;
+  if (file_opt->count() > 0) {
+    std::ifstream in(prompts_file, std::ios::binary);
+    if (!in) return Fail(absl::NotFoundError(prompts_file + ": cannot open the prompts file"));
+    std::string line;
+    while (std::getline(in, line)) prompts.push_back(Tokenize(line, /*add_bos=*/true));
+  } else {
+    prompts.push_back(Tokenize(prompt, /*add_bos=*/true));
+  }
+
+  absl::StatusOr<std::unique_ptr<Pipeline>> pipeline =
+      Pipeline::Load(model, stages, std::make_shared<ThreadPool>(threads));
+  if (!pipeline.ok()) return Fail(pipeline.status());
+  absl::StatusOr<std::vector<Generation>> results = Generate(**pipeline, prompts, options);
+  if (!results.ok()) return Fail(results.status());
+  for (const Generation& g : *results) {
+    std::string text = Detokenize(g.tokens);
+    if (json) {
+      nlohmann::ordered_json line = {{"tokens", g.tokens}, {"text", text}};
+      // Invalid UTF-8 (a random model emits any byte) is replaced in "text"; "tokens" is exact.
+      std::cout << line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
+                << "\n";
+    } else {
+      std::cout << text << "\n";
+    }
+  }
+  std::cout.flush();
+  return std::cout ? 0 : 1;
+}

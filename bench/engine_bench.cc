@@ -1,0 +1,158 @@
+// Reference-engine figures (docs/results.md, "Reference engine"):
+//   BM_Decode:     tokens/s of decode steps (one token per request per step) after a 64-token
+//                  prompt, for batch sizes 1 and 8, with 1 and 2 kernel threads.
+//   BM_Prefill:    tokens/s of a whole-prompt prefill step (128 and 512 tokens).
+//   BM_StreamRead: memory bandwidth of a plain streaming read of 256 MiB.
+//   BM_Sgemv:      the engine's own matrix-vector kernel on a 4096x4096 fp32 matrix (64 MiB, larger
+//                  than the caches): the fp32 matrix-vector bound in GB/s and GFLOP/s.
+// The model is CONNEX_BENCH_MODEL when set, else connex-mkmodel's default written to a temporary
+// file.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "connex/engine/kernels.h"
+#include "connex/engine/pipeline.h"
+#include "connex/engine/random_model.h"
+#include "connex/engine/tokenizer.h"
+
+namespace connex::engine {
+namespace {
+
+const std::string& ModelPath() {
+  static const std::string* path = [] {
+    if (const char* env = std::getenv("CONNEX_BENCH_MODEL")) return new std::string(env);
+    auto* p =
+        new std::string("/tmp/connex-bench-engine." + std::to_string(::getpid()) + ".safetensors");
+    if (!WriteRandomModel(*p, ModelConfig(), 1, DType::kF32).ok()) std::abort();
+    std::atexit([] { ::unlink(ModelPath().c_str()); });
+    return p;
+  }();
+  return *path;
+}
+
+std::unique_ptr<Pipeline> LoadPipeline(int threads) {
+  auto p = Pipeline::Load(ModelPath(), 1, std::make_shared<ThreadPool>(threads));
+  if (!p.ok()) std::abort();
+  return *std::move(p);
+}
+
+TensorDict Step(const std::vector<int64_t>& ids, int32_t start, int32_t count,
+                const std::vector<int32_t>& tokens) {
+  const int64_t b = ids.size();
+  TensorDict t;
+  t.Set(kRequestIds, Tensor::Of<int64_t>({b}, ids));
+  t.Set(kStartPositions, Tensor::Of<int32_t>({b}, std::vector<int32_t>(b, start)));
+  t.Set(kNumTokens, Tensor::Of<int32_t>({b}, std::vector<int32_t>(b, count)));
+  t.Set(kTokens, Tensor::Of<int32_t>({static_cast<int64_t>(tokens.size())}, tokens));
+  return t;
+}
+
+std::vector<int32_t> Prompt(int64_t n) {
+  std::vector<int32_t> p = {kBosToken};
+  for (int64_t i = 1; i < n; ++i) p.push_back(static_cast<int32_t>('a' + i % 26));
+  return p;
+}
+
+// Args: {threads, batch}.
+void BM_Decode(benchmark::State& state) {
+  const int threads = state.range(0), batch = state.range(1);
+  constexpr int32_t kPrompt = 64, kMaxContext = 320;
+  auto pipeline = LoadPipeline(threads);
+  std::vector<int64_t> ids;
+  for (int i = 0; i < batch; ++i) ids.push_back(i + 1);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < batch; ++i) {
+    std::vector<int32_t> p = Prompt(kPrompt);
+    prompt.insert(prompt.end(), p.begin(), p.end());
+  }
+  int32_t pos = kMaxContext;
+  std::vector<int32_t> next(batch, 'x');
+  for (auto _ : state) {
+    if (pos >= kMaxContext) {  // keep the context between 64 and 320 tokens
+      state.PauseTiming();
+      if (!pipeline->Step(Step(ids, 0, kPrompt, prompt)).ok()) std::abort();
+      pos = kPrompt;
+      state.ResumeTiming();
+    }
+    auto out = pipeline->Step(Step(ids, pos, 1, next));
+    if (!out.ok()) std::abort();
+    auto tokens = out->Find(kNextTokens)->values<int32_t>();
+    next.assign(tokens.begin(), tokens.end());
+    ++pos;
+  }
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * batch,
+                                               benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Decode)
+    ->ArgNames({"threads", "batch"})
+    ->ArgsProduct({{1, 2}, {1, 8}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// Args: {threads, prompt tokens}.
+void BM_Prefill(benchmark::State& state) {
+  const int threads = state.range(0), n = state.range(1);
+  auto pipeline = LoadPipeline(threads);
+  std::vector<int32_t> prompt = Prompt(n);
+  for (auto _ : state) {
+    if (!pipeline->Step(Step({1}, 0, n, prompt)).ok()) std::abort();
+  }
+  state.counters["tok/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * n, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Prefill)
+    ->ArgNames({"threads", "tokens"})
+    ->ArgsProduct({{1, 2}, {128, 512}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// Arg: threads. Sums 256 MiB as 64-bit integers (integer adds vectorise freely).
+void BM_StreamRead(benchmark::State& state) {
+  const int threads = state.range(0);
+  const size_t n = (256u << 20) / sizeof(uint64_t);
+  std::vector<uint64_t> data(n, 1);
+  ThreadPool pool(threads);
+  std::vector<uint64_t> partial(threads * 8);
+  for (auto _ : state) {
+    pool.ParallelFor(threads, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        uint64_t sum = 0;
+        for (size_t i = n * t / threads; i < n * (t + 1) / threads; ++i) sum += data[i];
+        partial[t * 8] = sum;
+      }
+    });
+    benchmark::DoNotOptimize(partial.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * n * 8 / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_StreamRead)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+
+// Arg: threads. y = W x with W 4096x4096 fp32 through the engine's kernel.
+void BM_Sgemv(benchmark::State& state) {
+  const int threads = state.range(0);
+  const int64_t rows = 4096, cols = 4096;
+  std::vector<float> w(rows * cols, 0.5f), x(cols, 0.25f), y(rows);
+  ThreadPool pool(threads);
+  MatMulOutput out[] = {{w.data(), rows, y.data(), rows}};
+  for (auto _ : state) {
+    MatMul(pool, out, x.data(), 1, cols);
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["GB/s"] =
+      benchmark::Counter(iters * rows * cols * 4 / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(iters * rows * cols * 2 / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Sgemv)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+
+}  // namespace
+}  // namespace connex::engine
+
+BENCHMARK_MAIN();

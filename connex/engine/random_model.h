@@ -1,0 +1,28 @@
+// Checkpoints with seeded random weights (connex-mkmodel, tests, benchmarks). The weights are a
+// pure function of (config, seed): each tensor has its own generator seeded from the seed and its
+// name. Thread-safe (pure functions).
+#ifndef CONNEX_ENGINE_RANDOM_MODEL_H_
+#define CONNEX_ENGINE_RANDOM_MODEL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "connex/engine/model_config.h"
+#include "connex/engine/tensor_dict.h"
+
+namespace connex::engine {
+
+// Every tensor of `config` (Hugging Face Llama names), in `dtype` (F32, F16 or BF16).
+// Linear layers are uniform with standard deviation 1/sqrt(fan-in), the embedding has standard
+// deviation 1, norm weights are 1.
+TensorDict RandomModelTensors(const ModelConfig& config, uint64_t seed, DType dtype);
+
+// Writes RandomModelTensors(...) to `path` as safetensors with the config in __metadata__.
+// InvalidArgument when the config is invalid; the write's error otherwise.
+absl::Status WriteRandomModel(const std::string& path, const ModelConfig& config, uint64_t seed,
+                              DType dtype);
+
+}  // namespace connex::engine
+
+#endif  // CONNEX_ENGINE_RANDOM_MODEL_H_

@@ -1,0 +1,138 @@
+// StageEngine: one pipeline stage of a Llama-architecture model on CPU (fp32), holding the KV
+// cache of each request it serves. A step is a TensorDict in and a TensorDict out (the keys are
+// below), so that stages chain by passing the output of one to the next. The results are
+// batch- and prefill/decode-invariant: a request's hidden states, logits and tokens are
+// bitwise the same whatever other requests share its steps, however its tokens are chunked,
+// and however many threads run (docs/design/engine.md gives the argument).
+// Thread-compatible: one caller at a time (the kernels use the engine's ThreadPool inside).
+// It implements the engine contract, connex/pp/engine.h.
+#ifndef CONNEX_ENGINE_STAGE_ENGINE_H_
+#define CONNEX_ENGINE_STAGE_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "connex/engine/model_config.h"
+#include "connex/engine/safetensors.h"
+#include "connex/engine/tensor_dict.h"
+#include "connex/engine/thread_pool.h"
+#include "connex/pp/engine.h"
+
+namespace connex::engine {
+
+// Keys of a step's TensorDict (the contract's, connex/pp/engine.h, plus two of this engine).
+// B requests, N = sum of num_tokens.
+// In (every stage):  request_ids I64 [B], start_positions I32 [B], num_tokens I32 [B].
+// In (stage 0):      tokens I32 [N] (each request's new tokens, requests in order).
+// In (stage > 0):    hidden F32 [N, hidden_size] (the previous stage's output).
+// Out (every stage): the three batch tensors, copied.
+// Out (not last):    hidden F32 [N, hidden_size].
+// Out (last):        logits F32 [B, vocab_size] (of each request's last token) and
+//                    next_tokens I32 [B] (greedy: argmax, lowest index on ties).
+using pp::kNextTokens;
+using pp::kNumTokens;
+using pp::kRequestIds;
+using pp::kStartPositions;
+using pp::kTokens;
+inline constexpr char kHidden[] = "hidden";
+inline constexpr char kLogits[] = "logits";
+
+struct StageOptions {
+  int stage = 0;
+  int stages = 1;
+  // Shared by the stages of one process; nullptr: the engine makes its own with
+  // EngineThreadsFromEnv() threads.
+  std::shared_ptr<ThreadPool> pool;
+};
+
+// `path` is a .safetensors file or a directory holding model.safetensors. The config comes from
+// the file's __metadata__, else from config.json beside it.
+absl::StatusOr<std::string> ResolveModelFile(const std::string& path);
+absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path);
+
+class StageEngine : public pp::Engine {
+ public:
+  // Loads the layer slice of `options.stage` (StageLayers), plus the embedding on stage 0 and the
+  // final norm and LM head on the last stage. F32 weights stay memory-mapped; F16/BF16 are
+  // converted. NotFound: no such file; InvalidArgument names the tensor or field that is wrong.
+  static absl::StatusOr<std::unique_ptr<StageEngine>> Load(const std::string& path,
+                                                           const StageOptions& options);
+  ~StageEngine() override;
+
+  const ModelConfig& config() const { return config_; }
+  int stage() const { return stage_; }
+  int stages() const { return stages_; }
+  bool is_first() const { return stage_ == 0; }
+  bool is_last() const { return stage_ == stages_ - 1; }
+  LayerRange layers() const { return layers_; }
+
+  // Runs one step. A request whose start_position is 0 starts afresh (any cache it had is
+  // dropped: this is how a request is recomputed); otherwise start_position must be at most the
+  // number of positions cached (the cache is cut back to it). Before any state changes:
+  // NotFound lists the requests whose state this stage does not hold (see MissingRequests);
+  // InvalidArgument names a malformed input. On error nothing is modified.
+  absl::StatusOr<TensorDict> ExecuteStep(const TensorDict& in) override;
+
+  // The requests of step `in` whose KV cache this stage does not hold (start_position > cached
+  // positions). Empty when the step can run.
+  std::vector<uint64_t> MissingRequests(const TensorDict& in) const override;
+
+  bool HoldsRequest(uint64_t id) const override { return cache_.contains(id); }
+  // Positions cached for `id`; -1 when not held.
+  int64_t CachedPositions(uint64_t id) const;
+  // Drops a request's KV cache (finished, or to be recomputed). No-op when not held.
+  void Release(uint64_t id) override { cache_.erase(id); }
+  void ReleaseAll() { cache_.clear(); }
+  size_t num_requests() const { return cache_.size(); }
+
+ private:
+  struct Layer {
+    const float* attn_norm;
+    const float* wq;
+    const float* wk;
+    const float* wv;
+    const float* wo;
+    const float* mlp_norm;
+    const float* w_gate;
+    const float* w_up;
+    const float* w_down;
+  };
+  struct LayerCache {
+    std::vector<float> k;  // [positions, kv_dim], RoPE applied
+    std::vector<float> v;  // [positions, kv_dim]
+  };
+  struct RequestCache {
+    int64_t positions = 0;
+    std::vector<LayerCache> layers;
+  };
+  struct Batch;
+
+  StageEngine() = default;
+  absl::StatusOr<const float*> Weight(const std::string& name, std::vector<int64_t> shape);
+  absl::Status ParseBatch(const TensorDict& in, Batch& batch) const;
+  void RunLayer(const Layer& layer, size_t local_index, const Batch& batch,
+                std::vector<RequestCache*>& caches, std::vector<float>& h);
+
+  ModelConfig config_;
+  int stage_ = 0;
+  int stages_ = 1;
+  LayerRange layers_;
+  std::unique_ptr<SafetensorsFile> file_;
+  std::vector<std::vector<float>> owned_;  // converted (F16/BF16 or unaligned) weights
+  const float* embed_ = nullptr;
+  const float* final_norm_ = nullptr;
+  const float* lm_head_ = nullptr;
+  std::vector<Layer> weights_;
+  std::vector<float> inv_freq_;  // RoPE, [head_dim / 2]
+  std::shared_ptr<ThreadPool> pool_;
+  absl::flat_hash_map<uint64_t, RequestCache> cache_;
+};
+
+}  // namespace connex::engine
+
+#endif  // CONNEX_ENGINE_STAGE_ENGINE_H_

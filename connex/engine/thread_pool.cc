@@ -1,0 +1,73 @@
+#include "connex/engine/thread_pool.h"
+
+#include <algorithm>
+
+#include "connex/base/config.h"
+
+namespace connex::engine {
+
+ThreadPool::ThreadPool(int threads) : threads_(std::max(1, threads)) {
+  for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  if (n <= 0) return;
+  if (threads_ == 1 || n == 1) {
+    fn(0, n);
+    return;
+  }
+  std::lock_guard<std::mutex> call_lock(call_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    n_ = n;
+    fn_ = &fn;
+    pending_ = threads_ - 1;
+    ++generation_;
+  }
+  start_cv_.notify_all();
+  int64_t end = n / threads_;
+  if (end > 0) fn(0, end);
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; });
+  fn_ = nullptr;
+}
+
+void ThreadPool::WorkerLoop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    int64_t n;
+    const absl::FunctionRef<void(int64_t, int64_t)>* fn;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      start_cv_.wait(
+          lock, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      n = n_;
+      fn = fn_;
+    }
+    int64_t begin = n * index / threads_;
+    int64_t end = n * (index + 1) / threads_;
+    if (begin < end) (*fn)(begin, end);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--pending_ == 0) done_cv_.notify_one();
+  }
+}
+
+absl::StatusOr<int> EngineThreadsFromEnv() {
+  int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  absl::StatusOr<int64_t> v = EnvInt("CONNEX_ENGINE_THREADS", hw, 1, 256);
+  if (!v.ok()) return v.status();
+  return static_cast<int>(*v);
+}
+
+}  // namespace connex::engine

@@ -1,0 +1,152 @@
+// connex-mkmodel and connex-generate end to end: the reference run's output does not change with
+// batching, stages, chunked prefill or a recompute, and bad input gives a clear error and a
+// non-zero exit.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr
+};
+
+Result Shell(const std::string& command) {
+  Result run;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return run;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) run.out.append(buf.data(), n);
+  int status = ::pclose(pipe);
+  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+std::string Bin(const std::string& name) {
+  const char* dir = std::getenv("CONNEX_BIN_DIR");
+  return std::string(dir ? dir : "build/bin") + "/" + name;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    lines.push_back(text.substr(start, nl - start));
+  }
+  return lines;
+}
+
+class EngineCliTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TempDir() + "/engine-cli." + std::to_string(::getpid());
+    ASSERT_EQ(Shell("mkdir -p " + dir_).code, 0);
+    model_ = dir_ + "/model.safetensors";
+    Result mk = Shell(Bin("connex-mkmodel") + " --out " + model_ +
+                      " --layers 4 --dim 64 --heads 4 --kv-heads 2 --ffn 96 --seed 7");
+    ASSERT_EQ(mk.code, 0) << mk.out;
+    EXPECT_THAT(mk.out, HasSubstr("4 layers, dim 64"));
+    prompts_ = {"Hello, world", "a", "The quick brown fox", "\xc3\xa9t\xc3\xa9 \xe2\x82\xac"};
+    std::ofstream(dir_ + "/prompts.txt") << prompts_[0] << "\n"
+                                         << prompts_[1] << "\n"
+                                         << prompts_[2] << "\n"
+                                         << prompts_[3] << "\n";
+  }
+  void TearDown() override { Shell("rm -rf " + dir_); }
+
+  std::string Generate(const std::string& args) {
+    return Bin("connex-generate") + " --model " + model_ + " --max-tokens 12 --ignore-eos " + args;
+  }
+
+  std::string dir_, model_;
+  std::vector<std::string> prompts_;
+};
+
+TEST_F(EngineCliTest, OutputIsTheSameAloneBatchedStagedAndRecomputed) {
+  std::vector<std::string> alone;
+  for (const std::string& p : prompts_) {
+    Result r = Shell(Generate("--json --prompt '" + p + "'"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(Lines(r.out).size(), 1u) << r.out;
+    nlohmann::json j = nlohmann::json::parse(Lines(r.out)[0]);
+    EXPECT_EQ(j["tokens"].size(), 12u);
+    EXPECT_TRUE(j["text"].is_string());
+    EXPECT_EQ(r.out.find("{\"tokens\":"), 0u);  // the documented key order
+    alone.push_back(Lines(r.out)[0]);
+  }
+  EXPECT_NE(alone[0], alone[2]);
+  for (const char* extra :
+       {"", "--stages 2", "--stages 4 --threads 1", "--recompute-at 1", "--recompute-at 5",
+        "--max-batch 2 --prefill-chunk 3 --stages 3 --recompute-at 4"}) {
+    Result r =
+        Shell(Generate("--json --prompts-file " + dir_ + "/prompts.txt " + std::string(extra)));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(Lines(r.out), alone) << extra;
+  }
+}
+
+TEST_F(EngineCliTest, PlainTextOutput) {
+  Result json = Shell(Generate("--json --prompt abc"));
+  Result text = Shell(Generate("--prompt abc"));
+  ASSERT_EQ(text.code, 0);
+  std::string bytes;
+  nlohmann::json parsed = nlohmann::json::parse(json.out);
+  for (int t : parsed["tokens"]) {
+    if (t < 256) bytes.push_back(static_cast<char>(t));
+  }
+  EXPECT_EQ(text.out, bytes + "\n");
+}
+
+TEST_F(EngineCliTest, ErrorsNameTheProblem) {
+  Result missing =
+      Shell(Bin("connex-generate") + " --model " + dir_ + "/nope.safetensors --prompt x");
+  EXPECT_NE(missing.code, 0);
+  EXPECT_THAT(missing.out, HasSubstr("nope.safetensors: cannot open"));
+
+  ASSERT_EQ(Shell("head -c 5000 " + model_ + " > " + dir_ + "/cut.safetensors").code, 0);
+  Result cut = Shell(Bin("connex-generate") + " --model " + dir_ + "/cut.safetensors --prompt x");
+  EXPECT_NE(cut.code, 0);
+  EXPECT_THAT(cut.out, HasSubstr("truncated"));
+
+  ASSERT_EQ(Shell("printf 'garbage garbage' > " + dir_ + "/junk.safetensors").code, 0);
+  Result junk = Shell(Bin("connex-generate") + " --model " + dir_ + "/junk.safetensors --prompt x");
+  EXPECT_NE(junk.code, 0);
+  EXPECT_THAT(junk.out, HasSubstr("junk.safetensors: header length"));
+
+  Result flag = Shell(Generate("--prompt x --max-tokens lots"));
+  EXPECT_EQ(flag.code, 2);
+  EXPECT_THAT(flag.out, HasSubstr("--max-tokens"));
+  Result none = Shell(Bin("connex-generate") + " --model " + model_);
+  EXPECT_EQ(none.code, 2);
+  EXPECT_THAT(none.out, HasSubstr("--prompt or --prompts-file"));
+  Result stages = Shell(Generate("--prompt x --stages 5"));
+  EXPECT_EQ(stages.code, 2);
+  EXPECT_THAT(stages.out, HasSubstr("cannot split 4 layers into 5 stages"));
+  Result file = Shell(Generate("--prompts-file " + dir_ + "/absent.txt"));
+  EXPECT_NE(file.code, 0);
+  EXPECT_THAT(file.out, HasSubstr("absent.txt"));
+  Result threads = Shell("CONNEX_ENGINE_THREADS=zero " + Generate("--prompt x"));
+  EXPECT_NE(threads.code, 0);
+  EXPECT_THAT(threads.out, HasSubstr("CONNEX_ENGINE_THREADS"));
+
+  Result heads =
+      Shell(Bin("connex-mkmodel") + " --out " + dir_ + "/m.safetensors --dim 64 --heads 5");
+  EXPECT_EQ(heads.code, 2);
+  EXPECT_THAT(heads.out, HasSubstr("'num_attention_heads' 5"));
+}
+
+}  // namespace
