@@ -24,9 +24,8 @@ using internal::Fd;
 using internal::FrameHeader;
 using internal::FrameType;
 
-constexpr int kSliceMs = 50;             // how often a blocked receive checks liveness
-constexpr int kSocketBuffer = 4 << 20;   // SO_SNDBUF / SO_RCVBUF of data connections
-constexpr size_t kSplitBytes = 8 << 20;  // reads this large use two connections
+constexpr int kSliceMs = 50;            // how often a blocked receive checks liveness
+constexpr int kSocketBuffer = 4 << 20;  // SO_SNDBUF / SO_RCVBUF of data connections
 
 class TcpEngine final : public internal::EngineBase {
  public:
@@ -74,78 +73,30 @@ class TcpEngine final : public internal::EngineBase {
       if (peer->live->suspected) return absl::UnavailableError("peer stopped answering");
       return absl::OkStatus();
     };
-    // A large read is split in two halves on two connections, received by two threads, so
-    // that the owner's sends and our receives overlap (one stream leaves a core idle).
-    Fd second;
-    size_t first_len = length;
-    if (length >= kSplitBytes) {
-      std::optional<Fd> extra = TryCheckOut(*peer);
-      if (extra) {
-        second = std::move(*extra);
-        first_len = (length / 2) & ~size_t{4095};
-      }
-    }
-    absl::Status s = internal::SendFrame(
-        conn.get(), internal::MakeFrame(FrameType::kRead, remote_addr, first_len));
-    absl::Status s2;
-    bool broken2 = false;
-    std::thread helper;
-    if (second.valid()) {
-      s2 = internal::SendFrame(
-          second.get(),
-          internal::MakeFrame(FrameType::kRead, remote_addr + first_len, length - first_len));
-      if (s2.ok()) {
-        helper = std::thread([&] {
-          s2 = Receive(second.get(), static_cast<char*>(local) + first_len, length - first_len,
-                       abort, &broken2);
-        });
-      } else {
-        broken2 = true;
-      }
-    }
-    bool broken = !s.ok();
-    if (s.ok()) s = Receive(conn.get(), local, first_len, abort, &broken);
-    if (helper.joinable()) helper.join();
-    if (second.valid()) {
-      if (broken2) {
-        DropConnection(*peer);
-        second.reset();
-      } else {
-        CheckIn(*peer, std::move(second));
-      }
-    }
-    if (broken) {
-      DropConnection(*peer);  // conn closes: its stream position is unknown
-      conn.reset();
-    } else {
-      CheckIn(*peer, std::move(conn));
-    }
-    if (s.ok()) s = s2;
-    if (!s.ok() && (broken || broken2)) {
-      return absl::UnavailableError(StrCat("tcp: read from ", ref.lid.ToString(), " at ",
-                                           peer->live->address, ": ", s.message()));
-    }
-    return s;  // OK, or an error the owner answered with (e.g. InvalidArgument)
-  }
-
-  // Receives one response into `dst`. `broken` tells whether the connection must be dropped.
-  absl::Status Receive(int fd, void* dst, size_t length, const internal::AbortCheck& abort,
-                       bool* broken) {
+    FrameHeader req = internal::MakeFrame(FrameType::kRead, remote_addr, length);
+    absl::Status s = internal::SendFrame(conn.get(), req);
     FrameHeader resp;
     std::string payload;
-    absl::Status s = internal::RecvFrame(fd, &resp, &payload, options_.spin_us, kSliceMs, abort);
+    if (s.ok())
+      s = internal::RecvFrame(conn.get(), &resp, &payload, options_.spin_us, kSliceMs, abort);
     if (s.ok()) {
       if (resp.type == static_cast<uint16_t>(FrameType::kError)) {
+        CheckIn(*peer, std::move(conn));
         return internal::StatusFromErrorFrame(resp, payload);
       }
       if (resp.type != static_cast<uint16_t>(FrameType::kData) || resp.b != length) {
         s = absl::UnavailableError(StrCat("unexpected response type ", resp.type));
       } else {
-        s = internal::RecvAll(fd, dst, length, options_.spin_us, kSliceMs, abort);
+        s = internal::RecvAll(conn.get(), local, length, options_.spin_us, kSliceMs, abort);
       }
     }
-    *broken = !s.ok();
-    return s;
+    if (!s.ok()) {
+      DropConnection(*peer);  // conn closes: its stream position is unknown
+      return absl::UnavailableError(StrCat("tcp: read from ", ref.lid.ToString(), " at ",
+                                           peer->live->address, ": ", s.message()));
+    }
+    CheckIn(*peer, std::move(conn));
+    return absl::OkStatus();
   }
 
   std::vector<std::string> LocalAddresses() const override { return {address_}; }
@@ -257,28 +208,6 @@ class TcpEngine final : public internal::EngineBase {
     absl::StatusOr<Fd> fd = Dial(peer.hp, peer.lid, internal::ChannelKind::kData);
     if (!fd.ok()) DropConnection(peer);
     return fd;
-  }
-
-  // A second connection for a split read, without waiting: an idle one, or a new one while
-  // below the limit; nullopt otherwise (waiting could deadlock readers holding one each).
-  std::optional<Fd> TryCheckOut(Peer& peer) {
-    {
-      MutexLock lock(&peer.mu);
-      if (peer.retired || peer.live->dead) return std::nullopt;
-      if (!peer.idle.empty()) {
-        Fd fd = std::move(peer.idle.back());
-        peer.idle.pop_back();
-        return fd;
-      }
-      if (peer.open >= options_.tcp_connections) return std::nullopt;
-      ++peer.open;
-    }
-    absl::StatusOr<Fd> fd = Dial(peer.hp, peer.lid, internal::ChannelKind::kData);
-    if (!fd.ok()) {
-      DropConnection(peer);
-      return std::nullopt;
-    }
-    return std::move(*fd);
   }
 
   void CheckIn(Peer& peer, Fd fd) {
