@@ -73,6 +73,11 @@ int main(int argc, char** argv) {
   death->add_option("--runs", runs, "number of peers to kill");
   death->add_flag("--stop", stop, "SIGSTOP (time to suspicion) instead of SIGKILL");
   death->add_flag("--json", json, "print one JSON object");
+  CLI::App* memcpy_cmd =
+      app.add_subcommand("memcpy", "single-thread memcpy bandwidth (the shm reference)");
+  memcpy_cmd->add_option("--sizes", sizes_text, "copy sizes, e.g. 4K,64K,1M");
+  memcpy_cmd->add_option("--seconds", seconds, "seconds per size");
+  memcpy_cmd->add_flag("--json", json, "print one JSON object");
   CLI::App* serve = app.add_subcommand("serve", "a peer for `transport --peer`");
   add_common(serve);
   serve->add_option("--size", size_text, "buffer size");
@@ -104,6 +109,29 @@ int main(int argc, char** argv) {
     options.local_lid = *lid;
     absl::Status s = testing::RunServe(options, *size);
     return s.ok() ? 0 : Fail(s);
+  }
+  if (memcpy_cmd->parsed()) {
+    std::vector<uint64_t> sizes;
+    for (absl::string_view part : absl::StrSplit(sizes_text, ',')) {
+      absl::StatusOr<uint64_t> size = ParseSize(AsStd(part));
+      if (!size.ok()) return Fail(size.status());
+      sizes.push_back(*size);
+    }
+    auto results = testing::RunMemcpyBench(sizes, seconds);
+    nlohmann::json j;
+    j["backend"] = "memcpy";
+    j["results"] = nlohmann::json::array();
+    for (const auto& r : results) {
+      if (json) {
+        j["results"].push_back(
+            {{"size", r.size}, {"gbps", r.gbps}, {"p50_us", r.p50_us}, {"p99_us", r.p99_us}});
+      } else {
+        std::cout << fmt::format("memcpy {:>10} bytes: {:8.3f} GB/s, p50 {:.2f} us\n", r.size,
+                                 r.gbps, r.p50_us);
+      }
+    }
+    if (json) std::cout << j.dump() << "\n";
+    return 0;
   }
   if (transport->parsed()) {
     testing::ReadBenchOptions o;

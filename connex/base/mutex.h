@@ -36,6 +36,10 @@ class ABSL_LOCKABLE Mutex {
 
   // Blocks until `cond` holds. The caller holds the lock, and holds it again on return.
   void Await(const absl::Condition& cond) ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
+    if (cond.Eval()) return;
+    // Waiting releases the lock without Unlock(): wake the other waiters here, since the caller
+    // may have changed what they wait for (absl::Mutex re-checks them at this point too).
+    cv_.notify_all();
     std::unique_lock<std::mutex> lock(mu_, std::adopt_lock);
     cv_.wait(lock, [&] { return cond.Eval(); });
     lock.release();
@@ -44,6 +48,8 @@ class ABSL_LOCKABLE Mutex {
   // As Await, for at most `timeout`; returns whether `cond` holds.
   bool AwaitWithTimeout(const absl::Condition& cond, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
+    if (cond.Eval()) return true;
+    cv_.notify_all();  // as in Await
     std::unique_lock<std::mutex> lock(mu_, std::adopt_lock);
     auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
     bool held = cv_.wait_until(lock, deadline, [&] { return cond.Eval(); });

@@ -230,7 +230,8 @@ absl::Status Fabric::Read(uint64_t reader, const Lid& lid, const std::string& ad
       auto healed = [this, &self_lid, &lid, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || !PartitionedLocked(self_lid, lid) || !nodes_[target].alive;
       };
-      mu_.AwaitWithTimeout(absl::Condition(&healed), absl::Milliseconds(options_.partition_timeout_ms));
+      mu_.AwaitWithTimeout(absl::Condition(&healed),
+                           absl::Milliseconds(options_.partition_timeout_ms));
       if (PartitionedLocked(self_lid, lid) || !nodes_[target].alive) {
         return absl::UnavailableError(StrCat("mem: ", lid.ToString(), " unreachable from ",
                                              self_lid.ToString(), " (partitioned)"));

@@ -222,6 +222,36 @@ absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions
   return results;
 }
 
+std::vector<ReadBenchResult> RunMemcpyBench(const std::vector<uint64_t>& sizes, double seconds) {
+  uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<uint8_t> src(max_size, 1), dst(max_size, 0);
+  std::vector<ReadBenchResult> results;
+  for (uint64_t size : sizes) {
+    std::vector<double> latencies;
+    uint64_t copies = 0;
+    auto start = Clock::now();
+    auto end = start + std::chrono::duration<double>(seconds);
+    while (Clock::now() < end) {
+      auto t0 = Clock::now();
+      std::memcpy(dst.data(), src.data(), size);
+      auto t1 = Clock::now();
+      // Keep the compiler from dropping the copy.
+      asm volatile("" : : "r"(dst.data()) : "memory");
+      latencies.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      ++copies;
+    }
+    double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    ReadBenchResult r;
+    r.size = size;
+    r.reads = copies;
+    r.gbps = static_cast<double>(copies) * static_cast<double>(size) / elapsed / 1e9;
+    r.p50_us = Percentile(latencies, 0.50);
+    r.p99_us = Percentile(latencies, 0.99);
+    results.push_back(r);
+  }
+  return results;
+}
+
 absl::StatusOr<DeathBenchResult> RunDeathBench(const DeathBenchOptions& options) {
   CONNEX_ASSIGN_OR_RETURN(TransferEnginePtr engine, CreateTransferEngine(options.transport));
   const PeerEventKind wanted = options.stop ? PeerEventKind::kSuspected : PeerEventKind::kDead;

@@ -33,6 +33,9 @@ struct ReadBenchResult {
 
 absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions& options);
 
+// Single-thread memcpy between two pre-faulted buffers, the same access pattern as an shm read.
+std::vector<ReadBenchResult> RunMemcpyBench(const std::vector<uint64_t>& sizes, double seconds);
+
 struct DeathBenchOptions {
   TransportOptions transport;
   int runs = 10;

@@ -19,8 +19,8 @@
 #include "connex/base/strings.h"
 #include "connex/transport/internal/address.h"
 #include "connex/transport/internal/engine_base.h"
-#include "connex/transport/internal/shared_mutex.h"
 #include "connex/transport/internal/peer_watch.h"
+#include "connex/transport/internal/shared_mutex.h"
 #include "connex/transport/internal/socket.h"
 
 namespace connex::transport::ucx {
