@@ -93,8 +93,8 @@ int main(int argc, char** argv) {
   } else {
     return fail(absl::InvalidArgumentError("--engine must be test or llama"));
   }
-  auto node = connex::pp::StageNode::Start(*options, *engine, *std::move(transfer),
-                                           *std::move(sig), **client);
+  auto node = connex::pp::StageNode::Start(*options, *engine, *std::move(transfer), *std::move(sig),
+                                           **client);
   if (!node.ok()) return fail(node.status());
   std::printf("ready %s epoch=%llu\n", lid.ToString().c_str(),
               static_cast<unsigned long long>((*node)->epoch()));

@@ -3,10 +3,9 @@
 // still finish with exactly the tokens of an undisturbed run.
 #include <signal.h>
 
-#include <regex>
-
 #include <filesystem>
 #include <functional>
+#include <regex>
 
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
@@ -94,8 +93,7 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
       EXPECT_FALSE(j.contains("error")) << *line;
       if (j.contains("tokens")) {
         std::vector<int32_t> got = j["tokens"];
-        EXPECT_EQ(got, reference(id, max_new))
-            << "request " << id;
+        EXPECT_EQ(got, reference(id, max_new)) << "request " << id;
       }
       ++seen;
     }
@@ -157,10 +155,10 @@ TEST_P(PpProcessTest, LlamaStageKilledMidGenerationKeepsExactTokens) {
   std::string dir = ::testing::TempDir() + "/llama-" + GetParam() + "-" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
   std::string model = dir + "/model.safetensors";
-  auto mk = Subprocess::Start({BinDir() + "/connex-mkmodel", "--out", model, "--layers", "3",
-                               "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
-                               "--seed", "11"},
-                              {}, true);
+  auto mk =
+      Subprocess::Start({BinDir() + "/connex-mkmodel", "--out", model, "--layers", "3", "--dim",
+                         "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--seed", "11"},
+                        {}, true);
   ASSERT_TRUE(mk.has_value());
   while (mk->ReadLine(10000)) {
   }

@@ -11,11 +11,11 @@
 #include <random>
 #include <thread>
 
-#include "connex/base/mutex.h"
 #include "connex/base/clock.h"
 #include "connex/base/codec.h"
 #include "connex/base/config.h"
 #include "connex/base/logging.h"
+#include "connex/base/mutex.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/base/zmq_util.h"
@@ -465,8 +465,7 @@ class DirectoryClient::Impl {
     if (!due.empty()) SendOutbox();
   }
 
-  void OnHeartbeatReply(const Lid& lid, uint64_t epoch, const absl::Status& status,
-                        uint64_t held) {
+  void OnHeartbeatReply(const Lid& lid, uint64_t epoch, const absl::Status& status, uint64_t held) {
     {
       connex::MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
@@ -752,7 +751,7 @@ class DirectoryClient::Impl {
 
   // Loop thread only.
   std::map<uint64_t, Pending> pending_;
-  std::vector<std::pair<Event, uint64_t>> buffered_;  // (event, its incarnation)
+  std::vector<std::pair<Event, uint64_t>> buffered_;            // (event, its incarnation)
   std::deque<std::pair<int64_t, std::vector<Event>>> delayed_;  // (due ms, events)
   std::atomic<bool> snapshot_in_flight_{false};
 

@@ -130,7 +130,8 @@ TEST_F(RegistryTest, EvictedHolderIsRefusedOnceReplaced) {
   registry_.ExpireLeases();
   auto replacement = registry_.Join(a_, {"tcp://h:2"}, {}, 8);
   ASSERT_TRUE(replacement.ok());
-  EXPECT_EQ(registry_.Heartbeat(a_, j->epoch, 7).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.Heartbeat(a_, j->epoch, 7).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(RegistryTest, ReportFailedEvictsThatEpochOnly) {
@@ -150,7 +151,8 @@ TEST_F(RegistryTest, LeaveWithWrongEpochIsRefused) {
   EXPECT_EQ(registry_.Leave(a_, j->epoch + 5).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(registry_.Leave(b_, 0).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(registry_.Leave(a_, 0).ok());
-  EXPECT_EQ(registry_.Heartbeat(a_, j->epoch, 7).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.Heartbeat(a_, j->epoch, 7).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(RegistryTest, RejectsBadRegistrations) {

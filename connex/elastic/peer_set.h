@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "connex/base/mutex.h"
 #include "connex/base/lid.h"
+#include "connex/base/mutex.h"
 #include "connex/directory/client.h"
 #include "zmq.hpp"
 

@@ -12,10 +12,10 @@
 #include <thread>
 #include <variant>
 
-#include "connex/base/mutex.h"
 #include "connex/base/clock.h"
 #include "connex/base/config.h"
 #include "connex/base/logging.h"
+#include "connex/base/mutex.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/pp/messages.h"
@@ -857,11 +857,15 @@ class StageNode::Impl {
       bool usable = false;
       for (const directory::Record& r : records) {
         auto key = std::make_pair(r.lid, r.epoch);
-        std::string state = dead_.count(key) ? "dead" : draining_peers_.count(key) ? "draining" : "live";
+        std::string state = dead_.count(key)             ? "dead"
+                            : draining_peers_.count(key) ? "draining"
+                                                         : "live";
         usable |= state == "live";
         seen += StrCat(seen.empty() ? "" : ", ", "r", r.lid.replica, "@", r.epoch, " ", state);
       }
-      if (!usable) out += StrCat(out.empty() ? "" : "; ", "stage ", g, ": ", seen.empty() ? "no replica registered" : seen);
+      if (!usable)
+        out += StrCat(out.empty() ? "" : "; ", "stage ", g, ": ",
+                      seen.empty() ? "no replica registered" : seen);
     }
     return out;
   }
@@ -1061,9 +1065,9 @@ class StageNode::Impl {
         if (!route) {
           if (now - q.waiting_since > o_.route_wait_ms) {
             Post(std::function<void()>([this, id = id] {
-              Finish(id, absl::UnavailableError(StrCat("request ", id,
-                                                       ": no live replica of some stage for ",
-                                                       o_.route_wait_ms, " ms (", RouteProblem(), ")")));
+              Finish(id, absl::UnavailableError(
+                             StrCat("request ", id, ": no live replica of some stage for ",
+                                    o_.route_wait_ms, " ms (", RouteProblem(), ")")));
             }));
           }
           continue;

@@ -3,9 +3,9 @@
 #include "connex/pp/node.h"
 
 #include "connex/base/wait.h"
+#include "connex/directory/testing/test_directory.h"
 #include "connex/pp/messages.h"
 #include "connex/pp/send_ring.h"
-#include "connex/directory/testing/test_directory.h"
 #include "connex/pp/testing/cluster.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -177,7 +177,7 @@ TEST_F(NodeTest, MigratedStageIsReachedWithoutRecompute) {
   ASSERT_TRUE(c->AwaitAll(30000));
   ExpectAllMatchReference(*c, 300);
   EXPECT_GT(c->engine(1, 0)->executions(), executed_before);  // reached at its new address
-  EXPECT_EQ(c->TotalStats().reprefills, 0u);  // the state moved with the endpoint
+  EXPECT_EQ(c->TotalStats().reprefills, 0u);                  // the state moved with the endpoint
 }
 
 }  // namespace

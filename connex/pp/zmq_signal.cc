@@ -10,8 +10,8 @@
 #include <map>
 #include <thread>
 
-#include "connex/base/mutex.h"
 #include "connex/base/logging.h"
+#include "connex/base/mutex.h"
 #include "connex/base/strings.h"
 #include "connex/base/zmq_util.h"
 #include "connex/pp/signal_transport.h"
