@@ -8,6 +8,7 @@
 #include <chrono>
 #include <deque>
 #include <future>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -262,9 +263,16 @@ class DirectoryClient::Impl {
     return id;
   }
 
+  // After this returns the callback is not running and is never called again (unless called
+  // from a callback, on the loop thread, where the delivery in progress is the caller's own).
   void Unsubscribe(uint64_t id) {
-    connex::MutexLock lock(&mu_);
-    subscribers_.erase(id);
+    {
+      connex::MutexLock lock(&mu_);
+      subscribers_.erase(id);
+    }
+    if (std::this_thread::get_id() != loop_thread_id_) {
+      std::lock_guard<std::mutex> wait(deliver_mu_);
+    }
   }
 
   uint64_t view_revision() const {
@@ -723,12 +731,14 @@ class DirectoryClient::Impl {
   }
 
   void DeliverNow(const std::vector<Event>& events) {
-    std::vector<std::shared_ptr<std::function<void(const Event&)>>> callbacks;
-    {
-      connex::MutexLock lock(&mu_);
-      for (const auto& [id, cb] : subscribers_) callbacks.push_back(cb);
-    }
+    std::lock_guard<std::mutex> delivering(deliver_mu_);
     for (const Event& e : events) {
+      // Looked up per event: a callback unsubscribed by an earlier one is not called again.
+      std::vector<std::shared_ptr<std::function<void(const Event&)>>> callbacks;
+      {
+        connex::MutexLock lock(&mu_);
+        for (const auto& [id, cb] : subscribers_) callbacks.push_back(cb);
+      }
       for (auto& cb : callbacks) (*cb)(e);
     }
   }
@@ -748,6 +758,7 @@ class DirectoryClient::Impl {
   std::atomic<uint64_t> next_id_{1};
   std::atomic<int> drop_events_{0};
   std::atomic<int> delay_events_ms_{0};
+  std::mutex deliver_mu_;  // held while subscribers run (loop thread), so Unsubscribe can wait
 
   // Loop thread only.
   std::map<uint64_t, Pending> pending_;

@@ -14,8 +14,10 @@ class MemSignalNetwork::Endpoint : public SignalTransport {
   ~Endpoint() override { Close(); }
   const std::string& address() const override { return address_; }
   void SetReceiver(Receiver receiver) override {
+    auto slot = std::make_shared<Slot>();
+    slot->receiver = std::move(receiver);
     connex::MutexLock lock(&network_->mu_);
-    network_->receivers_[address_] = std::move(receiver);
+    network_->receivers_[address_] = std::move(slot);
   }
   void Send(const std::string& address, std::string frame) override {
     network_->Deliver(address_, address, std::move(frame));
@@ -56,16 +58,25 @@ void MemSignalNetwork::SetFaults(SignalFaults faults) {
   faults_ = faults;
 }
 
-void MemSignalNetwork::Kill(const std::string& address) {
-  connex::MutexLock lock(&mu_);
-  dead_[address] = true;
-  receivers_.erase(address);
-}
+void MemSignalNetwork::Kill(const std::string& address) { Unregister(address); }
 
 void MemSignalNetwork::Unregister(const std::string& address) {
-  connex::MutexLock lock(&mu_);
-  receivers_.erase(address);
-  dead_[address] = true;
+  std::shared_ptr<Slot> slot;
+  {
+    connex::MutexLock lock(&mu_);
+    dead_[address] = true;
+    auto it = receivers_.find(address);
+    if (it == receivers_.end()) return;
+    slot = std::move(it->second);
+    receivers_.erase(it);
+  }
+  std::lock_guard<std::mutex> lock(slot->mu);  // waits for a delivery in progress
+  slot->receiver = nullptr;
+}
+
+void MemSignalNetwork::Call(const std::shared_ptr<Slot>& slot, std::string frame) {
+  std::lock_guard<std::mutex> lock(slot->mu);
+  if (slot->receiver) slot->receiver(std::move(frame));
 }
 
 uint64_t MemSignalNetwork::sent() const {
@@ -82,7 +93,7 @@ uint64_t MemSignalNetwork::duplicated() const {
 }
 
 void MemSignalNetwork::Deliver(const std::string& from, const std::string& to, std::string frame) {
-  SignalTransport::Receiver receiver;
+  std::shared_ptr<Slot> receiver;
   int copies = 1;
   {
     connex::MutexLock lock(&mu_);
@@ -107,12 +118,12 @@ void MemSignalNetwork::Deliver(const std::string& from, const std::string& to, s
     if (it == receivers_.end()) return;
     receiver = it->second;
   }
-  for (int i = 0; i < copies; ++i) receiver(i + 1 < copies ? frame : std::move(frame));
+  for (int i = 0; i < copies; ++i) Call(receiver, i + 1 < copies ? frame : std::move(frame));
 }
 
 void MemSignalNetwork::TimerLoop() {
   while (true) {
-    std::vector<std::pair<SignalTransport::Receiver, std::string>> due;
+    std::vector<std::pair<std::shared_ptr<Slot>, std::string>> due;
     {
       connex::MutexLock lock(&mu_);
       if (stop_) return;
@@ -124,7 +135,7 @@ void MemSignalNetwork::TimerLoop() {
         if (it != receivers_.end()) due.emplace_back(it->second, std::move(frame));
       }
     }
-    for (auto& [receiver, frame] : due) receiver(std::move(frame));
+    for (auto& [receiver, frame] : due) Call(receiver, std::move(frame));
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <random>
 #include <string>
@@ -45,8 +46,16 @@ class MemSignalNetwork : public std::enable_shared_from_this<MemSignalNetwork> {
   void Unregister(const std::string& address);
   void TimerLoop();
 
+  // An endpoint's receiver. Called with `mu` held, so that once Close has taken `mu` and cleared
+  // it, no call is running and none will start (the receiver's owner may then be destroyed).
+  struct Slot {
+    std::mutex mu;
+    SignalTransport::Receiver receiver;  // empty once closed
+  };
+  void Call(const std::shared_ptr<Slot>& slot, std::string frame);
+
   mutable connex::Mutex mu_;
-  std::map<std::string, SignalTransport::Receiver> receivers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Slot>> receivers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, bool> dead_ ABSL_GUARDED_BY(mu_);
   std::multimap<int64_t, std::pair<std::string, std::string>> delayed_ ABSL_GUARDED_BY(mu_);
   SignalFaults faults_ ABSL_GUARDED_BY(mu_);

@@ -1062,6 +1062,11 @@ class StageNode::Impl {
       for (const Hop& h : q.route) valid &= Usable(h.lid, h.epoch);
       if (!valid || o_.stages == 1) {
         std::optional<std::vector<Hop>> route = BuildRoute(q.route);
+        if (route && q.route.size() == route->size()) {
+          bool moved = false;
+          for (size_t i = 0; i < route->size(); ++i) moved |= (*route)[i].lid != q.route[i].lid;
+          if (moved) ++stats_.failovers;  // its next step goes to another replica
+        }
         if (!route) {
           if (now - q.waiting_since > o_.route_wait_ms) {
             Post(std::function<void()>([this, id = id] {
