@@ -49,7 +49,7 @@ class DirectoryTest : public ::testing::Test {
   void StartServer(DirectoryServerOptions options = {}) {
     options.bind = bind_.empty() ? "tcp://127.0.0.1:0" : bind_;
     options.pub = pub_.empty() ? "tcp://127.0.0.1:0" : pub_;
-    if (options.lease_ttl_ms == 3000) options.lease_ttl_ms = 600;
+    if (options.lease_ttl_ms == 3000) options.lease_ttl_ms = 1000;
     if (options.heartbeat_ms == 1000) options.heartbeat_ms = 100;
     options.tick_ms = 50;
     auto server = DirectoryServer::Start(options);
@@ -113,10 +113,12 @@ TEST_F(DirectoryTest, HeartbeatsKeepTheLeaseAndACrashEndsIt) {
   auto holder = Client();
   auto epoch = holder->Join(a_, {"tcp://127.0.0.1:5555"});
   ASSERT_TRUE(epoch.ok());
-  // Heartbeats every 100 ms keep a 600 ms lease alive for several TTLs.
-  EXPECT_FALSE(WaitUntil([&] { return log.Has(EventKind::kFailed, a_); }, 1500));
+  // Heartbeats every 100 ms keep a 1 s lease alive for several TTLs.
+  EXPECT_FALSE(WaitUntil([&] { return log.Has(EventKind::kFailed, a_); }, 2500));
   holder.reset();  // as if the process died: no LEAVE
-  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kFailed, a_, *epoch); }, 600 + 500));
+  // (The bound of TTL + 500 ms is checked by the multi-process test; in-process tests share the
+  // machine with the whole suite, so allow more.)
+  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kFailed, a_, *epoch); }, 1000 + 2000));
   EXPECT_EQ(log.All().back().reason, "lease-expired");
 }
 

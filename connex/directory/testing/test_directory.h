@@ -14,7 +14,7 @@ namespace connex::directory::testing {
 // A directory on 127.0.0.1 at free ports with a `lease_ttl_ms` lease, 100 ms advised heartbeats
 // and 50 ms ticks (so that gaps are found fast).
 inline absl::StatusOr<std::unique_ptr<DirectoryServer>> StartTestDirectory(
-    int64_t lease_ttl_ms = 600) {
+    int64_t lease_ttl_ms = 1000) {
   DirectoryServerOptions options;
   options.bind = "tcp://127.0.0.1:0";
   options.pub = "tcp://127.0.0.1:0";
