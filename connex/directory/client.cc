@@ -230,8 +230,11 @@ class DirectoryClient::Impl {
     }
     Wake();
     connex::MutexLock lock(&mu_);
-    auto ready = [this]()
-                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return have_snapshot_ || stop_.load(); };
+    // Ready once the snapshot is in and the subscription is live (a first tick or event came):
+    // events published before the SUB connection is up are otherwise lost to a slow joiner.
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return (have_snapshot_ && sub_live_) || stop_.load();
+    };
     if (!mu_.AwaitWithTimeout(absl::Condition(&ready),
                               absl::Milliseconds(options_.request_timeout_ms * 2))) {
       return absl::DeadlineExceededError(StrCat("directory ", options_.directory,
@@ -653,6 +656,7 @@ class DirectoryClient::Impl {
     bool have;
     {
       connex::MutexLock lock(&mu_);
+      sub_live_ = true;
       watching = watching_;
       revision = revision_;
       have = have_snapshot_;
@@ -777,6 +781,7 @@ class DirectoryClient::Impl {
   bool watching_ ABSL_GUARDED_BY(mu_) = false;
   bool want_snapshot_ ABSL_GUARDED_BY(mu_) = false;
   bool have_snapshot_ ABSL_GUARDED_BY(mu_) = false;
+  bool sub_live_ ABSL_GUARDED_BY(mu_) = false;
   std::map<Lid, Record> view_ ABSL_GUARDED_BY(mu_);
   uint64_t incarnation_ = 0;  // written under mu_ by the loop thread, read by it without
   uint64_t revision_ ABSL_GUARDED_BY(mu_) = 0;

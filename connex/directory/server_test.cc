@@ -169,6 +169,7 @@ TEST_F(DirectoryTest, ReportFailedEvictsForEveryoneAndTheLiveHolderRejoins) {
   });
   auto epoch = holder->Join(a_, {"tcp://127.0.0.1:1"});
   ASSERT_TRUE(epoch.ok());
+  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kJoined, a_, *epoch); }, 3000));
   auto evicted = watcher->ReportFailed(a_, *epoch, "test");
   ASSERT_TRUE(evicted.ok()) << evicted.status();
   EXPECT_TRUE(*evicted);
