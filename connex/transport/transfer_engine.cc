@@ -51,11 +51,14 @@ absl::StatusOr<TransportOptions> TransportOptions::FromEnv(const Lid& local_lid)
   CONNEX_ASSIGN_OR_RETURN(int64_t ct,
                           EnvInt("CONNEX_TRANSPORT_CONNECT_TIMEOUT_MS", 2000, 1, 600000));
   CONNEX_ASSIGN_OR_RETURN(int64_t conns, EnvInt("CONNEX_TRANSPORT_TCP_CONNECTIONS", 4, 1, 64));
+  CONNEX_ASSIGN_OR_RETURN(int64_t sockbuf,
+                          EnvInt("CONNEX_TRANSPORT_TCP_SOCKET_BUFFER", 256 << 10, 0, 256 << 20));
   CONNEX_ASSIGN_OR_RETURN(int64_t spin, EnvInt("CONNEX_TRANSPORT_SPIN_US", 50, 0, 100000));
   o.heartbeat_ms = static_cast<int>(hb);
   o.suspect_ms = static_cast<int>(sus);
   o.connect_timeout_ms = static_cast<int>(ct);
   o.tcp_connections = static_cast<int>(conns);
+  o.tcp_socket_buffer = static_cast<int>(sockbuf);
   o.spin_us = static_cast<int>(spin);
   CONNEX_ASSIGN_OR_RETURN(o.ucx_peer_errors, EnvBool("CONNEX_TRANSPORT_UCX_PEER_ERRORS", true));
   o.host = EnvString("CONNEX_TRANSPORT_HOST", "127.0.0.1");

@@ -120,6 +120,9 @@ struct TransportOptions {
   int suspect_ms = 1000;             // CONNEX_TRANSPORT_SUSPECT_MS
   int connect_timeout_ms = 2000;     // CONNEX_TRANSPORT_CONNECT_TIMEOUT_MS
   int tcp_connections = 4;           // CONNEX_TRANSPORT_TCP_CONNECTIONS: data connections per peer
+  // CONNEX_TRANSPORT_TCP_SOCKET_BUFFER: SO_SNDBUF/SO_RCVBUF of tcp data connections (bytes; the
+  // kernel doubles it); 0 leaves the kernel's autotuning alone.
+  int tcp_socket_buffer = 256 << 10;
   int spin_us = 50;                  // CONNEX_TRANSPORT_SPIN_US: busy-poll before blocking
   std::string shm_dir = "/dev/shm";  // CONNEX_TRANSPORT_SHM_DIR: where shm sockets live
   // CONNEX_TRANSPORT_UCX_PEER_ERRORS: UCX endpoints with UCP_ERR_HANDLING_MODE_PEER. UCX 1.13

@@ -24,8 +24,7 @@ using internal::Fd;
 using internal::FrameHeader;
 using internal::FrameType;
 
-constexpr int kSliceMs = 50;            // how often a blocked receive checks liveness
-constexpr int kSocketBuffer = 4 << 20;  // SO_SNDBUF / SO_RCVBUF of data connections
+constexpr int kSliceMs = 50;  // how often a blocked receive checks liveness
 
 class TcpEngine final : public internal::EngineBase {
  public:
@@ -174,7 +173,8 @@ class TcpEngine final : public internal::EngineBase {
       return absl::UnavailableError(
           StrCat("tcp: cannot reach ", where, ": ", fd.status().message()));
     }
-    internal::TuneTcp(fd->get(), kind == internal::ChannelKind::kData ? kSocketBuffer : 0);
+    internal::TuneTcp(fd->get(),
+                      kind == internal::ChannelKind::kData ? options_.tcp_socket_buffer : 0);
     absl::Status s = internal::ClientHandshake(fd->get(), kind, options_.local_lid, lid,
                                                options_.connect_timeout_ms);
     if (!s.ok()) {
@@ -257,7 +257,7 @@ class TcpEngine final : public internal::EngineBase {
     absl::StatusOr<internal::ChannelKind> kind =
         internal::ServerHandshake(fd, options_.local_lid, options_.connect_timeout_ms, &client);
     if (kind.ok()) {
-      internal::TuneTcp(fd, *kind == internal::ChannelKind::kData ? kSocketBuffer : 0);
+      internal::TuneTcp(fd, *kind == internal::ChannelKind::kData ? options_.tcp_socket_buffer : 0);
       // A reader that stops reading must not hold our memory forever.
       timeval tv{options_.suspect_ms / 1000, (options_.suspect_ms % 1000) * 1000};
       setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
