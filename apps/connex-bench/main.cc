@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   std::string size_text = "64M";
   std::string lid_text = "bench/g1/s0/r0";
   int heartbeat_ms = 250, suspect_ms = 1000, connections = 4, spin_us = 50;
-  bool ucx_peer_errors = true;
+  std::string ucx_peer_errors = "auto";
 
   auto add_common = [&](CLI::App* sub) {
     sub->add_option("--backend", backend_text, "auto|mem|tcp|shm|ucx")
@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
     sub->add_option("--spin-us", spin_us, "busy-poll before blocking")
         ->envname("CONNEX_TRANSPORT_SPIN_US");
     sub->add_option("--ucx-peer-errors", ucx_peer_errors,
-                    "UCX endpoints with peer error handling (0 lets UCX use shared memory)")
+                    "auto|on|off: UCX endpoints with peer error handling (auto: off for a "
+                    "peer on this host, so UCX can use shared memory)")
         ->envname("CONNEX_TRANSPORT_UCX_PEER_ERRORS");
   };
   CLI::App* transport = app.add_subcommand("transport", "one-sided read bandwidth and latency");
@@ -98,7 +99,11 @@ int main(int argc, char** argv) {
   options.suspect_ms = suspect_ms;
   options.tcp_connections = connections;
   options.spin_us = spin_us;
-  options.ucx_peer_errors = ucx_peer_errors;
+  {
+    absl::StatusOr<UcxPeerErrors> mode = ParseUcxPeerErrors(ucx_peer_errors);
+    if (!mode.ok()) return Fail(mode.status());
+    options.ucx_peer_errors = *mode;
+  }
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
 
   if (serve->parsed()) {

@@ -202,8 +202,8 @@ class MemPeer : public Peer {
 class ConformanceTest : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
-    // From the environment, as the peer processes do (e.g. UCX_TLS with
-    // CONNEX_TRANSPORT_UCX_PEER_ERRORS=0 to run ucx over shared memory).
+    // From the environment, as the peer processes do (e.g. UCX_TLS=tcp with
+    // CONNEX_TRANSPORT_UCX_PEER_ERRORS=on|off, as CMake's extra ucx runs set them).
     TransportOptions o = TransportOptions::FromEnv(self_).value();
     o.backend = GetParam();
     o.heartbeat_ms = 50;

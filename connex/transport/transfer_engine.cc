@@ -1,5 +1,6 @@
 #include "connex/transport/transfer_engine.h"
 
+#include "absl/strings/ascii.h"
 #include "connex/base/config.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
@@ -42,6 +43,29 @@ std::string_view PeerEventKindName(PeerEventKind kind) {
   return "?";
 }
 
+std::string_view UcxPeerErrorsName(UcxPeerErrors mode) {
+  switch (mode) {
+    case UcxPeerErrors::kAuto:
+      return "auto";
+    case UcxPeerErrors::kOn:
+      return "on";
+    case UcxPeerErrors::kOff:
+      return "off";
+  }
+  return "?";
+}
+
+absl::StatusOr<UcxPeerErrors> ParseUcxPeerErrors(std::string_view text) {
+  std::string lower = absl::AsciiStrToLower(AsAbsl(text));
+  if (lower == "auto") return UcxPeerErrors::kAuto;
+  if (lower == "1" || lower == "true" || lower == "yes" || lower == "on") return UcxPeerErrors::kOn;
+  if (lower == "0" || lower == "false" || lower == "no" || lower == "off") {
+    return UcxPeerErrors::kOff;
+  }
+  return absl::InvalidArgumentError(
+      StrCat("ucx peer errors '", text, "' is not auto, on (1/true/yes) or off (0/false/no)"));
+}
+
 absl::StatusOr<TransportOptions> TransportOptions::FromEnv(const Lid& local_lid) {
   TransportOptions o;
   o.local_lid = local_lid;
@@ -60,7 +84,15 @@ absl::StatusOr<TransportOptions> TransportOptions::FromEnv(const Lid& local_lid)
   o.tcp_connections = static_cast<int>(conns);
   o.tcp_socket_buffer = static_cast<int>(sockbuf);
   o.spin_us = static_cast<int>(spin);
-  CONNEX_ASSIGN_OR_RETURN(o.ucx_peer_errors, EnvBool("CONNEX_TRANSPORT_UCX_PEER_ERRORS", true));
+  {
+    absl::StatusOr<UcxPeerErrors> mode =
+        ParseUcxPeerErrors(EnvString("CONNEX_TRANSPORT_UCX_PEER_ERRORS", "auto"));
+    if (!mode.ok()) {
+      return absl::InvalidArgumentError(
+          StrCat("CONNEX_TRANSPORT_UCX_PEER_ERRORS: ", mode.status().message()));
+    }
+    o.ucx_peer_errors = *mode;
+  }
   o.host = EnvString("CONNEX_TRANSPORT_HOST", "127.0.0.1");
   o.shm_dir = EnvString("CONNEX_TRANSPORT_SHM_DIR", "/dev/shm");
   return o;

@@ -112,6 +112,11 @@ namespace mem {
 class Fabric;
 }  // namespace mem
 
+enum class UcxPeerErrors { kAuto, kOn, kOff };
+std::string_view UcxPeerErrorsName(UcxPeerErrors mode);
+// "auto", or a boolean (1/0, true/false, yes/no, on/off). InvalidArgument names the text.
+absl::StatusOr<UcxPeerErrors> ParseUcxPeerErrors(std::string_view text);
+
 struct TransportOptions {
   Backend backend = Backend::kAuto;  // CONNEX_PP_BACKEND
   Lid local_lid;                     // this endpoint's identity, sent in every handshake
@@ -125,10 +130,11 @@ struct TransportOptions {
   int tcp_socket_buffer = 256 << 10;
   int spin_us = 50;                  // CONNEX_TRANSPORT_SPIN_US: busy-poll before blocking
   std::string shm_dir = "/dev/shm";  // CONNEX_TRANSPORT_SHM_DIR: where shm sockets live
-  // CONNEX_TRANSPORT_UCX_PEER_ERRORS: UCX endpoints with UCP_ERR_HANDLING_MODE_PEER. UCX 1.13
-  // has no peer-failure support on its shared-memory transports, so `false` is what lets UCX
-  // use posix/sysv/cma; peer death is then reported by the side channel alone.
-  bool ucx_peer_errors = true;
+  // CONNEX_TRANSPORT_UCX_PEER_ERRORS: whether UCX endpoints use UCP_ERR_HANDLING_MODE_PEER.
+  // UCX 1.13 has no peer-failure support on its shared-memory transports and refuses them for
+  // such endpoints; kAuto turns it off for a peer on this host (so UCX can use posix/sysv/cma)
+  // and on for the others. Without it, peer death is reported by the side channel alone.
+  UcxPeerErrors ucx_peer_errors = UcxPeerErrors::kAuto;
   // mem only: the in-process fabric the engine attaches to (required for kMem; for kAuto, adds
   // mem to the candidates).
   std::shared_ptr<mem::Fabric> fabric;

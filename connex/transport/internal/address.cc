@@ -1,5 +1,9 @@
 #include "connex/transport/internal/address.h"
 
+#include <unistd.h>
+
+#include <fstream>
+
 #include "absl/strings/numbers.h"
 #include "connex/base/strings.h"
 
@@ -22,6 +26,22 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view text) {
     return absl::InvalidArgumentError(StrCat("address '", text, "' is not host:port"));
   }
   return HostPort{std::string(text.substr(0, colon)), static_cast<uint16_t>(port)};
+}
+
+uint64_t HostId() {
+  static const uint64_t id = [] {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) != 0) name[0] = 0;
+    std::string boot;
+    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (char c : StrCat(name, "/", boot)) {
+      h ^= static_cast<unsigned char>(c);
+      h *= 1099511628211ull;
+    }
+    return h == 0 ? 1 : h;
+  }();
+  return id;
 }
 
 }  // namespace connex::transport::internal

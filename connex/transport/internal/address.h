@@ -23,6 +23,10 @@ std::optional<std::string> FindAddress(const std::vector<std::string>& addresses
 // Parses `host:port`. InvalidArgument names the text.
 absl::StatusOr<HostPort> ParseHostPort(std::string_view text);
 
+// This host's identity, the same for every process of one boot of one machine (a hash of the
+// hostname and the kernel's boot id); never 0.
+uint64_t HostId();
+
 }  // namespace connex::transport::internal
 
 #endif  // CONNEX_TRANSPORT_INTERNAL_ADDRESS_H_

@@ -354,5 +354,31 @@ TEST(BackendTest, OptionsFromEnv) {
   unsetenv("CONNEX_TRANSPORT_SUSPECT_MS");
 }
 
+TEST(BackendTest, TcpSocketBufferAndUcxPeerErrorsFromEnv) {
+  auto o = TransportOptions::FromEnv(L("m/g0/s0/r0"));
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->tcp_socket_buffer, 256 << 10);
+  EXPECT_EQ(o->ucx_peer_errors, UcxPeerErrors::kAuto);
+  setenv("CONNEX_TRANSPORT_TCP_SOCKET_BUFFER", "0", 1);
+  setenv("CONNEX_TRANSPORT_UCX_PEER_ERRORS", "Off", 1);
+  o = TransportOptions::FromEnv(L("m/g0/s0/r0"));
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->tcp_socket_buffer, 0);
+  EXPECT_EQ(o->ucx_peer_errors, UcxPeerErrors::kOff);
+  setenv("CONNEX_TRANSPORT_UCX_PEER_ERRORS", "1", 1);
+  EXPECT_EQ(TransportOptions::FromEnv(L("m/g0/s0/r0"))->ucx_peer_errors, UcxPeerErrors::kOn);
+  setenv("CONNEX_TRANSPORT_UCX_PEER_ERRORS", "sometimes", 1);
+  absl::Status bad = TransportOptions::FromEnv(L("m/g0/s0/r0")).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("CONNEX_TRANSPORT_UCX_PEER_ERRORS"));
+  EXPECT_THAT(bad.message(), HasSubstr("'sometimes'"));
+  setenv("CONNEX_TRANSPORT_UCX_PEER_ERRORS", "auto", 1);
+  setenv("CONNEX_TRANSPORT_TCP_SOCKET_BUFFER", "-1", 1);
+  EXPECT_EQ(TransportOptions::FromEnv(L("m/g0/s0/r0")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  unsetenv("CONNEX_TRANSPORT_TCP_SOCKET_BUFFER");
+  unsetenv("CONNEX_TRANSPORT_UCX_PEER_ERRORS");
+}
+
 }  // namespace
 }  // namespace connex::transport::mem

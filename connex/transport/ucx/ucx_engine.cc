@@ -85,10 +85,27 @@ class Worker {
   const std::string& address() const { return address_; }
   Mutex mu;
 
+  // A reader busy-polling the worker for its own request (WaitFor) progresses everything; the
+  // progress thread then stays out of its way instead of contending for `mu` and the CPU.
+  class ActiveWaiter {
+   public:
+    explicit ActiveWaiter(Worker& w) : w_(w) { w_.waiters_.fetch_add(1); }
+    ~ActiveWaiter() { w_.waiters_.fetch_sub(1); }
+
+   private:
+    Worker& w_;
+  };
+
  private:
   void Run() {
     int64_t idle_since = internal::NowUs();
     while (!stop_) {
+      if (waiters_.load() > 0) {
+        pollfd wake = {wake_.get(), POLLIN, 0};
+        poll(&wake, 1, 1);
+        idle_since = internal::NowUs();
+        continue;
+      }
       unsigned progressed;
       {
         MutexLock lock(&mu);
@@ -119,6 +136,7 @@ class Worker {
   std::string address_;
   Fd wake_;
   std::atomic<bool> stop_{false};
+  std::atomic<int> waiters_{0};
   std::thread thread_;
 };
 
@@ -335,6 +353,7 @@ class UcxEngine final : public internal::EngineBase {
     std::shared_ptr<internal::Liveness> live;
     ucp_ep_h ep = nullptr;            // guarded by worker_.mu
     std::atomic<bool> broken{false};  // ep closed by force: the next GetPeer reconnects
+    bool peer_errors = true;          // ep created with UCP_ERR_HANDLING_MODE_PEER
     Mutex data_mu;
     Fd data ABSL_GUARDED_BY(data_mu);
     internal::SharedMutex rkey_mu;
@@ -382,11 +401,17 @@ class UcxEngine final : public internal::EngineBase {
   }
 
   // Progresses until `req` completes. If the peer dies or is suspected meanwhile, the endpoint
-  // is closed by force so that the request completes (with an error) instead of hanging.
+  // is closed by force so that the request completes (with an error) instead of hanging. An
+  // endpoint without peer error handling may leave a request that needs the dead peer's help
+  // (UCX's tcp transport emulates gets) in progress for ever: one slice after the close, the
+  // request is abandoned (UCX frees it should it ever complete; its endpoint is gone, so
+  // nothing writes into `local` any more).
   ucs_status_t WaitFor(Peer& peer, void* req) {
     if (req == nullptr) return UCS_OK;
     if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
     int64_t next_check = internal::NowUs() + kSliceMs * 1000;
+    int64_t abandon_at = -1;
+    Worker::ActiveWaiter active(worker_);
     while (true) {
       MutexLock lock(&worker_.mu);
       ucp_worker_progress(worker_.worker());
@@ -398,9 +423,13 @@ class UcxEngine final : public internal::EngineBase {
       int64_t now = internal::NowUs();
       if (now >= next_check) {
         next_check = now + kSliceMs * 1000;
-        if ((peer.live->dead || peer.live->suspected) && peer.ep != nullptr) {
+        if ((peer.live->dead || peer.live->suspected) && abandon_at < 0) {
           peer.broken = true;
-          peer.CloseEpLocked();
+          if (peer.ep != nullptr) peer.CloseEpLocked();
+          abandon_at = now + kSliceMs * 1000;
+        } else if (abandon_at >= 0 && now >= abandon_at) {
+          ucp_request_free(req);
+          return UCS_ERR_ENDPOINT_TIMEOUT;
         }
       }
     }
@@ -525,8 +554,11 @@ class UcxEngine final : public internal::EngineBase {
       ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
       ep.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
-      ep.err_mode =
-          options_.ucx_peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+      // h.a: the peer's HostId (0 from a peer that does not say).
+      peer->peer_errors =
+          options_.ucx_peer_errors == UcxPeerErrors::kOn ||
+          (options_.ucx_peer_errors == UcxPeerErrors::kAuto && h.a != internal::HostId());
+      ep.err_mode = peer->peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
       ep.err_handler.cb = &UcxEngine::OnEndpointError;
       ep.err_handler.arg = raw;
       MutexLock lock(&worker_.mu);
@@ -633,8 +665,9 @@ class UcxEngine final : public internal::EngineBase {
           break;
         }
         case FrameType::kWorkerAddress:
-          s = internal::SendFrame(fd, internal::MakeFrame(FrameType::kWorkerAddressInfo),
-                                  worker_.address());
+          s = internal::SendFrame(
+              fd, internal::MakeFrame(FrameType::kWorkerAddressInfo, internal::HostId()),
+              worker_.address());
           break;
         case FrameType::kRkey: {
           absl::StatusOr<internal::RegionTable::Pin> pin = regions().Acquire(
