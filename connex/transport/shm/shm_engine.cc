@@ -10,9 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <list>
 #include <memory>
-#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
@@ -20,6 +18,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/transport/internal/address.h"
+#include "connex/transport/internal/connection_server.h"
 #include "connex/transport/internal/engine_base.h"
 #include "connex/transport/internal/peer_watch.h"
 #include "connex/transport/internal/socket.h"
@@ -100,26 +99,19 @@ class ShmEngine final : public internal::EngineBase {
     }
     path_ = StrCat(options_.shm_dir, "/connex-", getpid(), "-", next_engine_index.fetch_add(1),
                    ".sock");
-    CONNEX_ASSIGN_OR_RETURN(listen_, internal::ListenUnix(path_));
+    CONNEX_ASSIGN_OR_RETURN(Fd listen, internal::ListenUnix(path_));
     address_ = StrCat("shm://", HostName(), path_);
     watch_ = std::make_unique<internal::PeerWatch>(events(), "shm", options_.heartbeat_ms,
                                                    options_.suspect_ms);
-    acceptor_ = std::thread([this] { AcceptLoop(); });
+    server_ = std::make_unique<internal::ConnectionServer>("shm", std::move(listen),
+                                                           [this](int fd) { Serve(fd); });
     return absl::OkStatus();
   }
 
   ~ShmEngine() override {
     stopping_ = true;
-    if (listen_.valid()) shutdown(listen_.get(), SHUT_RDWR);
-    if (acceptor_.joinable()) acceptor_.join();
+    if (server_ != nullptr) server_->Stop();
     if (!path_.empty()) unlink(path_.c_str());
-    {
-      MutexLock lock(&server_mu_);
-      for (auto& c : conns_) {
-        if (!c.done) shutdown(c.fd, SHUT_RDWR);
-      }
-    }
-    for (auto& c : conns_) c.thread.join();
     {
       MutexLock lock(&mu_);
       peers_.clear();
@@ -297,11 +289,6 @@ class ShmEngine final : public internal::EngineBase {
       for (auto& [id, m] : maps) munmap(const_cast<uint8_t*>(m.addr), m.length);
     }
   };
-  struct ServerConn {
-    int fd = -1;
-    bool done = false;
-    std::thread thread;
-  };
 
   absl::StatusOr<std::shared_ptr<Peer>> GetPeer(const PeerRef& ref) {
     std::optional<std::string> where = internal::FindAddress(ref.addresses, "shm");
@@ -437,31 +424,7 @@ class ShmEngine final : public internal::EngineBase {
 
   // ---- server side ----
 
-  void AcceptLoop() {
-    while (!stopping_) {
-      int fd = accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        return;
-      }
-      MutexLock lock(&server_mu_);
-      for (auto it = conns_.begin(); it != conns_.end();) {
-        if (it->done) {
-          it->thread.join();
-          it = conns_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      conns_.emplace_back();
-      ServerConn* c = &conns_.back();
-      c->fd = fd;
-      c->thread = std::thread([this, c] { Serve(c); });
-    }
-  }
-
-  void Serve(ServerConn* c) {
-    int fd = c->fd;
+  void Serve(int fd) {
     std::string client;
     if (internal::ServerHandshake(fd, options_.local_lid, options_.connect_timeout_ms, &client)
             .ok()) {
@@ -492,18 +455,14 @@ class ShmEngine final : public internal::EngineBase {
         if (!s.ok()) break;
       }
     }
-    MutexLock lock(&server_mu_);
-    close(fd);
-    c->done = true;
   }
 
   const TransportOptions options_;
   std::string path_;
   std::string address_;
-  Fd listen_;
   std::unique_ptr<internal::PeerWatch> watch_;
   std::atomic<bool> stopping_{false};
-  std::thread acceptor_;
+  std::unique_ptr<internal::ConnectionServer> server_;
 
   Mutex table_mu_;
   Table* table_ = nullptr;  // segments_[0]; slots written under table_mu_
@@ -515,9 +474,6 @@ class ShmEngine final : public internal::EngineBase {
 
   Mutex mu_;
   absl::flat_hash_map<Lid, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
-
-  Mutex server_mu_;
-  std::list<ServerConn> conns_;
 };
 
 }  // namespace

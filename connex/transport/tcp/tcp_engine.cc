@@ -4,15 +4,14 @@
 #include <sys/time.h>
 
 #include <atomic>
-#include <list>
 #include <memory>
-#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "connex/base/logging.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/transport/internal/address.h"
+#include "connex/transport/internal/connection_server.h"
 #include "connex/transport/internal/engine_base.h"
 #include "connex/transport/internal/peer_watch.h"
 #include "connex/transport/internal/socket.h"
@@ -32,25 +31,18 @@ class TcpEngine final : public internal::EngineBase {
 
   absl::Status Start() {
     uint16_t port = 0;
-    CONNEX_ASSIGN_OR_RETURN(listen_, internal::ListenTcp(options_.host, 0, &port));
+    CONNEX_ASSIGN_OR_RETURN(Fd listen, internal::ListenTcp(options_.host, 0, &port));
     address_ = StrCat("tcp://", options_.host, ":", port);
     watch_ = std::make_unique<internal::PeerWatch>(events(), "tcp", options_.heartbeat_ms,
                                                    options_.suspect_ms);
-    acceptor_ = std::thread([this] { AcceptLoop(); });
+    server_ = std::make_unique<internal::ConnectionServer>("tcp", std::move(listen),
+                                                           [this](int fd) { Serve(fd); });
     return absl::OkStatus();
   }
 
   ~TcpEngine() override {
     stopping_ = true;
-    if (listen_.valid()) shutdown(listen_.get(), SHUT_RDWR);
-    if (acceptor_.joinable()) acceptor_.join();
-    {
-      MutexLock lock(&server_mu_);
-      for (auto& c : conns_) {
-        if (!c.done) shutdown(c.fd, SHUT_RDWR);
-      }
-    }
-    for (auto& c : conns_) c.thread.join();  // no new connections: the acceptor is gone
+    if (server_ != nullptr) server_->Stop();
     {
       MutexLock lock(&mu_);
       peers_.clear();
@@ -121,11 +113,6 @@ class TcpEngine final : public internal::EngineBase {
     std::vector<Fd> idle ABSL_GUARDED_BY(mu);
     int open ABSL_GUARDED_BY(mu) = 0;
     bool retired ABSL_GUARDED_BY(mu) = false;
-  };
-  struct ServerConn {
-    int fd = -1;
-    bool done = false;
-    std::thread thread;
   };
 
   absl::StatusOr<std::shared_ptr<Peer>> GetPeer(const PeerRef& ref) {
@@ -226,33 +213,7 @@ class TcpEngine final : public internal::EngineBase {
 
   // ---- server side ----
 
-  void AcceptLoop() {
-    while (!stopping_) {
-      int fd = accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (!stopping_) CONNEX_LOG_ERROR("tcp: accept: {}", std::strerror(errno));
-        return;
-      }
-      MutexLock lock(&server_mu_);
-      // Reap finished connections.
-      for (auto it = conns_.begin(); it != conns_.end();) {
-        if (it->done) {
-          it->thread.join();
-          it = conns_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      conns_.emplace_back();
-      ServerConn* c = &conns_.back();
-      c->fd = fd;
-      c->thread = std::thread([this, c] { Serve(c); });
-    }
-  }
-
-  void Serve(ServerConn* c) {
-    int fd = c->fd;
+  void Serve(int fd) {
     std::string client;
     absl::StatusOr<internal::ChannelKind> kind =
         internal::ServerHandshake(fd, options_.local_lid, options_.connect_timeout_ms, &client);
@@ -263,9 +224,6 @@ class TcpEngine final : public internal::EngineBase {
       setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
       ServeRequests(fd, *kind == internal::ChannelKind::kData ? options_.spin_us : 0);
     }
-    MutexLock lock(&server_mu_);
-    close(fd);
-    c->done = true;
   }
 
   void ServeRequests(int fd, int spin_us) {
@@ -301,15 +259,12 @@ class TcpEngine final : public internal::EngineBase {
   }
 
   const TransportOptions options_;
-  Fd listen_;
   std::string address_;
   std::unique_ptr<internal::PeerWatch> watch_;
   std::atomic<bool> stopping_{false};
-  std::thread acceptor_;
+  std::unique_ptr<internal::ConnectionServer> server_;
   Mutex mu_;
   absl::flat_hash_map<Lid, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
-  Mutex server_mu_;
-  std::list<ServerConn> conns_;  // list: stable addresses; guarded by server_mu_ except at stop
 };
 
 }  // namespace

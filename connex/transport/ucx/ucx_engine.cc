@@ -18,6 +18,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/transport/internal/address.h"
+#include "connex/transport/internal/connection_server.h"
 #include "connex/transport/internal/engine_base.h"
 #include "connex/transport/internal/peer_watch.h"
 #include "connex/transport/internal/shared_mutex.h"
@@ -147,25 +148,18 @@ class UcxEngine final : public internal::EngineBase {
   absl::Status Start() {
     CONNEX_RETURN_IF_ERROR(worker_.Init(options_.spin_us));
     uint16_t port = 0;
-    CONNEX_ASSIGN_OR_RETURN(listen_, internal::ListenTcp(options_.host, 0, &port));
+    CONNEX_ASSIGN_OR_RETURN(Fd listen, internal::ListenTcp(options_.host, 0, &port));
     address_ = StrCat("ucx://", options_.host, ":", port);
     watch_ = std::make_unique<internal::PeerWatch>(events(), "ucx", options_.heartbeat_ms,
                                                    options_.suspect_ms);
-    acceptor_ = std::thread([this] { AcceptLoop(); });
+    server_ = std::make_unique<internal::ConnectionServer>("ucx", std::move(listen),
+                                                           [this](int fd) { Serve(fd); });
     return absl::OkStatus();
   }
 
   ~UcxEngine() override {
     stopping_ = true;
-    if (listen_.valid()) shutdown(listen_.get(), SHUT_RDWR);
-    if (acceptor_.joinable()) acceptor_.join();
-    {
-      MutexLock lock(&server_mu_);
-      for (auto& c : conns_) {
-        if (!c.done) shutdown(c.fd, SHUT_RDWR);
-      }
-    }
-    for (auto& c : conns_) c.thread.join();
+    if (server_ != nullptr) server_->Stop();
     {
       MutexLock lock(&mu_);
       peers_.clear();
@@ -377,11 +371,6 @@ class UcxEngine final : public internal::EngineBase {
         ucp_request_free(req);
       }
     }
-  };
-  struct ServerConn {
-    int fd = -1;
-    bool done = false;
-    std::thread thread;
   };
   // The server's view of a reader's control connection (INVALIDATE goes out on it).
   struct ControlConn {
@@ -602,31 +591,7 @@ class UcxEngine final : public internal::EngineBase {
 
   // ---- server side (the side channel) ----
 
-  void AcceptLoop() {
-    while (!stopping_) {
-      int fd = accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        return;
-      }
-      MutexLock lock(&server_mu_);
-      for (auto it = conns_.begin(); it != conns_.end();) {
-        if (it->done) {
-          it->thread.join();
-          it = conns_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      conns_.emplace_back();
-      ServerConn* c = &conns_.back();
-      c->fd = fd;
-      c->thread = std::thread([this, c] { Serve(c); });
-    }
-  }
-
-  void Serve(ServerConn* c) {
-    int fd = c->fd;
+  void Serve(int fd) {
     std::string client;
     absl::StatusOr<internal::ChannelKind> kind =
         internal::ServerHandshake(fd, options_.local_lid, options_.connect_timeout_ms, &client);
@@ -703,18 +668,14 @@ class UcxEngine final : public internal::EngineBase {
       MutexLock cl(&control->mu);
       control->closed = true;
     }
-    MutexLock lock(&server_mu_);
-    close(fd);
-    c->done = true;
   }
 
   const TransportOptions options_;
   Worker worker_;
-  Fd listen_;
   std::string address_;
   std::unique_ptr<internal::PeerWatch> watch_;
   std::atomic<bool> stopping_{false};
-  std::thread acceptor_;
+  std::unique_ptr<internal::ConnectionServer> server_;
 
   Mutex keys_mu_;
   absl::flat_hash_map<uint64_t, MemoryKey> keys_ ABSL_GUARDED_BY(keys_mu_);  // by region base
@@ -723,7 +684,6 @@ class UcxEngine final : public internal::EngineBase {
   absl::flat_hash_map<Lid, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
 
   Mutex server_mu_;
-  std::list<ServerConn> conns_;
   std::list<std::shared_ptr<ControlConn>> controls_ ABSL_GUARDED_BY(server_mu_);
 };
 
