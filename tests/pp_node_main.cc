@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <random>
@@ -42,6 +43,10 @@ int main(int argc, char** argv) {
   std::string model_path;
   app.add_option("--engine", engine_name, "test (the deterministic test engine) or llama");
   app.add_option("--model-path", model_path, "llama: the checkpoint");
+  bool stream = false;
+  app.add_flag("--stream", stream,
+               "stage 0: print every generated token as a JSON line with its time "
+               "(steady clock, microseconds; the same clock in every process of this host)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -127,7 +132,18 @@ int main(int argc, char** argv) {
                             std::printf("%s\n", line.dump().c_str());
                             std::fflush(stdout);
                             finished.fetch_add(1);
-                          });
+                          },
+                          !stream ? connex::pp::StageNode::TokenCallback()
+                                  : [](uint64_t rid, int32_t token) {
+                                      int64_t t_us =
+                                          std::chrono::duration_cast<std::chrono::microseconds>(
+                                              std::chrono::steady_clock::now().time_since_epoch())
+                                              .count();
+                                      std::printf("{\"id\":%llu,\"token\":%d,\"t_us\":%lld}\n",
+                                                  static_cast<unsigned long long>(rid), token,
+                                                  static_cast<long long>(t_us));
+                                      std::fflush(stdout);
+                                    });
       if (!s.ok()) return fail(s);
     }
   }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 extern char** environ;
@@ -18,7 +19,11 @@ namespace connex::testing {
 
 std::string BinDir() {
   const char* dir = std::getenv("CONNEX_BIN_DIR");
-  return dir != nullptr ? dir : "build/bin";
+  if (dir != nullptr) return dir;
+  // Every binary of the build lands in one directory: this one's.
+  std::error_code error;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? "build/bin" : self.parent_path().string();
 }
 
 std::optional<Subprocess> Subprocess::Start(const std::vector<std::string>& argv,

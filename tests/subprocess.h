@@ -12,7 +12,8 @@
 
 namespace connex::testing {
 
-// The directory holding the project's binaries (CONNEX_BIN_DIR, set by CTest).
+// The directory holding the project's binaries: CONNEX_BIN_DIR (set by CTest), else this
+// binary's own directory.
 std::string BinDir();
 
 class Subprocess {

@@ -146,6 +146,9 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
       std::vector<int32_t> want = ReferenceTokens(kStages, plans[id].prompt, plans[id].max_new);
       if (*outcome.tokens != want)
         return "request " + std::to_string(id) + " diverged (" + what + ")";
+      if (outcome.streamed != want || outcome.streamed_after_done)
+        return "request " + std::to_string(id) + " streamed other tokens than it returned (" +
+               what + ")";
     } else if (outcome.tokens.status().code() != absl::StatusCode::kAborted ||
                std::string(outcome.tokens.status().message()).find("failovers") ==
                    std::string::npos) {

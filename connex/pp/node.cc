@@ -161,7 +161,8 @@ class StageNode::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status Submit(uint64_t id, std::vector<int32_t> prompt, int max_new, Completion done) {
+  absl::Status Submit(uint64_t id, std::vector<int32_t> prompt, int max_new, Completion done,
+                      StageNode::TokenCallback on_token) {
     if (o_.stage != 0) {
       return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " is not stage 0"));
     }
@@ -172,7 +173,8 @@ class StageNode::Impl {
     auto accepted = std::make_shared<std::promise<absl::Status>>();
     auto future = accepted->get_future();
     Post(std::function<void()>([this, id, prompt = std::move(prompt), max_new,
-                                done = std::move(done), accepted]() mutable {
+                                done = std::move(done), on_token = std::move(on_token),
+                                accepted]() mutable {
       if (draining_) {
         accepted->set_value(
             absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining")));
@@ -188,6 +190,7 @@ class StageNode::Impl {
       r.prompt_len = r.tokens.size();
       r.max_new = max_new;
       r.done = std::move(done);
+      r.on_token = std::move(on_token);
       r.waiting_since = NowMs();
       requests_.emplace(id, std::move(r));
       accepted->set_value(absl::OkStatus());
@@ -267,6 +270,7 @@ class StageNode::Impl {
     int reprefills = 0;
     int64_t waiting_since = 0;  // for a route
     Completion done;
+    StageNode::TokenCallback on_token;
   };
   struct Step {
     uint32_t attempt = 1;
@@ -777,6 +781,7 @@ class StageNode::Impl {
       q.step = 0;
       q.cached = q.tokens.size();
       q.tokens.push_back(r.tokens[i]);
+      if (q.on_token) q.on_token(id, r.tokens[i]);
       size_t generated = q.tokens.size() - q.prompt_len;
       if (static_cast<int>(generated) >= q.max_new || r.tokens[i] == o_.eos_token) {
         Finish(id, absl::OkStatus());
@@ -1221,8 +1226,9 @@ absl::StatusOr<std::unique_ptr<StageNode>> StageNode::Start(
 }
 
 absl::Status StageNode::Submit(uint64_t request_id, std::vector<int32_t> prompt, int max_new_tokens,
-                               Completion done) {
-  return impl_->Submit(request_id, std::move(prompt), max_new_tokens, std::move(done));
+                               Completion done, TokenCallback on_token) {
+  return impl_->Submit(request_id, std::move(prompt), max_new_tokens, std::move(done),
+                       std::move(on_token));
 }
 void StageNode::Stop(bool leave, int64_t drain_timeout_ms) { impl_->Stop(leave, drain_timeout_ms); }
 absl::Status StageNode::Migrate(std::unique_ptr<SignalTransport> signals) {

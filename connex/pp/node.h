@@ -73,6 +73,8 @@ class StageNode {
  public:
   // Generated tokens (without the prompt), or the error that ended the request.
   using Completion = std::function<void(uint64_t request_id, absl::StatusOr<std::vector<int32_t>>)>;
+  // One generated token, as soon as the owner has it (streaming).
+  using TokenCallback = std::function<void(uint64_t request_id, int32_t token)>;
 
   // Joins the directory as (model, stage, 0, replica) with the transfer engine's and the signal
   // transport's addresses, and starts the loop. `engine` and `directory` must outlive the node.
@@ -86,10 +88,12 @@ class StageNode {
   StageNode& operator=(const StageNode&) = delete;
 
   // Owner (stage 0) only. Generates up to `max_new_tokens` tokens after `prompt`. `request_id`
-  // must be unique among every owner sharing the stages. `done` runs exactly once.
+  // must be unique among every owner sharing the stages. `done` runs exactly once. `on_token`,
+  // if given, runs once per generated token, in order, before `done` (a failover re-sends steps
+  // and may recompute the request's state, but never emits a token twice).
   // FailedPrecondition on another stage; InvalidArgument for an empty prompt or a duplicate id.
   absl::Status Submit(uint64_t request_id, std::vector<int32_t> prompt, int max_new_tokens,
-                      Completion done);
+                      Completion done, TokenCallback on_token = nullptr);
 
   // Stops the loop. With `leave`, first drains: the node leaves the directory (LEFT, so owners
   // route no new steps here), an owner schedules no new steps, and in-flight steps finish (up to

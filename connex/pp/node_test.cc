@@ -66,6 +66,9 @@ class NodeTest : public ::testing::Test {
       ASSERT_TRUE(o.tokens.ok()) << "request " << id << ": " << o.tokens.status();
       int n = other_max.count(id) ? other_max[id] : max_new;
       EXPECT_EQ(*o.tokens, ReferenceTokens(c.stages(), Prompt(id), n)) << "request " << id;
+      // Streamed once each, in order, before the completion — failovers included.
+      EXPECT_EQ(o.streamed, *o.tokens) << "request " << id;
+      EXPECT_FALSE(o.streamed_after_done) << "request " << id;
     }
     EXPECT_THAT(c.violations(), ::testing::IsEmpty());
   }

@@ -110,12 +110,19 @@ absl::Status Cluster::Submit(uint32_t replica, uint64_t id, std::vector<int32_t>
     outcomes_[id] = Outcome{};
   }
   return node(0, replica)
-      ->Submit(id, std::move(prompt), max_new,
-               [this](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
-                 connex::MutexLock lock(&mu_);
-                 outcomes_[rid].done = true;
-                 outcomes_[rid].tokens = std::move(r);
-               });
+      ->Submit(
+          id, std::move(prompt), max_new,
+          [this](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
+            connex::MutexLock lock(&mu_);
+            outcomes_[rid].done = true;
+            outcomes_[rid].tokens = std::move(r);
+          },
+          [this](uint64_t rid, int32_t token) {
+            connex::MutexLock lock(&mu_);
+            Outcome& o = outcomes_[rid];
+            o.streamed_after_done |= o.done;
+            o.streamed.push_back(token);
+          });
 }
 
 bool Cluster::AwaitAll(int64_t timeout_ms) {

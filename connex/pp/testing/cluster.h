@@ -23,6 +23,8 @@ namespace connex::pp::testing {
 struct Outcome {
   bool done = false;
   absl::StatusOr<std::vector<int32_t>> tokens = absl::UnknownError("not finished");
+  std::vector<int32_t> streamed;  // from the token callback, in arrival order
+  bool streamed_after_done = false;
 };
 
 class Cluster {
