@@ -878,17 +878,31 @@ class StageNode::Impl {
   // A route through stages 1..N-1 from the directory's view: the current hop of each stage if
   // it is still live (sticky per request), else the caller's own replica, else the next live
   // replica after it. Nullopt when some stage has no live replica.
-  std::optional<std::vector<Hop>> BuildRoute(const std::vector<Hop>& current) {
-    std::vector<Hop> route;
+  // The usable hops of stages 1..N-1 (index g-1), from the directory's view.
+  using LiveHops = std::vector<std::vector<Hop>>;
+  LiveHops CollectLiveHops() {
+    LiveHops out(o_.stages > 0 ? o_.stages - 1 : 0);
     for (uint32_t g = 1; g < o_.stages; ++g) {
-      std::vector<directory::Record> records = dir_.View(o_.model, g);
-      std::vector<Hop> live;
-      for (const directory::Record& r : records) {
+      for (const directory::Record& r : dir_.View(o_.model, g)) {
         if (r.lid.shard != 0 || !Usable(r.lid, r.epoch)) continue;
         Hop h = HopFromRecord(r);
         if (h.signal.empty()) continue;
-        live.push_back(std::move(h));
+        out[g - 1].push_back(std::move(h));
       }
+    }
+    return out;
+  }
+
+  std::optional<std::vector<Hop>> BuildRoute(const std::vector<Hop>& current) {
+    return BuildRoute(current, CollectLiveHops());
+  }
+
+  // As above, from hops collected once for many requests (Schedule).
+  std::optional<std::vector<Hop>> BuildRoute(const std::vector<Hop>& current,
+                                             const LiveHops& live_hops) {
+    std::vector<Hop> route;
+    for (uint32_t g = 1; g < o_.stages; ++g) {
+      const std::vector<Hop>& live = live_hops[g - 1];
       if (live.empty()) return std::nullopt;
       const Hop* pick = nullptr;
       if (current.size() == o_.stages - 1) {
@@ -1061,12 +1075,14 @@ class StageNode::Impl {
     // Requests ready for their next step, grouped by route.
     std::map<std::string, std::vector<uint64_t>> ready;
     std::map<std::string, std::vector<Hop>> routes;
+    std::optional<LiveHops> live;  // one directory lookup per stage for all ready requests
     for (auto& [id, q] : requests_) {
       if (q.step != 0) continue;
+      if (!live) live = CollectLiveHops();
       bool valid = q.route.size() == o_.stages - 1;
       for (const Hop& h : q.route) valid &= Usable(h.lid, h.epoch);
       if (!valid || o_.stages == 1) {
-        std::optional<std::vector<Hop>> route = BuildRoute(q.route);
+        std::optional<std::vector<Hop>> route = BuildRoute(q.route, *live);
         if (route && q.route.size() == route->size()) {
           bool moved = false;
           for (size_t i = 0; i < route->size(); ++i) moved |= (*route)[i].lid != q.route[i].lid;
@@ -1085,7 +1101,7 @@ class StageNode::Impl {
         q.route = *route;
       } else {
         // Keep the hops, refresh their epochs and addresses (a migration keeps the state).
-        std::optional<std::vector<Hop>> fresh = BuildRoute(q.route);
+        std::optional<std::vector<Hop>> fresh = BuildRoute(q.route, *live);
         if (fresh) q.route = *fresh;
       }
       for (const Hop& h : q.route) q.visited.insert(h.lid);
