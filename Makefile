@@ -39,6 +39,7 @@ demo: build
 
 bench: build
 	./build/bin/connex-bench transport --backend tcp --sizes 4K,64K,1M,16M --seconds 1
+	./build/bin/bench_handover --runs 3
 
 fuzz: deps
 	@test -f build-fuzz/CMakeCache.txt || cmake --preset fuzz

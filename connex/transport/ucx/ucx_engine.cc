@@ -381,6 +381,50 @@ class UcxEngine final : public internal::EngineBase {
     uint64_t invalidations_acked = 0;
   };
 
+  // True when every lane of `ep` is one of UCX's shared-memory transports, which hold no
+  // connection to the peer (from ucp_ep_print_info: "lane[0]:  3:sysv/memory.0 ...").
+  static bool SharedMemoryOnly(ucp_ep_h ep) {
+    char* text = nullptr;
+    size_t size = 0;
+    FILE* f = open_memstream(&text, &size);
+    if (f == nullptr) return false;
+    ucp_ep_print_info(ep, f);
+    fclose(f);
+    std::string info(text, size);
+    free(text);
+    int lanes = 0;
+    for (size_t at = info.find("lane["); at != std::string::npos; at = info.find("lane[", at + 1)) {
+      size_t colon = info.find(':', info.find(']', at));
+      size_t name = info.find(':', colon + 1);
+      size_t slash = info.find('/', name);
+      if (colon == std::string::npos || name == std::string::npos || slash == std::string::npos) {
+        return false;
+      }
+      std::string transport = info.substr(name + 1, slash - name - 1);
+      if (transport != "sysv" && transport != "posix" && transport != "cma" &&
+          transport != "knem" && transport != "xpmem") {
+        return false;
+      }
+      ++lanes;
+    }
+    return lanes > 0;
+  }
+
+  // Closes a new endpoint to a live peer with a flush (no force), up to `timeout_ms`.
+  void CloseQuietlyLocked(ucp_ep_h ep, int timeout_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(worker_.mu) {
+    ucp_request_param_t param{};
+    void* req = ucp_ep_close_nbx(ep, &param);
+    if (req == nullptr || UCS_PTR_IS_ERR(req)) return;
+    int64_t deadline = internal::NowUs() + int64_t{timeout_ms} * 1000;
+    while (ucp_request_check_status(req) == UCS_INPROGRESS && internal::NowUs() < deadline) {
+      ucp_worker_progress(worker_.worker());
+    }
+    if (ucp_request_check_status(req) == UCS_INPROGRESS) {
+      ucp_request_cancel(worker_.worker(), req);
+    }
+    ucp_request_free(req);
+  }
+
   static void OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
     auto* peer = static_cast<Peer*>(arg);
     if (peer->live != nullptr) {
@@ -552,6 +596,20 @@ class UcxEngine final : public internal::EngineBase {
       ep.err_handler.arg = raw;
       MutexLock lock(&worker_.mu);
       ucs_status_t st = ucp_ep_create(worker_.worker(), &ep, &peer->ep);
+      if (st == UCS_OK && options_.ucx_peer_errors == UcxPeerErrors::kAuto && !peer->peer_errors &&
+          !SharedMemoryOnly(peer->ep)) {
+        // UCX chose a transport with connections (here: its tcp) for this same-host peer.
+        // Closing such an endpoint by force without peer error handling is undefined in UCX
+        // (observed: an error callback on a closed endpoint), so it gets peer error handling.
+        CONNEX_LOG_DEBUG(
+            "ucx: {} is on this host but not reached over shared memory: "
+            "endpoint with peer error handling",
+            ref.lid.ToString());
+        CloseQuietlyLocked(peer->ep, options_.connect_timeout_ms);
+        peer->peer_errors = true;
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        st = ucp_ep_create(worker_.worker(), &ep, &peer->ep);
+      }
       if (st != UCS_OK) {
         peer->ep = nullptr;
         watch_->Unwatch(peer->live);
