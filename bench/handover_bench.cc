@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -94,7 +95,10 @@ std::optional<Subprocess> StartNode(const Config& c, const std::string& bind, in
                                    "--model-path",
                                    c.model_path};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  std::vector<std::string> env = {"CONNEX_LOG_LEVEL=warn", "CONNEX_ENGINE_THREADS=1"};
+  const char* log_level = std::getenv("CONNEX_LOG_LEVEL");
+  std::vector<std::string> env = {
+      std::string("CONNEX_LOG_LEVEL=") + (log_level != nullptr ? log_level : "warn"),
+      "CONNEX_ENGINE_THREADS=1"};
   if (c.inflight > 0) env.push_back("CONNEX_PP_INFLIGHT=" + std::to_string(c.inflight));
   auto p = Subprocess::Start(argv, env);
   if (!p || !p->WaitForLine("ready ", 30000)) return std::nullopt;

@@ -384,7 +384,11 @@ class ShmEngine final : public internal::EngineBase {
       peer.data.reset();
       return absl::UnavailableError(StrCat("shm: bad segment reply from ", peer.lid.ToString()));
     }
-    void* addr = mmap(nullptr, h.b, PROT_READ, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+    // Not MAP_POPULATE: populating a whole peer segment (a 128 MiB send ring by default)
+    // allocated every page the owner had not touched yet, and cost ~100 ms at the first read
+    // from a new peer — on the path of a failover (bench_handover shm: 200 -> 90 ms). Pages
+    // now fault in on first use, once per mapping.
+    void* addr = mmap(nullptr, h.b, PROT_READ, MAP_SHARED, fd.get(), 0);
     if (addr == MAP_FAILED) {
       return absl::ResourceExhaustedError(
           StrCat("shm: mmap of a peer segment: ", std::strerror(errno)));
