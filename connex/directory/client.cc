@@ -155,6 +155,9 @@ class DirectoryClient::Impl {
       r.addresses = std::move(addresses);
       r.metadata = std::move(metadata);
       r.next_heartbeat_ms = RealClock::Get()->NowMs() + heartbeat_ms_;
+      // A heartbeat (or rejoin) of the previous epoch may still be in flight (a migration);
+      // its reply is ignored as stale, so it must not hold the next heartbeats back.
+      r.heartbeat_in_flight = false;
     }
     return epoch;
   }

@@ -169,7 +169,7 @@ TEST(PpCampaignTest, EverySeedHoldsTheContract) {
   int64_t first = 1;
   if (GetEnv("CONNEX_TEST_SEED")) {
     first = *EnvInt("CONNEX_TEST_SEED", 1, 0, INT64_MAX);
-    seeds = 1;
+    if (!GetEnv("CONNEX_TEST_SEEDS")) seeds = 1;  // both: SEEDS seeds from SEED
   }
   int failures = 0;
   for (int64_t seed = first; seed < first + seeds; ++seed) {
