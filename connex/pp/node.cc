@@ -1014,6 +1014,12 @@ class StageNode::Impl {
     }
     if (o_.stage != 0) return;
     std::vector<std::pair<uint64_t, std::string>> resend;
+    // Hops that did not answer a finished probe, and the probed steps. They are acted on after
+    // this loop: PeerGone re-sends (re-routes) steps, which rewrites the very routes this loop
+    // walks — acting inside it reported (and declared dead) hops of the *new* route instead
+    // of the silent one (campaign seed 198).
+    std::set<std::pair<Lid, uint64_t>> silent;
+    std::vector<uint64_t> probed;
     for (auto& [id, st] : steps_) {
       if (st.resend_at > 0 && st.resend_at <= now) {
         resend.emplace_back(id, "hop failed");
@@ -1023,12 +1029,9 @@ class StageNode::Impl {
         if (st.probe_until > now) continue;
         // The probe is over: a hop that did not answer is dead.
         for (const Hop& h : st.route) {
-          if (!st.ponged.count(h.lid)) {
-            PeerGone(h.lid, h.epoch, "no answer to a probe after a step timeout", false);
-            Report(h.lid, h.epoch);
-          }
+          if (!st.ponged.count(h.lid)) silent.emplace(h.lid, h.epoch);
         }
-        if (steps_.count(id) && steps_[id].probe_until > 0) resend.emplace_back(id, "step timeout");
+        probed.push_back(id);
         continue;
       }
       if (st.deadline <= now) {
@@ -1040,6 +1043,15 @@ class StageNode::Impl {
           Send(h.signal, PingSignal{nonce, lid_, signals_->address()});
         }
       }
+    }
+    for (const auto& [lid, epoch] : silent) {
+      PeerGone(lid, epoch, "no answer to a probe after a step timeout", false);
+      Report(lid, epoch);
+    }
+    for (uint64_t id : probed) {
+      // Not re-sent by PeerGone already (every hop answered: the step itself was lost).
+      auto it = steps_.find(id);
+      if (it != steps_.end() && it->second.probe_until > 0) resend.emplace_back(id, "step timeout");
     }
     for (auto& [id, why] : resend) Resend(id, why);
   }
