@@ -34,12 +34,17 @@ std::string EnvString(std::string_view name, std::string_view default_value) {
   return text ? *text : std::string(default_value);
 }
 
+std::optional<bool> ParseBool(std::string_view text) {
+  std::string lower = absl::AsciiStrToLower(AsAbsl(text));
+  if (lower == "1" || lower == "true" || lower == "yes" || lower == "on") return true;
+  if (lower == "0" || lower == "false" || lower == "no" || lower == "off") return false;
+  return std::nullopt;
+}
+
 absl::StatusOr<bool> EnvBool(std::string_view name, bool default_value) {
   std::optional<std::string> text = GetEnv(name);
   if (!text) return default_value;
-  std::string lower = absl::AsciiStrToLower(*text);
-  if (lower == "1" || lower == "true" || lower == "yes" || lower == "on") return true;
-  if (lower == "0" || lower == "false" || lower == "no" || lower == "off") return false;
+  if (std::optional<bool> value = ParseBool(*text)) return *value;
   return absl::InvalidArgumentError(
       StrCat(name, "='", *text, "' is not a boolean (use 1/0, true/false, yes/no, on/off)"));
 }

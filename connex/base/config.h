@@ -27,6 +27,8 @@ std::string EnvString(std::string_view name, std::string_view default_value);
 
 // Boolean variable: 1/true/yes/on or 0/false/no/off (any case).
 absl::StatusOr<bool> EnvBool(std::string_view name, bool default_value);
+// 1/0, true/false, yes/no, on/off (any case); nullopt for anything else.
+std::optional<bool> ParseBool(std::string_view text);
 
 // Parses a size such as `4096`, `4K`, `64KiB`, `1M`, `16MB`, `1G` (binary multiples).
 absl::StatusOr<uint64_t> ParseSize(std::string_view text);

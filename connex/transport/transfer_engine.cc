@@ -43,25 +43,10 @@ std::string_view PeerEventKindName(PeerEventKind kind) {
   return "?";
 }
 
-std::string_view UcxPeerErrorsName(UcxPeerErrors mode) {
-  switch (mode) {
-    case UcxPeerErrors::kAuto:
-      return "auto";
-    case UcxPeerErrors::kOn:
-      return "on";
-    case UcxPeerErrors::kOff:
-      return "off";
-  }
-  return "?";
-}
-
 absl::StatusOr<UcxPeerErrors> ParseUcxPeerErrors(std::string_view text) {
-  std::string lower = absl::AsciiStrToLower(AsAbsl(text));
-  if (lower == "auto") return UcxPeerErrors::kAuto;
-  if (lower == "1" || lower == "true" || lower == "yes" || lower == "on") return UcxPeerErrors::kOn;
-  if (lower == "0" || lower == "false" || lower == "no" || lower == "off") {
-    return UcxPeerErrors::kOff;
-  }
+  if (absl::AsciiStrToLower(AsAbsl(text)) == "auto") return UcxPeerErrors::kAuto;
+  if (std::optional<bool> on = ParseBool(text))
+    return *on ? UcxPeerErrors::kOn : UcxPeerErrors::kOff;
   return absl::InvalidArgumentError(
       StrCat("ucx peer errors '", text, "' is not auto, on (1/true/yes) or off (0/false/no)"));
 }

@@ -113,7 +113,6 @@ class Fabric;
 }  // namespace mem
 
 enum class UcxPeerErrors { kAuto, kOn, kOff };
-std::string_view UcxPeerErrorsName(UcxPeerErrors mode);
 // "auto", or a boolean (1/0, true/false, yes/no, on/off). InvalidArgument names the text.
 absl::StatusOr<UcxPeerErrors> ParseUcxPeerErrors(std::string_view text);
 
