@@ -28,14 +28,18 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view text) {
   return HostPort{std::string(text.substr(0, colon)), static_cast<uint16_t>(port)};
 }
 
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
 uint64_t HostId() {
   static const uint64_t id = [] {
-    char name[256] = {};
-    if (gethostname(name, sizeof(name) - 1) != 0) name[0] = 0;
     std::string boot;
     std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
     uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (char c : StrCat(name, "/", boot)) {
+    for (char c : StrCat(HostName(), "/", boot)) {
       h ^= static_cast<unsigned char>(c);
       h *= 1099511628211ull;
     }

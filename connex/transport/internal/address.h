@@ -23,6 +23,9 @@ std::optional<std::string> FindAddress(const std::vector<std::string>& addresses
 // Parses `host:port`. InvalidArgument names the text.
 absl::StatusOr<HostPort> ParseHostPort(std::string_view text);
 
+// This host's name (gethostname; "localhost" if that fails), as shm:// addresses carry it.
+std::string HostName();
+
 // This host's identity, the same for every process of one boot of one machine (a hash of the
 // hostname and the kernel's boot id); never 0.
 uint64_t HostId();

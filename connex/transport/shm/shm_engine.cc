@@ -100,7 +100,7 @@ class ShmEngine final : public internal::EngineBase {
     path_ = StrCat(options_.shm_dir, "/connex-", getpid(), "-", next_engine_index.fetch_add(1),
                    ".sock");
     CONNEX_ASSIGN_OR_RETURN(Fd listen, internal::ListenUnix(path_));
-    address_ = StrCat("shm://", HostName(), path_);
+    address_ = StrCat("shm://", internal::HostName(), path_);
     watch_ = std::make_unique<internal::PeerWatch>(events(), "shm", options_.heartbeat_ms,
                                                    options_.suspect_ms);
     server_ = std::make_unique<internal::ConnectionServer>("shm", std::move(listen),
@@ -304,9 +304,9 @@ class ShmEngine final : public internal::EngineBase {
       }
     }
     size_t slash = where->find('/');
-    if (slash == std::string::npos || where->substr(0, slash) != HostName()) {
+    if (slash == std::string::npos || where->substr(0, slash) != internal::HostName()) {
       return absl::UnavailableError(StrCat("shm: peer ", ref.lid.ToString(), " at shm://", *where,
-                                           " is not on this host (", HostName(), ")"));
+                                           " is not on this host (", internal::HostName(), ")"));
     }
     std::string path = where->substr(slash);
     auto peer = std::make_shared<Peer>();
@@ -481,12 +481,6 @@ class ShmEngine final : public internal::EngineBase {
 };
 
 }  // namespace
-
-std::string HostName() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
-}
 
 int ReapStaleSockets(const std::string& dir) {
   DIR* d = opendir(dir.c_str());

@@ -19,9 +19,6 @@ absl::StatusOr<TransferEnginePtr> CreateShmEngine(const TransportOptions& option
 // Unlinks `connex-<pid>-*.sock` files in `dir` whose process is gone; returns how many.
 int ReapStaleSockets(const std::string& dir);
 
-// This host's name as used in shm:// addresses.
-std::string HostName();
-
 }  // namespace connex::transport::shm
 
 #endif  // CONNEX_TRANSPORT_SHM_SHM_ENGINE_H_
