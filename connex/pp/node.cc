@@ -875,9 +875,6 @@ class StageNode::Impl {
     return out;
   }
 
-  // A route through stages 1..N-1 from the directory's view: the current hop of each stage if
-  // it is still live (sticky per request), else the caller's own replica, else the next live
-  // replica after it. Nullopt when some stage has no live replica.
   // The usable hops of stages 1..N-1 (index g-1), from the directory's view.
   using LiveHops = std::vector<std::vector<Hop>>;
   LiveHops CollectLiveHops() {
@@ -893,6 +890,9 @@ class StageNode::Impl {
     return out;
   }
 
+  // A route through stages 1..N-1 from the directory's view: the current hop of each stage if
+  // it is still live (sticky per request), else the caller's own replica, else the next live
+  // replica after it. Nullopt when some stage has no live replica.
   std::optional<std::vector<Hop>> BuildRoute(const std::vector<Hop>& current) {
     return BuildRoute(current, CollectLiveHops());
   }
