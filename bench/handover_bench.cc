@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "connex/base/stats.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
 #include "nlohmann/json.hpp"
@@ -30,6 +31,7 @@
 
 namespace {
 
+using connex::Percentile;
 using connex::testing::BinDir;
 using connex::testing::PromptOf;
 using connex::testing::Subprocess;
@@ -66,13 +68,6 @@ int64_t NowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
 }
 
 std::optional<Subprocess> StartNode(const Config& c, const std::string& bind, int stage,

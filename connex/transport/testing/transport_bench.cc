@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "connex/base/mutex.h"
+#include "connex/base/stats.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/transport/testing/peer_server.h"
@@ -27,13 +28,6 @@ namespace connex::transport::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
 
 struct PeerInfo {
   PeerRef ref;
