@@ -347,7 +347,6 @@ class UcxEngine final : public internal::EngineBase {
     std::shared_ptr<internal::Liveness> live;
     ucp_ep_h ep = nullptr;            // guarded by worker_.mu
     std::atomic<bool> broken{false};  // ep closed by force: the next GetPeer reconnects
-    bool peer_errors = true;          // ep created with UCP_ERR_HANDLING_MODE_PEER
     Mutex data_mu;
     Fd data ABSL_GUARDED_BY(data_mu);
     internal::SharedMutex rkey_mu;
@@ -588,15 +587,15 @@ class UcxEngine final : public internal::EngineBase {
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
       ep.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
       // h.a: the peer's HostId (0 from a peer that does not say).
-      peer->peer_errors =
+      bool peer_errors =
           options_.ucx_peer_errors == UcxPeerErrors::kOn ||
           (options_.ucx_peer_errors == UcxPeerErrors::kAuto && h.a != internal::HostId());
-      ep.err_mode = peer->peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+      ep.err_mode = peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
       ep.err_handler.cb = &UcxEngine::OnEndpointError;
       ep.err_handler.arg = raw;
       MutexLock lock(&worker_.mu);
       ucs_status_t st = ucp_ep_create(worker_.worker(), &ep, &peer->ep);
-      if (st == UCS_OK && options_.ucx_peer_errors == UcxPeerErrors::kAuto && !peer->peer_errors &&
+      if (st == UCS_OK && options_.ucx_peer_errors == UcxPeerErrors::kAuto && !peer_errors &&
           !SharedMemoryOnly(peer->ep)) {
         // UCX chose a transport with connections (here: its tcp) for this same-host peer.
         // Closing such an endpoint by force without peer error handling is undefined in UCX
@@ -606,7 +605,6 @@ class UcxEngine final : public internal::EngineBase {
             "endpoint with peer error handling",
             ref.lid.ToString());
         CloseQuietlyLocked(peer->ep, options_.connect_timeout_ms);
-        peer->peer_errors = true;
         ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
         st = ucp_ep_create(worker_.worker(), &ep, &peer->ep);
       }
