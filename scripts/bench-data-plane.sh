@@ -4,10 +4,9 @@
 # -t ucp_get on the same UCX transport), ROUNDS rounds interleaved, medians printed at the end.
 # Usage: scripts/bench-data-plane.sh [BIN_DIR] [SECONDS] [ROUNDS]
 #
-# Rounds, because loopback throughput here is noisy. UCX's tcp runs (ours and ucx_perftest)
-# use UCX_NET_DEVICES=lo: given both lo and eth0, UCX's lane selection makes either side
-# bimodal (ucx_perftest alternates between ~1.2 and ~1.65 GB/s at 64 MiB from one run to the
-# next); with one device both are steady.
+# Rounds, because loopback throughput here is noisy, and over UCX's tcp transport ucx_perftest
+# alternates between ~1.2 and ~1.65 GB/s at 64 MiB from one run to the next. UCX's tcp runs
+# (ours and ucx_perftest) both use UCX_NET_DEVICES=lo, so that they use the same device.
 set -euo pipefail
 BIN=${1:-build/bin}
 S=${2:-2}
@@ -54,7 +53,7 @@ for round in $(seq "$ROUNDS"); do
   done
   iperf
   # ucx over UCX's tcp transport and over posix shared memory. Peer error handling is `auto`:
-  # off for this same-host peer, as in ucx_perftest without -e.
+  # on over tcp (a connection transport), off over posix, as in ucx_perftest without -e.
   UCX_TLS=tcp UCX_NET_DEVICES=lo "$B" transport --backend ucx --sizes $SIZES --seconds "$S" --json 2>/dev/null | record "ucx tcp"
   perftest tcp
   UCX_TLS=posix "$B" transport --backend ucx --sizes $SIZES --seconds "$S" --json 2>/dev/null | record "ucx posix"
