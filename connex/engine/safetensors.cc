@@ -54,11 +54,9 @@ absl::StatusOr<TensorInfo> ParseTensorInfo(const std::string& name, const Json& 
     if (dim > static_cast<uint64_t>(INT64_MAX)) return Bad(StrCat(where, ": dimension too large"));
     info.shape.push_back(static_cast<int64_t>(dim));
   }
-  std::optional<int64_t> n = NumElements(info.shape);
-  if (!n || static_cast<uint64_t>(*n) > UINT64_MAX / DTypeSize(info.dtype)) {
-    return Bad(StrCat(where, ": shape ", ShapeString(info.shape), " overflows"));
-  }
-  uint64_t nbytes = static_cast<uint64_t>(*n) * DTypeSize(info.dtype);
+  std::optional<uint64_t> bytes = pp::ByteSize(info.shape, info.dtype);
+  if (!bytes) return Bad(StrCat(where, ": shape ", ShapeString(info.shape), " overflows"));
+  uint64_t nbytes = *bytes;
 
   auto off_it = j.find("data_offsets");
   if (off_it == j.end() || !off_it->is_array() || off_it->size() != 2) {

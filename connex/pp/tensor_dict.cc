@@ -52,6 +52,12 @@ std::optional<int64_t> NumElements(std::span<const int64_t> shape) {
   return n;
 }
 
+std::optional<uint64_t> ByteSize(std::span<const int64_t> shape, DType dtype) {
+  std::optional<int64_t> n = NumElements(shape);
+  if (!n || static_cast<uint64_t>(*n) > UINT64_MAX / DTypeSize(dtype)) return std::nullopt;
+  return static_cast<uint64_t>(*n) * DTypeSize(dtype);
+}
+
 std::string ShapeString(std::span<const int64_t> shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) out += StrCat(i ? ", " : "", shape[i]);
@@ -79,8 +85,8 @@ absl::StatusOr<const Tensor*> TensorDict::Get(std::string_view name, DType dtype
     return absl::InvalidArgumentError(
         StrCat("tensor '", name, "' has shape ", ShapeString(t->shape), ", expected rank ", rank));
   }
-  std::optional<int64_t> n = NumElements(t->shape);
-  if (!n || static_cast<size_t>(*n) * DTypeSize(dtype) != t->data.size()) {
+  std::optional<uint64_t> bytes = ByteSize(t->shape, dtype);
+  if (!bytes || *bytes != t->data.size()) {
     return absl::InvalidArgumentError(StrCat("tensor '", name, "': shape ", ShapeString(t->shape),
                                              " does not match its ", t->data.size(), " bytes"));
   }
@@ -121,8 +127,8 @@ absl::StatusOr<TensorDict> Unpack(const std::vector<TensorLayout>& layout, const
                                                l.size, ") is outside the ", length,
                                                "-byte payload"));
     }
-    std::optional<int64_t> n = NumElements(l.shape);
-    if (!n || static_cast<uint64_t>(*n) * DTypeSize(l.dtype) != l.size) {
+    std::optional<uint64_t> bytes = ByteSize(l.shape, l.dtype);
+    if (!bytes || *bytes != l.size) {
       return absl::InvalidArgumentError(StrCat("tensor '", l.name, "': shape ",
                                                ShapeString(l.shape), " does not match ", l.size,
                                                " bytes of ", DTypeName(l.dtype)));

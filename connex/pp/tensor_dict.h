@@ -43,6 +43,9 @@ constexpr DType DTypeOf<int64_t>() {
 
 // Product of `shape`, or nullopt when a dimension is negative or the product overflows int64.
 std::optional<int64_t> NumElements(std::span<const int64_t> shape);
+// Bytes of a `dtype` tensor of `shape`, or nullopt when a dimension is negative or the size
+// overflows (`[2^31, 2^31]` F32 is 2^64 bytes, not 0).
+std::optional<uint64_t> ByteSize(std::span<const int64_t> shape, DType dtype);
 
 // "[2, 3]".
 std::string ShapeString(std::span<const int64_t> shape);
