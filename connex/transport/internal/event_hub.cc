@@ -23,6 +23,9 @@ uint64_t EventHub::Subscribe(PeerEventCallback cb) {
 }
 
 void EventHub::Unsubscribe(uint64_t id) {
+  // 0 is never a subscription (ids start at 1), and running_id_ is 0 while no callback runs:
+  // waiting for "not running 0" would wait for ever (issue 9, finding 7).
+  if (id == 0) return;
   MutexLock lock(&mu_);
   subscribers_.erase(id);
   if (std::this_thread::get_id() == thread_.get_id()) return;
