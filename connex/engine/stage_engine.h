@@ -88,6 +88,10 @@ class StageEngine : public pp::Engine {
   // Drops a request's KV cache (finished, or to be recomputed). No-op when not held.
   void Release(uint64_t id) override { cache_.erase(id); }
   void ReleaseAll() { cache_.clear(); }
+  // hidden_size fp32 values per token on every stage but the last (whose output is per request).
+  uint64_t OutputBytesPerToken() const override {
+    return is_last() ? 0 : static_cast<uint64_t>(config_.hidden_size) * sizeof(float);
+  }
   size_t num_requests() const { return cache_.size(); }
 
  private:

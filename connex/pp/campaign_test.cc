@@ -1,12 +1,16 @@
 // The randomized fault campaign of the step protocol: for every seed, two replica chains of a
 // three-stage pipeline generate while stages are killed, restarted, drained, migrated and added,
 // reads fail or slow down, signals are dropped, delayed and duplicated, and directory events
-// arrive late. For every seed:
-// no step runs twice on any stage; every request finishes with exactly the tokens of an
-// undisturbed run, or is aborted after the re-prefill limit; no ring slot leaks; no request
-// outlives a bound. CONNEX_TEST_SEEDS sets the number of seeds (default 200), CONNEX_TEST_SEED
-// runs one seed.
+// arrive late; owners are killed and restarted under their LID and submit the same request ids
+// again; a share of seeds sends prompts larger than a ring slot. For every seed: every planned
+// action runs; no step runs twice on any stage; every request finishes with exactly the tokens
+// of an undisturbed run, or is aborted after the re-prefill limit; no ring slot leaks; no
+// request outlives a bound; no engine holds any request's state at the end. CONNEX_TEST_SEEDS sets
+// the number of seeds (default 200), CONNEX_TEST_SEED runs one seed.
+#include <algorithm>
+#include <functional>
 #include <random>
+#include <set>
 
 #include "connex/base/config.h"
 #include "connex/base/wait.h"
@@ -35,6 +39,20 @@ std::vector<int32_t> RandomPrompt(std::mt19937_64& rng) {
   return p;
 }
 
+// Tokens streamed so far over every request: the campaign's measure of progress.
+size_t Streamed(const Cluster& c) {
+  size_t n = 0;
+  for (const auto& [id, o] : c.outcomes()) n += o.streamed.size();
+  return n;
+}
+
+bool AllDone(const Cluster& c) {
+  for (const auto& [id, o] : c.outcomes()) {
+    if (!o.done) return false;
+  }
+  return true;
+}
+
 // Runs one seed; returns a description of what went wrong, or "" when all held.
 std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::string* summary) {
   std::mt19937_64 rng(seed * 7919 + 1);
@@ -44,22 +62,14 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
   o.inflight = 1 + static_cast<int>(rng() % 4);
   o.max_batch = 1 + static_cast<int>(rng() % 6);
   o.ring_slots = 2 + static_cast<int>(rng() % 8);
-  o.slot_bytes = 1 << 16;
+  // A share of seeds runs with small slots and a long prompt: steps near and over a slot.
+  const bool small_slots = rng() % 4 == 0;
+  o.slot_bytes = small_slots ? 4096 : 1 << 16;
   o.reprefill_max = 8;
   o.route_wait_ms = 20000;
+  o.request_timeout_ms = kRequestBoundMs;
   Cluster c(server, "c" + std::to_string(seed), kStages, seed, o);
-  for (uint32_t r = 0; r < 2; ++r) {
-    for (uint32_t s = 0; s < kStages; ++s) {
-      if (c.Start(s, r) == nullptr) return "a node did not start";
-    }
-  }
-  // Owners must see both chains before they route.
-  auto watcher = directory::testing::ConnectTo(server);
-  if (!watcher.ok() || !(*watcher)->Watch(c.model()).ok() ||
-      !(*watcher)->AwaitView(
-          c.model(), [](const auto& v) { return v.size() == 2 * kStages; }, 5000)) {
-    return "the directory did not show both chains";
-  }
+  if (!c.StartAll(2).ok()) return "the cluster did not start";
 
   SignalFaults faults;
   faults.drop = (rng() % 3 == 0) ? 0.02 * static_cast<double>(rng() % 3) : 0;
@@ -70,76 +80,113 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
   if (rng() % 3 == 0) c.SetDirectoryEventDelay(1 + static_cast<int>(rng() % 40));
 
   std::map<uint64_t, Plan> plans;
-  const int requests = 4 + static_cast<int>(rng() % 5);
-  for (int i = 0; i < requests; ++i) {
-    uint64_t id = seed * 1000 + static_cast<uint64_t>(i);
-    Plan p{RandomPrompt(rng), 10 + static_cast<int>(rng() % 50)};
-    plans[id] = p;
-    if (!c.Submit(static_cast<uint32_t>(i % 2), id, p.prompt, p.max_new).ok())
-      return "submit failed";
-  }
+  std::map<uint64_t, uint32_t> owner_of;
+  uint64_t next_id = 1;  // small ids: a restarted owner reuses them
+  auto submit_wave = [&](int requests, bool long_first) -> size_t {
+    size_t tokens = 0;
+    for (int i = 0; i < requests; ++i) {
+      uint64_t id = next_id++;
+      Plan p{RandomPrompt(rng), 10 + static_cast<int>(rng() % 50)};
+      if (long_first && i == 0) {
+        p.prompt.resize(500 + rng() % 1000);
+        for (int32_t& t : p.prompt) t = static_cast<int32_t>(rng() % 200);
+      }
+      plans[id] = p;
+      owner_of[id] = static_cast<uint32_t>(id % 2);
+      if (!c.alive(0, owner_of[id])) owner_of[id] ^= 1;
+      tokens += static_cast<size_t>(p.max_new);
+      if (!c.Submit(owner_of[id], id, p.prompt, p.max_new).ok()) return 0;
+    }
+    return tokens;
+  };
+  size_t total_tokens = submit_wave(4 + static_cast<int>(rng() % 5), small_slots);
+  if (total_tokens == 0) return "submit failed";
 
-  // Faults at points of progress (not of time), so that a seed does the same things each run.
+  // Faults at points of progress (streamed tokens, not time), so that a seed does the same
+  // things each run. Every planned action runs, with requests in flight (when the traffic
+  // ran out first, a new wave arrives, as in a serving deployment), and picks among the faults
+  // that apply at that moment.
   const int actions = 2 + static_cast<int>(rng() % 4);
-  uint64_t progress = 0;
+  std::vector<size_t> marks;
+  for (int a = 0; a < actions; ++a) marks.push_back(total_tokens * (5 + rng() % 60) / 100);
+  std::sort(marks.begin(), marks.end());
   std::vector<std::string> did;
   for (int a = 0; a < actions; ++a) {
-    progress += 5 + rng() % 40;
-    uint64_t target = progress;
-    if (!WaitUntil([&] { return c.TotalStats().steps_executed >= target; }, 3000)) break;
+    size_t target = marks[a];
+    if (!WaitUntil([&] { return Streamed(c) >= target || AllDone(c); }, kRequestBoundMs)) {
+      return "progress stalled before action " + std::to_string(a + 1);
+    }
+    if (AllDone(c)) {
+      size_t before = Streamed(c);
+      if (submit_wave(2 + static_cast<int>(rng() % 3), false) == 0) return "submit failed";
+      if (!WaitUntil([&] { return Streamed(c) > before || AllDone(c); }, kRequestBoundMs)) {
+        return "a new wave made no progress before action " + std::to_string(a + 1);
+      }
+    }
     uint32_t stage = 1 + static_cast<uint32_t>(rng() % (kStages - 1));
     uint32_t replica = static_cast<uint32_t>(rng() % 3);
     uint32_t other = replica == 0 ? 1 : 0;
     // Keep one live replica per stage: without one, requests could only wait.
     bool other_alive = c.alive(stage, other) || (replica != 2 && c.alive(stage, 2));
-    switch (rng() % 6) {
-      case 0:
-        if (c.alive(stage, replica) && other_alive) {
-          c.Kill(stage, replica);
-          did.push_back("kill " + std::to_string(stage) + "/" + std::to_string(replica));
-        }
-        break;
-      case 1:
-        if (!c.alive(stage, replica)) {
-          c.Start(stage, replica);
-          did.push_back("restart " + std::to_string(stage) + "/" + std::to_string(replica));
-        }
-        break;
-      case 2:
-        if (c.alive(stage, replica) && other_alive) {
-          c.Leave(stage, replica);
-          did.push_back("leave " + std::to_string(stage) + "/" + std::to_string(replica));
-        }
-        break;
-      case 3:
-        if (c.alive(stage, replica) && c.Migrate(stage, replica).ok()) {
-          did.push_back("migrate " + std::to_string(stage) + "/" + std::to_string(replica));
-        }
-        break;
-      case 4:
-        if (!c.alive(stage, 2)) {
-          c.Start(stage, 2);
-          did.push_back("join " + std::to_string(stage) + "/2");
-        }
-        break;
-      case 5: {
-        Lid lid{c.model(), stage, 0, replica};
-        if (rng() % 2 == 0) {
-          c.fabric().FailNextReads(lid, 1 + static_cast<int>(rng() % 3));
-          did.push_back("fail-reads " + std::to_string(stage) + "/" + std::to_string(replica));
-        } else {
-          c.fabric().SetReadDelay(lid, 1 + static_cast<int>(rng() % 5));
-          did.push_back("slow-reads " + std::to_string(stage) + "/" + std::to_string(replica));
-        }
-        break;
-      }
+    std::string tag = std::to_string(stage) + "/" + std::to_string(replica);
+    std::vector<std::function<std::string()>> options;
+    if (c.alive(stage, replica) && other_alive) {
+      options.push_back([&] {
+        c.Kill(stage, replica);
+        return "kill " + tag;
+      });
+      options.push_back([&] {
+        c.Leave(stage, replica);
+        return "leave " + tag;
+      });
     }
+    if (!c.alive(stage, replica)) {
+      options.push_back([&] {
+        c.Start(stage, replica);
+        return "restart " + tag;
+      });
+    }
+    if (c.alive(stage, replica)) {
+      options.push_back([&] {
+        return c.Migrate(stage, replica).ok() ? "migrate " + tag : "migrate " + tag + " (failed)";
+      });
+    }
+    if (!c.alive(stage, 2)) {
+      options.push_back([&] {
+        c.Start(stage, 2);
+        return "join " + std::to_string(stage) + "/2";
+      });
+    }
+    Lid lid{c.model(), stage, 0, replica};
+    options.push_back([&, lid] {
+      c.fabric().FailNextReads(lid, 1 + static_cast<int>(rng() % 3));
+      return "fail-reads " + tag;
+    });
+    options.push_back([&, lid] {
+      c.fabric().SetReadDelay(lid, 1 + static_cast<int>(rng() % 5));
+      return "slow-reads " + tag;
+    });
+    // An owner killed and restarted under its LID; its requests are submitted again with the
+    // same ids (a restarted process counts from 1 again).
+    uint32_t owner = static_cast<uint32_t>(rng() % 2);
+    options.push_back([&, owner] {
+      c.Kill(0, owner);
+      if (c.Start(0, owner) == nullptr) return std::string("restart-owner failed");
+      for (auto& [id, r] : owner_of) {
+        if (r != owner || c.outcomes()[id].tokens.ok()) continue;
+        if (!c.Submit(owner, id, plans[id].prompt, plans[id].max_new).ok()) {
+          return "resubmit " + std::to_string(id) + " failed";
+        }
+      }
+      return "restart-owner 0/" + std::to_string(owner);
+    });
+    did.push_back(options[rng() % options.size()]());
   }
   std::string what;
   for (const std::string& d : did) what += d + ", ";
   *summary = what;
 
-  if (!c.AwaitAll(kRequestBoundMs))
+  if (!c.AwaitAll(kRequestBoundMs + 5000))
     return "a request did not finish within the bound (" + what + ")";
   for (const auto& [id, outcome] : c.outcomes()) {
     if (outcome.tokens.ok()) {
@@ -152,13 +199,15 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
     } else if (outcome.tokens.status().code() != absl::StatusCode::kAborted ||
                std::string(outcome.tokens.status().message()).find("failovers") ==
                    std::string::npos) {
-      return "request " + std::to_string(id) + " failed: " + outcome.tokens.status().ToString();
+      return "request " + std::to_string(id) + " failed: " + outcome.tokens.status().ToString() +
+             " (" + what + ")";
     }
   }
   std::vector<std::string> violations = c.violations();
   if (!violations.empty()) return violations[0] + " (" + what + ")";
   c.signals().SetFaults({});
   if (!c.AwaitRingsEmpty(5000)) return "a ring slot leaked (" + what + ")";
+  if (!c.AwaitNoStateHeld(10000)) return "state left behind: " + c.StateHeld() + " (" + what + ")";
   return "";
 }
 

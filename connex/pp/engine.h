@@ -47,6 +47,12 @@ class Engine {
 
   // Drops a finished (or aborted, or moved) request's state. No-op when not held.
   virtual void Release(uint64_t request_id) = 0;
+
+  // An upper bound of the bytes this stage's output grows by per token of a step (a hidden
+  // state row), 0 when unknown. The owner uses stage 0's figure to cut a long prefill into
+  // steps that fit a ring slot (later stages' outputs are assumed no larger per token); with 0
+  // it learns the figure from the first steps, recomputing a step whose output did not fit.
+  virtual uint64_t OutputBytesPerToken() const { return 0; }
 };
 
 // Builds the three batch keys of a step.

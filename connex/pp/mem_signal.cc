@@ -92,9 +92,20 @@ uint64_t MemSignalNetwork::duplicated() const {
   return duplicated_;
 }
 
+void MemSignalNetwork::SetFilter(Filter filter) {
+  connex::MutexLock lock(&mu_);
+  filter_ = filter ? std::make_shared<Filter>(std::move(filter)) : nullptr;
+}
+
 void MemSignalNetwork::Deliver(const std::string& from, const std::string& to, std::string frame) {
   std::shared_ptr<Slot> receiver;
   int copies = 1;
+  std::shared_ptr<Filter> filter;
+  {
+    connex::MutexLock lock(&mu_);
+    filter = filter_;
+  }
+  if (filter && !(*filter)(to, frame)) return;
   {
     connex::MutexLock lock(&mu_);
     ++sent_;

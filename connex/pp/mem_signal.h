@@ -5,6 +5,7 @@
 #define CONNEX_PP_MEM_SIGNAL_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,10 @@ class MemSignalNetwork : public std::enable_shared_from_this<MemSignalNetwork> {
 
   std::unique_ptr<SignalTransport> NewEndpoint();
   void SetFaults(SignalFaults faults);
+  // Sees every frame before the faults apply; returning false loses it. Runs on the sender's
+  // thread with no lock held; must not block. Tests use it to watch or drop chosen signals.
+  using Filter = std::function<bool(const std::string& to, const std::string& frame)>;
+  void SetFilter(Filter filter);
   // Every message to or from `address` is lost from now on (a dead process).
   void Kill(const std::string& address);
   void Stop();  // stops the timer thread; pending delayed messages are lost
@@ -59,6 +64,7 @@ class MemSignalNetwork : public std::enable_shared_from_this<MemSignalNetwork> {
   std::map<std::string, bool> dead_ ABSL_GUARDED_BY(mu_);
   std::multimap<int64_t, std::pair<std::string, std::string>> delayed_ ABSL_GUARDED_BY(mu_);
   SignalFaults faults_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Filter> filter_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;

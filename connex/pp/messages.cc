@@ -98,7 +98,9 @@ struct EncodeVisitor {
         .UintList("num_tokens", ToU64(s.num_tokens))
         .List("layout", layout)
         .Uint("remote_addr", s.remote_addr)
-        .Uint("length", s.length);
+        .Uint("length", s.length)
+        .Uint("owner_token", s.owner_token)
+        .Uint("ticket", s.ticket);
     return wire::EncodeFrame("STEP", body);
   }
   std::string operator()(const AckSignal& s) const {
@@ -115,7 +117,9 @@ struct EncodeVisitor {
         .Uint("attempt", s.attempt)
         .Str("from", s.from.ToString())
         .UintList("request_ids", s.request_ids)
-        .UintList("tokens", ToU64(s.tokens));
+        .UintList("tokens", ToU64(s.tokens))
+        .Uint("from_epoch", s.from_epoch)
+        .Uint("ticket", s.ticket);
     return wire::EncodeFrame("RESULT", body);
   }
   std::string operator()(const MissingSignal& s) const {
@@ -123,7 +127,9 @@ struct EncodeVisitor {
     body.Uint("step", s.step)
         .Uint("attempt", s.attempt)
         .Str("from", s.from.ToString())
-        .UintList("request_ids", s.request_ids);
+        .UintList("request_ids", s.request_ids)
+        .Uint("from_epoch", s.from_epoch)
+        .Uint("ticket", s.ticket);
     return wire::EncodeFrame("MISSING", body);
   }
   std::string operator()(const HopFailedSignal& s) const {
@@ -133,13 +139,37 @@ struct EncodeVisitor {
         .Str("from", s.from.ToString())
         .Uint("hop", s.hop)
         .Uint("code", s.code)
-        .Str("reason", s.reason);
+        .Str("reason", s.reason)
+        .Uint("from_epoch", s.from_epoch)
+        .Uint("ticket", s.ticket);
     return wire::EncodeFrame("HOP_FAILED", body);
+  }
+  std::string operator()(const StepErrorSignal& s) const {
+    MapBuilder body;
+    body.Uint("step", s.step)
+        .Uint("attempt", s.attempt)
+        .Str("from", s.from.ToString())
+        .UintList("request_ids", s.request_ids)
+        .Uint("code", s.code)
+        .Str("message", s.message)
+        .Uint("from_epoch", s.from_epoch)
+        .Uint("ticket", s.ticket);
+    return wire::EncodeFrame("STEP_ERROR", body);
   }
   std::string operator()(const ReleaseSignal& s) const {
     MapBuilder body;
-    body.Str("from", s.from.ToString()).UintList("request_ids", s.request_ids);
+    body.Str("from", s.from.ToString())
+        .UintList("request_ids", s.request_ids)
+        .Uint("owner_token", s.owner_token)
+        .Uint("nonce", s.nonce)
+        .Str("reply_to", s.reply_to)
+        .Uint("upto_step", s.upto_step);
     return wire::EncodeFrame("RELEASE", body);
+  }
+  std::string operator()(const ReleasedSignal& s) const {
+    MapBuilder body;
+    body.Uint("nonce", s.nonce).Str("from", s.from.ToString());
+    return wire::EncodeFrame("RELEASED", body);
   }
   std::string operator()(const PingSignal& s) const {
     MapBuilder body;
@@ -206,6 +236,8 @@ absl::StatusOr<StepSignal> DecodeStep(const MapView& b) {
   }
   CONNEX_ASSIGN_OR_RETURN(s.remote_addr, b.Uint("remote_addr"));
   CONNEX_ASSIGN_OR_RETURN(s.length, b.Uint("length"));
+  CONNEX_ASSIGN_OR_RETURN(s.owner_token, b.Uint("owner_token"));
+  CONNEX_ASSIGN_OR_RETURN(s.ticket, b.Uint("ticket"));
   return s;
 }
 
@@ -235,6 +267,8 @@ absl::StatusOr<Signal> Decode(std::string_view frame) {
     CONNEX_ASSIGN_OR_RETURN(s.from, GetLid(b, "from"));
     CONNEX_ASSIGN_OR_RETURN(s.request_ids, b.UintList("request_ids"));
     CONNEX_ASSIGN_OR_RETURN(s.tokens, GetI32List(b, "tokens"));
+    CONNEX_ASSIGN_OR_RETURN(s.from_epoch, b.Uint("from_epoch"));
+    CONNEX_ASSIGN_OR_RETURN(s.ticket, b.Uint("ticket"));
     if (s.tokens.size() != s.request_ids.size()) {
       return absl::InvalidArgumentError("RESULT: request_ids and tokens differ in length");
     }
@@ -246,6 +280,8 @@ absl::StatusOr<Signal> Decode(std::string_view frame) {
     CONNEX_ASSIGN_OR_RETURN(s.attempt, GetU32(b, "attempt"));
     CONNEX_ASSIGN_OR_RETURN(s.from, GetLid(b, "from"));
     CONNEX_ASSIGN_OR_RETURN(s.request_ids, b.UintList("request_ids"));
+    CONNEX_ASSIGN_OR_RETURN(s.from_epoch, b.Uint("from_epoch"));
+    CONNEX_ASSIGN_OR_RETURN(s.ticket, b.Uint("ticket"));
     return Signal(std::move(s));
   }
   if (f.type == "HOP_FAILED") {
@@ -256,12 +292,36 @@ absl::StatusOr<Signal> Decode(std::string_view frame) {
     CONNEX_ASSIGN_OR_RETURN(s.hop, GetU32(b, "hop"));
     CONNEX_ASSIGN_OR_RETURN(s.code, GetU32(b, "code"));
     CONNEX_ASSIGN_OR_RETURN(s.reason, b.StrOr("reason", ""));
+    CONNEX_ASSIGN_OR_RETURN(s.from_epoch, b.Uint("from_epoch"));
+    CONNEX_ASSIGN_OR_RETURN(s.ticket, b.Uint("ticket"));
+    return Signal(std::move(s));
+  }
+  if (f.type == "STEP_ERROR") {
+    StepErrorSignal s;
+    CONNEX_ASSIGN_OR_RETURN(s.step, b.Uint("step"));
+    CONNEX_ASSIGN_OR_RETURN(s.attempt, GetU32(b, "attempt"));
+    CONNEX_ASSIGN_OR_RETURN(s.from, GetLid(b, "from"));
+    CONNEX_ASSIGN_OR_RETURN(s.request_ids, b.UintList("request_ids"));
+    CONNEX_ASSIGN_OR_RETURN(s.code, GetU32(b, "code"));
+    CONNEX_ASSIGN_OR_RETURN(s.message, b.StrOr("message", ""));
+    CONNEX_ASSIGN_OR_RETURN(s.from_epoch, b.Uint("from_epoch"));
+    CONNEX_ASSIGN_OR_RETURN(s.ticket, b.Uint("ticket"));
     return Signal(std::move(s));
   }
   if (f.type == "RELEASE") {
     ReleaseSignal s;
     CONNEX_ASSIGN_OR_RETURN(s.from, GetLid(b, "from"));
     CONNEX_ASSIGN_OR_RETURN(s.request_ids, b.UintList("request_ids"));
+    CONNEX_ASSIGN_OR_RETURN(s.owner_token, b.Uint("owner_token"));
+    CONNEX_ASSIGN_OR_RETURN(s.nonce, b.Uint("nonce"));
+    CONNEX_ASSIGN_OR_RETURN(s.reply_to, b.StrOr("reply_to", ""));
+    CONNEX_ASSIGN_OR_RETURN(s.upto_step, b.Uint("upto_step"));
+    return Signal(std::move(s));
+  }
+  if (f.type == "RELEASED") {
+    ReleasedSignal s;
+    CONNEX_ASSIGN_OR_RETURN(s.nonce, b.Uint("nonce"));
+    CONNEX_ASSIGN_OR_RETURN(s.from, GetLid(b, "from"));
     return Signal(std::move(s));
   }
   if (f.type == "PING") {

@@ -38,6 +38,13 @@ struct StepSignal {
   std::vector<TensorLayout> layout;
   uint64_t remote_addr = 0;  // the payload in the origin's registered memory
   uint64_t length = 0;
+  // The owner's incarnation: random per StageNode (a restarted owner draws a new one, a
+  // migrated owner keeps it). Stages scope request state by (owner LID, owner_token), and only a
+  // RELEASE that carries it is believed.
+  uint64_t owner_token = 0;
+  // Random per attempt: every answer about this attempt (RESULT, MISSING, HOP_FAILED,
+  // STEP_ERROR) must carry it, so an answer that did not see the step is not believed.
+  uint64_t ticket = 0;
   const Hop& target() const { return route[hop]; }
 };
 
@@ -57,6 +64,8 @@ struct ResultSignal {
   Lid from;
   std::vector<uint64_t> request_ids;
   std::vector<int32_t> tokens;
+  uint64_t from_epoch = 0;
+  uint64_t ticket = 0;  // the step attempt's
 };
 
 // A stage does not hold these requests' state: the owner recomputes them.
@@ -65,6 +74,8 @@ struct MissingSignal {
   uint32_t attempt = 0;
   Lid from;
   std::vector<uint64_t> request_ids;
+  uint64_t from_epoch = 0;
+  uint64_t ticket = 0;
 };
 
 // A stage could not hand the step to route[hop] (refused, unreachable): the owner re-routes.
@@ -75,12 +86,38 @@ struct HopFailedSignal {
   uint32_t hop = 0;
   uint32_t code = 0;
   std::string reason;
+  uint64_t from_epoch = 0;
+  uint64_t ticket = 0;
 };
 
-// The owner is done with these requests: drop their state.
+// A stage's engine failed these requests' step: the owner ends them with this error.
+struct StepErrorSignal {
+  uint64_t step = 0;
+  uint32_t attempt = 0;
+  Lid from;
+  std::vector<uint64_t> request_ids;
+  uint32_t code = 0;
+  std::string message;
+  uint64_t from_epoch = 0;
+  uint64_t ticket = 0;
+};
+
+// The owner is done with these requests: drop their state, and answer RELEASED(nonce) at
+// `reply_to`. Believed only with the owner's token (StepSignal::owner_token).
 struct ReleaseSignal {
   Lid from;
   std::vector<uint64_t> request_ids;
+  uint64_t owner_token = 0;
+  uint64_t nonce = 0;
+  std::string reply_to;
+  // Every step of these requests up to this id is over: a late one that arrives after the
+  // release is not run (it would make state nobody releases). A later step (a new request
+  // under a reused id) is.
+  uint64_t upto_step = 0;
+};
+struct ReleasedSignal {
+  uint64_t nonce = 0;
+  Lid from;
 };
 
 // Liveness probe after a step timeout, and its answer.
@@ -96,7 +133,7 @@ struct PongSignal {
 };
 
 using Signal = std::variant<StepSignal, AckSignal, ResultSignal, MissingSignal, HopFailedSignal,
-                            ReleaseSignal, PingSignal, PongSignal>;
+                            StepErrorSignal, ReleaseSignal, ReleasedSignal, PingSignal, PongSignal>;
 
 std::string Encode(const Signal& signal);
 // InvalidArgument names the field that is wrong.

@@ -77,5 +77,50 @@ TEST(TensorDictTest, PackUnpackAndBadLayouts) {
               HasSubstr("tensor 'b'"));
 }
 
+// Issue 9 finding 7: [2^31, 2^31] F32 is 2^64 bytes; the product wrapped to 0 and a layout of
+// size 0 was accepted.
+TEST(TensorDictTest, ALayoutWhoseByteSizeOverflowsIsRefused) {
+  std::vector<uint8_t> buf(64);
+  std::vector<TensorLayout> layout = {
+      TensorLayout{"h", DType::kF32, {int64_t{1} << 31, int64_t{1} << 31}, 0, 0}};
+  absl::Status st = Unpack(layout, buf.data(), buf.size()).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("tensor 'h'"));
+  EXPECT_EQ(ByteSize(std::vector<int64_t>{int64_t{1} << 31, int64_t{1} << 31}, DType::kF32),
+            std::nullopt);
+  EXPECT_EQ(ByteSize(std::vector<int64_t>{3, 5}, DType::kI64), 120u);
+}
+
+TEST(MessagesTest, TicketsTokensAndEpochsRoundTrip) {
+  StepSignal s;
+  s.owner = MakeHop(0);
+  s.origin = MakeHop(0);
+  s.route = {MakeHop(1)};
+  s.owner_token = 0xfeedfacecafebeefull;
+  s.ticket = 77;
+  auto step = Decode(Encode(s));
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(std::get<StepSignal>(*step).owner_token, 0xfeedfacecafebeefull);
+  EXPECT_EQ(std::get<StepSignal>(*step).ticket, 77u);
+  ResultSignal r{1, 2, Lid{"m", 3, 0, 0}, {7}, {100}, 41, 77};
+  auto result = Decode(Encode(r));
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(std::get<ResultSignal>(*result).from_epoch, 41u);
+  EXPECT_EQ(std::get<ResultSignal>(*result).ticket, 77u);
+  StepErrorSignal e{1, 2, Lid{"m", 2, 0, 0}, {7, 8}, 13, "engine: out of memory", 42, 77};
+  auto error = Decode(Encode(e));
+  ASSERT_TRUE(error.ok()) << error.status();
+  EXPECT_EQ(std::get<StepErrorSignal>(*error).message, "engine: out of memory");
+  EXPECT_EQ(std::get<StepErrorSignal>(*error).request_ids, (std::vector<uint64_t>{7, 8}));
+  ReleaseSignal rel{Lid{"m", 0, 0, 0}, {7}, 99, 5, "pp+mem://1"};
+  auto release = Decode(Encode(rel));
+  ASSERT_TRUE(release.ok());
+  EXPECT_EQ(std::get<ReleaseSignal>(*release).owner_token, 99u);
+  EXPECT_EQ(std::get<ReleaseSignal>(*release).reply_to, "pp+mem://1");
+  auto released = Decode(Encode(ReleasedSignal{5, Lid{"m", 1, 0, 0}}));
+  ASSERT_TRUE(released.ok());
+  EXPECT_EQ(std::get<ReleasedSignal>(*released).nonce, 5u);
+}
+
 }  // namespace
 }  // namespace connex::pp

@@ -18,7 +18,10 @@
 #include "connex/base/mutex.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
+#include "connex/pp/internal/recent_set.h"
 #include "connex/pp/messages.h"
+#include "connex/pp/replay_cache.h"
+#include "connex/pp/request_scope.h"
 #include "connex/pp/send_ring.h"
 
 namespace connex::pp {
@@ -40,18 +43,50 @@ absl::StatusOr<StageNodeOptions> StageNodeOptions::FromEnv(StageNodeOptions o) {
                           EnvInt("CONNEX_PP_SLOT_BYTES", o.slot_bytes, 4096, int64_t{1} << 32));
   CONNEX_ASSIGN_OR_RETURN(int64_t batch, EnvInt("CONNEX_PP_MAX_BATCH", o.max_batch, 1, 4096));
   o.max_batch = static_cast<int>(batch);
+  CONNEX_ASSIGN_OR_RETURN(o.request_timeout_ms, EnvInt("CONNEX_PP_REQUEST_TIMEOUT_MS",
+                                                       o.request_timeout_ms, 0, 86'400'000));
+  CONNEX_ASSIGN_OR_RETURN(int64_t attempts,
+                          EnvInt("CONNEX_PP_ATTEMPT_MAX", o.attempt_max, 1, 100000));
+  o.attempt_max = static_cast<int>(attempts);
+  CONNEX_ASSIGN_OR_RETURN(o.replay_cache_bytes, EnvInt("CONNEX_PP_REPLAY_CACHE_BYTES",
+                                                       o.replay_cache_bytes, 0, int64_t{1} << 40));
+  CONNEX_ASSIGN_OR_RETURN(o.owner_grace_ms,
+                          EnvInt("CONNEX_PP_OWNER_GRACE_MS", o.owner_grace_ms, 0, 86'400'000));
   return o;
+}
+
+absl::Status StageNodeOptions::Validate() const {
+  if (stages == 0) return absl::InvalidArgumentError("pp: stages must be at least 1, not 0");
+  if (stage >= stages) {
+    return absl::InvalidArgumentError(StrCat("pp: stage ", stage, " is outside a pipeline of ",
+                                             stages, " stages (0..", stages - 1, ")"));
+  }
+  if (inflight < 1) return absl::InvalidArgumentError(StrCat("pp: inflight ", inflight));
+  if (ring_slots < 1) return absl::InvalidArgumentError(StrCat("pp: ring_slots ", ring_slots));
+  if (slot_bytes < 4096 || slot_bytes % 64 != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("pp: slot_bytes ", slot_bytes, " (need a multiple of 64, at least 4096)"));
+  }
+  if (max_batch < 1) return absl::InvalidArgumentError(StrCat("pp: max_batch ", max_batch));
+  if (attempt_max < 1) return absl::InvalidArgumentError(StrCat("pp: attempt_max ", attempt_max));
+  if (step_timeout_ms < 1 || probe_timeout_ms < 1 || route_wait_ms < 1 || request_timeout_ms < 0) {
+    return absl::InvalidArgumentError("pp: timeouts must be positive");
+  }
+  return absl::OkStatus();
 }
 
 namespace {
 
 constexpr std::string_view kSignalScheme = "pp+";
 constexpr size_t kSeenCorrs = 8192;
-constexpr size_t kExecutedSteps = 2048;
-
-using Clk = std::chrono::steady_clock;
-
-int64_t NowMs() { return RealClock::Get()->NowMs(); }
+constexpr size_t kReplayEntries = 2048;
+constexpr size_t kGoneOwners = 4096;
+constexpr size_t kReleasedRequests = 65536;
+constexpr size_t kRetiredTransports = 2;
+constexpr int kReleaseAttempts = 10;
+constexpr int64_t kPruneEveryMs = 1000;
+// Bytes a step's payload needs besides its per-token rows: the batch keys and alignment.
+constexpr uint64_t kStepOverheadBytes = 4096;
 
 Hop HopFromRecord(const directory::Record& r) {
   Hop hop;
@@ -73,6 +108,19 @@ std::string RouteKey(const std::vector<Hop>& route) {
   std::string key;
   for (const Hop& h : route) key += StrCat(h.lid.ToString(), "@", h.epoch, ";");
   return key;
+}
+
+// Errors of a hop that no re-send can cure: the step itself does not fit or is malformed.
+bool Permanent(absl::StatusCode code) {
+  return code == absl::StatusCode::kInvalidArgument ||
+         code == absl::StatusCode::kResourceExhausted || code == absl::StatusCode::kOutOfRange;
+}
+
+// Replaces the request ids of a step's batch key (`from[i]` -> `to[i]`, positionally by the
+// batch's order), so that an engine sees this stage's local ids and the next stage the owner's.
+void RewriteIds(TensorDict& dict, const std::vector<uint64_t>& ids) {
+  std::vector<int64_t> v(ids.begin(), ids.end());
+  dict.Set(kRequestIds, Tensor::Of<int64_t>({static_cast<int64_t>(v.size())}, v));
 }
 
 // Keeps the requests of `in` for which keep[i] is true. Tensors whose first dimension is the
@@ -126,22 +174,28 @@ class StageNode::Impl {
   Impl(StageNodeOptions options, Engine& engine, transport::TransferEnginePtr transfer,
        std::unique_ptr<SignalTransport> signals, directory::DirectoryClient& directory)
       : o_(std::move(options)),
+        clock_(o_.clock != nullptr ? o_.clock : RealClock::Get()),
         engine_(engine),
         transfer_(std::move(transfer)),
         signals_(std::move(signals)),
         dir_(directory),
-        lid_{o_.model, o_.stage, 0, o_.replica} {
+        lid_{o_.model, o_.stage, 0, o_.replica},
+        seen_corr_(kSeenCorrs),
+        gone_owners_(kGoneOwners),
+        released_(kReleasedRequests),
+        replay_(kReplayEntries, static_cast<uint64_t>(o_.replay_cache_bytes)) {
     std::random_device rd;
-    next_corr_ = (static_cast<uint64_t>(rd()) << 32) | 1;
-    next_step_ = (static_cast<uint64_t>(rd() & 0xffff) << 40) | 1;
+    rng_.seed((static_cast<uint64_t>(rd()) << 32) ^ rd());
+    next_corr_ = (rng_() << 16) | 1;
+    next_step_ = ((rng_() & 0xffff) << 40) | 1;
+    owner_token_ = rng_() | 1;
   }
 
   ~Impl() { StopLoop(); }
 
+  // On error nothing is left running: ~Impl (StopLoop) undoes what was set up.
   absl::Status Start() {
-    if (o_.stages == 0 || o_.stage >= o_.stages) {
-      return absl::InvalidArgumentError(StrCat("pp: stage ", o_.stage, " of ", o_.stages));
-    }
+    CONNEX_RETURN_IF_ERROR(o_.Validate());
     CONNEX_ASSIGN_OR_RETURN(ring_, SendRing::Create(*transfer_, static_cast<size_t>(o_.ring_slots),
                                                     static_cast<size_t>(o_.slot_bytes)));
     CONNEX_ASSIGN_OR_RETURN(recv_buf_, transfer_->AllocateManagedBuffer(o_.slot_bytes));
@@ -149,32 +203,49 @@ class StageNode::Impl {
     peer_sub_ = transfer_->SubscribePeerEvents([this](const transport::PeerEvent& e) { Post(e); });
     signals_->SetReceiver([this](std::string frame) { Post(std::move(frame)); });
     dir_sub_ = dir_.Subscribe([this](const directory::Event& e) { Post(e); });
-    // The client may outlive this node: the callback holds the epoch, not the node.
-    dir_.OnRegistrationChange([epoch = epoch_, lid = lid_](const directory::RegistrationChange& c) {
-      if (c.lid == lid && c.status.ok()) epoch->store(c.new_epoch);
+    // The client may outlive this node: the callback holds the shared registration state, not
+    // the node.
+    dir_.OnRegistrationChange([reg = reg_, lid = lid_](const directory::RegistrationChange& c) {
+      if (c.lid != lid) return;
+      if (c.status.ok()) {
+        reg->epoch.store(c.new_epoch);
+      } else if (c.new_epoch == 0) {
+        connex::MutexLock lock(&reg->mu);
+        reg->lost = Annotate(
+            c.status, StrCat("pp: ", lid.ToString(), " lost its LID (epoch ", c.old_epoch, ")"));
+      }
     });
     CONNEX_RETURN_IF_ERROR(dir_.Watch(o_.model));
     CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, dir_.Join(lid_, Addresses()));
-    epoch_->store(epoch);
+    joined_ = true;
+    reg_->epoch.store(epoch);
     loop_ = std::thread([this] { Run(); });
     reporter_ = std::thread([this] { ReportLoop(); });
     return absl::OkStatus();
   }
 
   absl::Status Submit(uint64_t id, std::vector<int32_t> prompt, int max_new, Completion done,
-                      StageNode::TokenCallback on_token) {
+                      SubmitOptions options) {
     if (o_.stage != 0) {
       return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " is not stage 0"));
     }
     if (prompt.empty()) return absl::InvalidArgumentError(StrCat("request ", id, ": empty prompt"));
     if (max_new <= 0)
       return absl::InvalidArgumentError(StrCat("request ", id, ": max_new_tokens ", max_new));
-    absl::Status result;
+    if (options.timeout_ms < 0)
+      return absl::InvalidArgumentError(
+          StrCat("request ", id, ": timeout_ms ", options.timeout_ms));
+    CONNEX_RETURN_IF_ERROR(Health());
     auto accepted = std::make_shared<std::promise<absl::Status>>();
     auto future = accepted->get_future();
-    Post(std::function<void()>([this, id, prompt = std::move(prompt), max_new,
-                                done = std::move(done), on_token = std::move(on_token),
-                                accepted]() mutable {
+    Command cmd;
+    cmd.run = [this, id, prompt = std::move(prompt), max_new, done = std::move(done),
+               options = std::move(options), accepted]() mutable {
+      absl::Status health = Health();
+      if (!health.ok()) {
+        accepted->set_value(health);
+        return;
+      }
       if (draining_) {
         accepted->set_value(
             absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining")));
@@ -190,56 +261,80 @@ class StageNode::Impl {
       r.prompt_len = r.tokens.size();
       r.max_new = max_new;
       r.done = std::move(done);
-      r.on_token = std::move(on_token);
+      r.on_token = std::move(options.on_token);
       r.waiting_since = NowMs();
+      int64_t timeout = options.timeout_ms > 0 ? options.timeout_ms : o_.request_timeout_ms;
+      r.timeout_ms = timeout;
+      r.deadline = timeout > 0 ? NowMs() + timeout : 0;
       requests_.emplace(id, std::move(r));
       accepted->set_value(absl::OkStatus());
-    }));
-    if (future.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
-      return absl::DeadlineExceededError("pp: the node's loop did not accept the request");
+    };
+    cmd.cancel = [this, accepted] {
+      accepted->set_value(
+          absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped")));
+    };
+    if (!PostCommand(std::move(cmd))) {
+      return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped"));
     }
     return future.get();
   }
 
   void Stop(bool leave, int64_t drain_timeout_ms) {
-    if (leave) {
+    if (leave && !IsStopped()) {
       // LEFT first, so that owners stop routing new steps here; then finish what is in flight.
-      Post(std::function<void()>([this] { draining_ = true; }));
-      (void)dir_.Leave(lid_);
-      auto deadline = NowMs() + drain_timeout_ms;
-      while (NowMs() < deadline) {
-        StageNodeStats s = Stats();
-        bool quiet = NowMs() - last_step_ms_.load() > 100;
-        if (s.steps_in_flight == 0 && s.ring_in_use == 0 && quiet) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      // The gate: the loop opens `drained` once nothing of ours is in flight.
+      auto drained = std::make_shared<std::promise<void>>();
+      auto future = drained->get_future();
+      Command cmd;
+      cmd.run = [this, drained] {
+        draining_ = true;
+        drained_ = drained;
+      };
+      cmd.cancel = [drained] { drained->set_value(); };
+      if (PostCommand(std::move(cmd))) {
+        if (joined_) (void)dir_.Leave(lid_);
+        joined_ = false;
+        (void)future.wait_for(std::chrono::milliseconds(drain_timeout_ms));
       }
     }
     StopLoop();
   }
 
   absl::Status Migrate(std::unique_ptr<SignalTransport> signals) {
+    CONNEX_RETURN_IF_ERROR(Health());
     auto done = std::make_shared<std::promise<absl::Status>>();
     auto future = done->get_future();
     SignalTransport* fresh = signals.get();
     fresh->SetReceiver([this](std::string frame) { Post(std::move(frame)); });
-    Post(std::function<void()>(
-        [this, s = std::shared_ptr<SignalTransport>(std::move(signals)), done]() mutable {
-          std::unique_ptr<SignalTransport> old = std::move(signals_);
-          signals_.reset(new ForwardingTransport(std::move(s)));
-          absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses());
-          if (epoch.ok()) epoch_->store(*epoch);
-          old->Close();
-          retired_.push_back(std::move(old));
-          done->set_value(epoch.status());
-        }));
+    Command cmd;
+    cmd.run = [this, s = std::shared_ptr<SignalTransport>(std::move(signals)), done]() mutable {
+      std::unique_ptr<SignalTransport> old = std::move(signals_);
+      signals_.reset(new ForwardingTransport(std::move(s)));
+      absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses());
+      if (epoch.ok()) reg_->epoch.store(*epoch);
+      old->Close();
+      retired_.push_back(std::move(old));
+      while (retired_.size() > kRetiredTransports) retired_.pop_front();
+      done->set_value(epoch.status());
+    };
+    cmd.cancel = [this, done] {
+      done->set_value(absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped")));
+    };
+    if (!PostCommand(std::move(cmd))) {
+      return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped"));
+    }
     return future.get();
   }
 
   const Lid& lid() const { return lid_; }
-  uint64_t epoch() const { return epoch_->load(); }
+  uint64_t epoch() const { return reg_->epoch.load(); }
   StageNodeStats Stats() const {
     connex::MutexLock lock(&stats_mu_);
     return stats_snapshot_;
+  }
+  absl::Status Health() const {
+    connex::MutexLock lock(&reg_->mu);
+    return reg_->lost;
   }
 
  private:
@@ -256,24 +351,40 @@ class StageNode::Impl {
     std::shared_ptr<SignalTransport> t_;
   };
 
-  using Item =
-      std::variant<std::string, transport::PeerEvent, directory::Event, std::function<void()>>;
+  // Work for the loop from another thread; `cancel` answers the caller if the loop stopped first.
+  struct Command {
+    std::function<void()> run;
+    std::function<void()> cancel;
+  };
+  using Item = std::variant<std::string, transport::PeerEvent, directory::Event, Command>;
+
+  // This incarnation's registration, shared with the directory client's callback (which may
+  // outlive the node).
+  struct Registration {
+    std::atomic<uint64_t> epoch{0};
+    connex::Mutex mu;
+    absl::Status lost ABSL_GUARDED_BY(mu);
+  };
 
   struct Request {
     std::vector<int32_t> tokens;  // prompt, then generated
     size_t prompt_len = 0;
     int max_new = 0;
-    size_t cached = 0;  // positions the route holds
+    size_t cached = 0;   // positions the route holds
+    size_t sent_to = 0;  // the in-flight step covers tokens [cached, sent_to)
     std::vector<Hop> route;
     std::set<Lid> visited;  // stages that may hold state, released at the end
     uint64_t step = 0;      // in flight; 0 none
     int reprefills = 0;
     int64_t waiting_since = 0;  // for a route
+    int64_t deadline = 0;       // 0: none
+    int64_t timeout_ms = 0;
     Completion done;
     StageNode::TokenCallback on_token;
   };
   struct Step {
     uint32_t attempt = 1;
+    uint64_t ticket = 0;  // of the current attempt
     std::vector<uint64_t> ids;
     std::set<uint64_t> remaining;
     std::vector<int32_t> starts, counts;
@@ -282,7 +393,9 @@ class StageNode::Impl {
     int64_t deadline = 0;
     int64_t probe_until = 0;  // probing when > 0
     std::set<Lid> ponged;
-    int64_t resend_at = 0;  // a re-send waits for a slot, a route or a backoff when > 0
+    std::vector<uint64_t> pings;  // nonces of the probe in progress
+    int64_t resend_at = 0;        // a re-send waits for a slot, a route or a backoff when > 0
+    std::string last_problem;     // why it was last re-sent
     bool sent = false;
   };
   struct Outgoing {
@@ -290,6 +403,7 @@ class StageNode::Impl {
     std::string owner_signal;
     uint64_t step = 0;
     uint32_t attempt = 0;
+    uint64_t ticket = 0;
     uint32_t hop = 0;
     Lid target;
     int64_t deadline = 0;
@@ -298,9 +412,17 @@ class StageNode::Impl {
     StepSignal signal;  // everything but corr, remote_addr, length, layout
     TensorDict payload;
   };
-  struct Executed {
-    TensorDict output;
+  // Requests whose state a stage holds, to be released there; retried until RELEASED.
+  struct PendingRelease {
+    Lid target;
+    std::string signal;
+    std::vector<uint64_t> ids;
+    uint64_t upto_step = 0;  // every step of these requests so far
+    int attempts = 0;
+    int64_t next_at = 0;
   };
+
+  int64_t NowMs() const { return clock_->NowMs(); }
 
   std::vector<std::string> Addresses() const {
     std::vector<std::string> a = transfer_->LocalAddresses();
@@ -311,7 +433,7 @@ class StageNode::Impl {
   Hop Self() const {
     Hop h;
     h.lid = lid_;
-    h.epoch = epoch_->load();
+    h.epoch = reg_->epoch.load();
     h.signal = signals_->address();
     h.addresses = transfer_->LocalAddresses();
     return h;
@@ -319,10 +441,25 @@ class StageNode::Impl {
 
   void Post(Item item) {
     connex::MutexLock lock(&queue_mu_);
+    if (stopped_) return;
     queue_.push_back(std::move(item));
   }
 
+  // False when the loop has stopped (the command was not queued).
+  bool PostCommand(Command cmd) {
+    connex::MutexLock lock(&queue_mu_);
+    if (stopped_ || !loop_.joinable()) return false;
+    queue_.push_back(std::move(cmd));
+    return true;
+  }
+
+  bool IsStopped() {
+    connex::MutexLock lock(&queue_mu_);
+    return stopped_;
+  }
+
   void StopLoop() {
+    std::deque<Item> left;
     {
       connex::MutexLock lock(&queue_mu_);
       if (stopped_) return;
@@ -331,17 +468,30 @@ class StageNode::Impl {
     stop_.store(true);
     if (loop_.joinable()) loop_.join();
     {
+      connex::MutexLock lock(&queue_mu_);
+      left.swap(queue_);
+    }
+    for (Item& item : left) {
+      if (auto* cmd = std::get_if<Command>(&item)) {
+        if (cmd->cancel) cmd->cancel();
+      }
+    }
+    {
       connex::MutexLock lock(&report_mu_);
       report_stop_ = true;
     }
     if (reporter_.joinable()) reporter_.join();
-    dir_.Unsubscribe(dir_sub_);
-    transfer_->UnsubscribePeerEvents(peer_sub_);
+    if (dir_sub_ != 0) dir_.Unsubscribe(dir_sub_);
+    if (peer_sub_ != 0) transfer_->UnsubscribePeerEvents(peer_sub_);
     signals_->Close();
     for (auto& [id, r] : requests_) {
       if (r.done) r.done(id, absl::CancelledError(StrCat("pp: ", lid_.ToString(), " stopped")));
     }
     requests_.clear();
+    if (drained_) {
+      drained_->set_value();
+      drained_.reset();
+    }
     ring_.reset();
     if (recv_buf_ != nullptr) (void)transfer_->FreeManagedBuffer(recv_buf_);
     if (check_buf_ != nullptr) (void)transfer_->FreeManagedBuffer(check_buf_);
@@ -367,24 +517,55 @@ class StageNode::Impl {
         queue_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(wait));
         items.swap(queue_);
       }
+      CheckRegistration();
       for (Item& item : items) {
-        if (stop_.load()) break;
+        if (stop_.load()) {
+          if (auto* cmd = std::get_if<Command>(&item)) {
+            if (cmd->cancel) cmd->cancel();
+          }
+          continue;
+        }
         if (auto* frame = std::get_if<std::string>(&item)) {
           HandleFrame(*frame);
         } else if (auto* pe = std::get_if<transport::PeerEvent>(&item)) {
           HandlePeerEvent(*pe);
         } else if (auto* de = std::get_if<directory::Event>(&item)) {
           HandleDirectoryEvent(*de);
-        } else if (auto* cmd = std::get_if<std::function<void()>>(&item)) {
-          (*cmd)();
+        } else if (auto* cmd = std::get_if<Command>(&item)) {
+          cmd->run();
         }
       }
       now = NowMs();
       RunTimers(now);
       FlushPending();
-      if (o_.stage == 0) Schedule(now);
+      if (o_.stage == 0) {
+        Schedule(now);
+        FlushReleases(now);
+      }
+      if (now - last_prune_ms_ >= kPruneEveryMs) {
+        last_prune_ms_ = now;
+        Prune();
+      }
+      if (drained_ && steps_.empty() && pending_.empty() && outgoing_.empty()) {
+        drained_->set_value();
+        drained_.reset();
+      }
       PublishStats();
     }
+  }
+
+  // A node that lost its LID refuses everything from then on, and says so once, loudly.
+  void CheckRegistration() {
+    if (lost_) return;
+    absl::Status health = Health();
+    if (health.ok()) return;
+    lost_ = true;
+    CONNEX_LOG_ERROR("pp {}: {}; this node no longer serves", lid_.ToString(),
+                     AsStd(health.message()));
+    reg_->epoch.store(0);  // every step for any epoch is fenced from now on
+    std::vector<uint64_t> ids;
+    for (const auto& [id, q] : requests_) ids.push_back(id);
+    for (uint64_t id : ids) Finish(id, health);
   }
 
   int64_t NextTimer(int64_t now) const {
@@ -401,6 +582,10 @@ class StageNode::Impl {
     stats_.ring_in_use = ring_ ? ring_->in_use() : 0;
     stats_.requests_in_flight = requests_.size();
     stats_.steps_in_flight = steps_.size() + pending_.size();
+    stats_.held_requests = scope_.requests();
+    stats_.replay_bytes = replay_.bytes();
+    stats_.releases_pending = releases_.size();
+    for (const auto& [key, ids] : unsent_releases_) stats_.releases_pending += ids.second.size();
     connex::MutexLock lock(&stats_mu_);
     stats_snapshot_ = stats_;
   }
@@ -417,43 +602,48 @@ class StageNode::Impl {
     std::visit([this](auto& s) { On(s); }, *signal);
   }
 
+  // ---- the receiver ----
+
   void On(StepSignal& s) {
     const Hop& target = s.target();
     AckSignal ack;
     ack.corr = s.corr;
     ack.from = lid_;
-    if (target.lid != lid_ || target.epoch != epoch_->load()) {
+    const uint64_t epoch = reg_->epoch.load();
+    if (target.lid != lid_ || target.epoch != epoch || epoch == 0) {
       ++stats_.fenced;
       ack.code = static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition);
       ack.message = StrCat(lid_.ToString(), ": step for ", target.lid.ToString(), " epoch ",
-                           target.epoch, " refused, this is epoch ", epoch_->load());
+                           target.epoch, " refused, this is epoch ", epoch);
       Send(s.origin.signal, ack);
       return;
     }
-    if (seen_corr_.count(s.corr)) {
+    if (gone_owners_.Contains({s.owner.lid, s.owner.epoch})) {
+      // Its requests were dropped here: running its step would make state nobody releases.
+      ++stats_.fenced;
+      ack.code = static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition);
+      ack.message = StrCat(lid_.ToString(), ": owner ", s.owner.lid.ToString(), " epoch ",
+                           s.owner.epoch, " is gone");
+      Send(s.origin.signal, ack);
+      return;
+    }
+    if (seen_corr_.Contains(s.corr)) {
       ++stats_.duplicates_dropped;
       Send(s.origin.signal, ack);  // the first ACK may have been lost
       return;
     }
-    Remember(s.corr);
-    last_step_ms_.store(NowMs());
+    seen_corr_.Insert(s.corr);
     // Pull the payload.
-    uint64_t total = kSlotHeaderBytes + s.length;
-    if (total > static_cast<uint64_t>(o_.slot_bytes)) {
+    if (kSlotHeaderBytes + s.length > static_cast<uint64_t>(o_.slot_bytes)) {
       ack.code = static_cast<uint32_t>(absl::StatusCode::kInvalidArgument);
-      ack.message = StrCat("payload of ", s.length, " bytes exceeds this stage's slot");
+      ack.message =
+          StrCat(lid_.ToString(), ": payload of ", s.length,
+                 " bytes exceeds this stage's slot (CONNEX_PP_SLOT_BYTES=", o_.slot_bytes, ")");
       Send(s.origin.signal, ack);
       return;
     }
-    absl::Status read =
-        transfer_->TransferSyncRead(PeerOf(s.origin), recv_buf_, s.remote_addr, total);
-    SlotHeader header{};
-    if (read.ok()) {
-      std::memcpy(&header, recv_buf_, sizeof(header));
-      if (header.corr != s.corr || header.length != s.length) {
-        read = absl::AbortedError("payload was replaced before it was read (stale slot)");
-      }
-    }
+    absl::Status read = ReadSlot(*transfer_, PeerOf(s.origin), recv_buf_, check_buf_, s.remote_addr,
+                                 s.corr, s.length);
     if (!read.ok()) {
       ack.code = static_cast<uint32_t>(read.code());
       ack.message = std::string(read.message());
@@ -462,83 +652,127 @@ class StageNode::Impl {
     }
     absl::StatusOr<TensorDict> in =
         Unpack(s.layout, static_cast<const uint8_t*>(recv_buf_) + kSlotHeaderBytes, s.length);
-    Send(s.origin.signal, ack);  // the slot is free: the payload is ours
-    if (!in.ok()) {
-      CONNEX_LOG_WARN("pp {}: bad payload of step {}: {}", lid_.ToString(), s.step,
-                      AsStd(in.status().message()));
-      return;
+    absl::StatusOr<Batch> batch = in.ok() ? GetBatch(*in) : absl::StatusOr<Batch>(in.status());
+    if (batch.ok() &&
+        (batch->request_ids != s.request_ids || batch->start_positions != s.start_positions ||
+         batch->num_tokens != s.num_tokens)) {
+      batch = absl::InvalidArgumentError("the payload's batch differs from the signal's");
     }
-    absl::StatusOr<Batch> batch = GetBatch(*in);
     if (!batch.ok()) {
-      CONNEX_LOG_WARN("pp {}: bad batch in step {}: {}", lid_.ToString(), s.step,
-                      AsStd(batch.status().message()));
+      // A malformed step is the sender's bug or a forgery: refuse it, by name; never run it.
+      ack.code = static_cast<uint32_t>(absl::StatusCode::kInvalidArgument);
+      ack.message =
+          StrCat(lid_.ToString(), ": bad payload of step ", s.step, ": ", batch.status().message());
+      CONNEX_LOG_WARN("pp {}", ack.message);
+      Send(s.origin.signal, ack);
       return;
     }
-    // Step ids grow per owner, so a request's last executed step tells an old attempt (or a
-    // late duplicate) from a new step: a step is never executed twice on a stage, and a request
-    // that has moved on is never taken back.
-    auto key = std::make_pair(s.owner.lid, s.step);
-    auto done = executed_.find(key);
-    if (done != executed_.end()) {
-      // A re-sent attempt of a step this stage already ran: answer from the output cache, for
-      // the requests the owner still waits for.
+    Send(s.origin.signal, ack);  // the slot is free: the payload is ours
+    const OwnerKey owner{s.owner.lid, s.owner_token};
+    scope_.SeenAt(owner, s.owner.epoch);
+    // A re-sent attempt of a step this stage already ran: answer from the replay cache, for the
+    // requests whose last step here is this one (a step is never executed twice on a stage, and
+    // a request that has moved on is never taken back).
+    const StepKey key{s.owner.lid, s.owner_token, s.step};
+    if (const TensorDict* cached = replay_.Find(key)) {
+      absl::StatusOr<Batch> cb = GetBatch(*cached);
+      if (!cb.ok()) return;
       std::set<uint64_t> wanted(s.request_ids.begin(), s.request_ids.end());
-      absl::StatusOr<Batch> cached = GetBatch(done->second.output);
-      if (!cached.ok()) return;
       std::vector<bool> keep;
       bool any = false;
-      for (uint64_t id : cached->request_ids) {
-        auto last = last_step_.find(id);
-        keep.push_back(wanted.count(id) && last != last_step_.end() && last->second == s.step);
+      for (uint64_t id : cb->request_ids) {
+        RequestScope::Entry* e = scope_.Find(owner, id);
+        keep.push_back(wanted.count(id) && e != nullptr && e->last_step == s.step);
         any |= keep.back();
       }
       if (!any) return;
       ++stats_.steps_replayed;
-      Deliver(s, Select(done->second.output, *cached, keep));
+      Deliver(s, Select(*cached, *cb, keep));
       return;
     }
     std::vector<bool> keep;
-    std::vector<uint64_t> lost;
-    for (uint64_t id : batch->request_ids) {
-      auto last = last_step_.find(id);
-      bool fresh = last == last_step_.end() || last->second < s.step;
-      if (!fresh && last->second == s.step) lost.push_back(id);  // ran, but the output is gone
+    std::vector<uint64_t> missing;
+    for (size_t i = 0; i < batch->request_ids.size(); ++i) {
+      const uint64_t* released = released_.Find({owner, batch->request_ids[i]});
+      if (released != nullptr && *released >= s.step) {
+        keep.push_back(false);  // a late step of a request its owner is done with
+        continue;
+      }
+      RequestScope::Entry* e = scope_.Find(owner, batch->request_ids[i]);
+      bool fresh = e == nullptr || e->last_step < s.step;
+      if (!fresh && e->last_step == s.step) missing.push_back(batch->request_ids[i]);  // no output
+      // Without state here, only a step from position 0 can run (it creates the state).
+      if (fresh && e == nullptr && batch->start_positions[i] != 0) {
+        missing.push_back(batch->request_ids[i]);
+        fresh = false;
+      }
       keep.push_back(fresh);
     }
+    // The engine sees this stage's local ids.
+    std::vector<uint64_t> owner_ids, local_ids;
+    std::vector<bool> created;
+    for (size_t i = 0; i < keep.size(); ++i) {
+      if (!keep[i]) continue;
+      uint64_t id = batch->request_ids[i];
+      created.push_back(scope_.Find(owner, id) == nullptr);
+      owner_ids.push_back(id);
+      local_ids.push_back(scope_.FindOrCreate(owner, s.owner.epoch, id).local_id);
+    }
     TensorDict runnable = Select(*in, *batch, keep);
-    std::vector<uint64_t> missing = engine_.MissingRequests(runnable);
-    missing.insert(missing.end(), lost.begin(), lost.end());
+    RewriteIds(runnable, local_ids);
+    std::set<uint64_t> lost;
+    for (uint64_t local : engine_.MissingRequests(runnable)) lost.insert(local);
+    if (!lost.empty()) {
+      for (size_t i = 0; i < local_ids.size(); ++i) {
+        if (!lost.count(local_ids[i])) continue;
+        missing.push_back(owner_ids[i]);
+        if (created[i]) scope_.Erase(owner, owner_ids[i]);
+      }
+    }
     if (!missing.empty()) {
       ++stats_.missing_reported;
-      Send(s.owner.signal, MissingSignal{s.step, s.attempt, lid_, missing});
+      Send(s.owner.signal, MissingSignal{s.step, s.attempt, lid_, missing, epoch, s.ticket});
     }
-    {
-      std::set<uint64_t> m(missing.begin(), missing.end());
-      bool any = false;
-      for (size_t i = 0; i < keep.size(); ++i) {
-        keep[i] = keep[i] && !m.count(batch->request_ids[i]);
-        any |= keep[i];
-      }
-      if (!any) return;
-      runnable = Select(*in, *batch, keep);
+    std::vector<bool> run(local_ids.size());
+    std::vector<uint64_t> run_owner, run_local;
+    for (size_t i = 0; i < local_ids.size(); ++i) {
+      run[i] = !lost.count(local_ids[i]);
+      if (!run[i]) continue;
+      run_owner.push_back(owner_ids[i]);
+      run_local.push_back(local_ids[i]);
+    }
+    if (run_owner.empty()) return;
+    if (!lost.empty()) {
+      absl::StatusOr<Batch> rb = GetBatch(runnable);
+      if (!rb.ok()) return;
+      runnable = Select(runnable, *rb, run);
     }
     absl::StatusOr<TensorDict> out = engine_.ExecuteStep(runnable);
     if (!out.ok()) {
+      // Not "missing": the engine failed. The owner ends these requests with this error.
       CONNEX_LOG_WARN("pp {}: step {} failed: {}", lid_.ToString(), s.step,
                       AsStd(out.status().message()));
-      absl::StatusOr<Batch> b = GetBatch(runnable);
-      if (b.ok()) Send(s.owner.signal, MissingSignal{s.step, s.attempt, lid_, b->request_ids});
+      for (size_t i = 0; i < run_owner.size(); ++i) {
+        if (!engine_.HoldsRequest(run_local[i])) scope_.Erase(owner, run_owner[i]);
+      }
+      Send(s.owner.signal,
+           StepErrorSignal{s.step, s.attempt, lid_, run_owner,
+                           static_cast<uint32_t>(out.status().code()),
+                           StrCat(lid_.ToString(), ": ", out.status().message()), epoch, s.ticket});
       return;
     }
     ++stats_.steps_executed;
-    for (size_t i = 0; i < keep.size(); ++i) {
-      if (keep[i]) last_step_[batch->request_ids[i]] = s.step;
-    }
-    executed_[key] = Executed{*out};
-    executed_order_.push_back(key);
-    while (executed_order_.size() > kExecutedSteps) {
-      executed_.erase(executed_order_.front());
-      executed_order_.pop_front();
+    for (uint64_t id : run_owner) scope_.Find(owner, id)->last_step = s.step;
+    RewriteIds(*out, run_owner);
+    if (o_.stage + 1 == o_.stages) {
+      // Only what a re-send needs: the batch and the sampled tokens, never the logits.
+      TensorDict kept;
+      for (const char* name : {kRequestIds, kStartPositions, kNumTokens, kNextTokens}) {
+        if (const Tensor* t = out->Find(name)) kept.Set(name, *t);
+      }
+      replay_.Put(key, kept);
+    } else {
+      replay_.Put(key, *out);
     }
     Deliver(s, *out);
   }
@@ -551,11 +785,23 @@ class StageNode::Impl {
       if (!b.ok() || !next.ok()) {
         CONNEX_LOG_ERROR("pp {}: the engine's last-stage output lacks {}", lid_.ToString(),
                          kNextTokens);
+        if (b.ok()) {
+          Send(s.owner.signal,
+               StepErrorSignal{s.step, s.attempt, lid_, b->request_ids,
+                               static_cast<uint32_t>(absl::StatusCode::kInternal),
+                               StrCat(lid_.ToString(), ": the engine returned no ", kNextTokens),
+                               reg_->epoch.load(), s.ticket});
+        }
         return;
       }
       auto tokens = (*next)->values<int32_t>();
-      ResultSignal r{s.step, s.attempt, lid_, b->request_ids,
-                     std::vector<int32_t>(tokens.begin(), tokens.end())};
+      ResultSignal r{s.step,
+                     s.attempt,
+                     lid_,
+                     b->request_ids,
+                     std::vector<int32_t>(tokens.begin(), tokens.end()),
+                     reg_->epoch.load(),
+                     s.ticket};
       Send(s.owner.signal, r);
       return;
     }
@@ -563,10 +809,20 @@ class StageNode::Impl {
       CONNEX_LOG_ERROR("pp {}: step {} has no hop after {}", lid_.ToString(), s.step, s.hop);
       return;
     }
+    absl::StatusOr<Batch> b = GetBatch(out);
+    if (!b.ok()) {
+      CONNEX_LOG_ERROR("pp {}: the engine's output of step {} has no valid batch: {}",
+                       lid_.ToString(), s.step, AsStd(b.status().message()));
+      return;
+    }
     PendingSend p;
     p.signal = s;
     p.signal.hop = s.hop + 1;
     p.signal.origin = Self();
+    // The requests that ran (or were replayed) here, not those reported missing.
+    p.signal.request_ids = b->request_ids;
+    p.signal.start_positions = b->start_positions;
+    p.signal.num_tokens = b->num_tokens;
     p.payload = out;
     Forward(std::move(p));
   }
@@ -584,21 +840,18 @@ class StageNode::Impl {
 
   // Copies the payload into a ring slot and signals the target. False when the ring is full.
   bool TrySend(PendingSend& p) {
-    uint64_t corr = next_corr_++;
-    std::optional<uint32_t> slot = ring_->Acquire(corr);
-    if (!slot) return false;
     StepSignal& s = p.signal;
     uint64_t size = PackedSize(p.payload);
     if (size > ring_->payload_capacity()) {
-      ring_->Release(corr);
-      CONNEX_LOG_ERROR(
-          "pp {}: step {} payload of {} bytes exceeds a ring slot ({}); raise "
-          "CONNEX_PP_SLOT_BYTES",
-          lid_.ToString(), s.step, size, ring_->payload_capacity());
-      HopFailed(s.owner, s.step, s.attempt, s.hop, absl::StatusCode::kResourceExhausted,
-                "payload too large");
+      // No slot will ever hold it: a permanent error, the owner ends the requests.
+      HopFailed(s.owner, s.step, s.attempt, s.ticket, s.hop, absl::StatusCode::kResourceExhausted,
+                StrCat(lid_.ToString(), ": step payload of ", size, " bytes exceeds a ring slot (",
+                       ring_->payload_capacity(), " bytes; raise CONNEX_PP_SLOT_BYTES)"));
       return true;
     }
+    uint64_t corr = next_corr_++;
+    std::optional<uint32_t> slot = ring_->Acquire(corr);
+    if (!slot) return false;
     s.layout = Pack(p.payload, ring_->payload(*slot));
     ring_->Seal(*slot, corr, size);
     s.corr = corr;
@@ -606,13 +859,9 @@ class StageNode::Impl {
     s.length = size;
     const Hop& target = s.target();
     WatchPeer(target);
-    outgoing_[corr] = Outgoing{s.owner.lid,
-                               s.owner.signal,
-                               s.step,
-                               s.attempt,
-                               s.hop,
-                               target.lid,
-                               NowMs() + o_.step_timeout_ms};
+    outgoing_[corr] =
+        Outgoing{s.owner.lid, s.owner.signal, s.step,     s.attempt,
+                 s.ticket,    s.hop,          target.lid, NowMs() + o_.step_timeout_ms};
     Send(target.signal, s);
     return true;
   }
@@ -630,24 +879,26 @@ class StageNode::Impl {
 
   void On(AckSignal& a) {
     auto it = outgoing_.find(a.corr);
-    if (it == outgoing_.end()) {
-      ring_->Release(a.corr);
+    if (it == outgoing_.end()) return;  // late, duplicated, or not ours: the slot is not touched
+    if (a.from != it->second.target) {
+      ++stats_.forged_dropped;
       return;
     }
     Outgoing out = it->second;
     outgoing_.erase(it);
     ring_->Release(a.corr);
     if (a.code != 0) {
-      HopFailed(Hop{out.owner_lid, 0, out.owner_signal, {}}, out.step, out.attempt, out.hop,
-                static_cast<absl::StatusCode>(a.code), a.message);
+      HopFailed(Hop{out.owner_lid, 0, out.owner_signal, {}}, out.step, out.attempt, out.ticket,
+                out.hop, static_cast<absl::StatusCode>(a.code), a.message);
     }
   }
 
   // Tells the owner that hop `hop` of its step could not be reached (or handles it, if we are
   // the owner).
-  void HopFailed(const Hop& owner, uint64_t step, uint32_t attempt, uint32_t hop,
+  void HopFailed(const Hop& owner, uint64_t step, uint32_t attempt, uint64_t ticket, uint32_t hop,
                  absl::StatusCode code, const std::string& reason) {
-    HopFailedSignal f{step, attempt, lid_, hop, static_cast<uint32_t>(code), reason};
+    HopFailedSignal f{
+        step, attempt, lid_, hop, static_cast<uint32_t>(code), reason, reg_->epoch.load(), ticket};
     if (owner.lid == lid_) {
       On(f);
     } else {
@@ -655,30 +906,43 @@ class StageNode::Impl {
     }
   }
 
-  void Remember(uint64_t corr) {
-    seen_corr_.insert(corr);
-    seen_order_.push_back(corr);
-    while (seen_order_.size() > kSeenCorrs) {
-      seen_corr_.erase(seen_order_.front());
-      seen_order_.pop_front();
-    }
-  }
-
+  // Only the owner incarnation (its token) may release its requests.
   void On(ReleaseSignal& r) {
-    for (uint64_t id : r.request_ids) {
-      engine_.Release(id);
-      last_step_.erase(id);
+    const OwnerKey owner{r.from, r.owner_token};
+    if (!scope_.Knows(owner)) {
+      // Nothing of that owner is held (released before, or a forgery): acknowledge, change
+      // nothing.
+      if (r.owner_token == 0) ++stats_.forged_dropped;
     }
+    for (uint64_t id : r.request_ids) {
+      if (r.owner_token != 0) released_.Put({owner, id}, r.upto_step);
+      std::optional<uint64_t> local = scope_.Erase(owner, id);
+      if (!local) continue;
+      engine_.Release(*local);
+      ++stats_.released;
+    }
+    if (r.nonce != 0) Send(r.reply_to, ReleasedSignal{r.nonce, lid_});
   }
 
-  void On(PingSignal& p) { Send(p.reply_to, PongSignal{p.nonce, lid_, epoch_->load()}); }
+  void On(ReleasedSignal& r) {
+    auto it = releases_.find(r.nonce);
+    if (it == releases_.end() || it->second.target != r.from) return;
+    releases_.erase(it);
+  }
+
+  void On(PingSignal& p) { Send(p.reply_to, PongSignal{p.nonce, lid_, reg_->epoch.load()}); }
 
   void On(PongSignal& p) {
     auto it = pings_.find(p.nonce);
     if (it == pings_.end()) return;
-    auto st = steps_.find(it->second);
-    if (st != steps_.end()) st->second.ponged.insert(p.from);
+    auto [step_id, expected] = it->second;
     pings_.erase(it);
+    if (expected != p.from) {
+      ++stats_.forged_dropped;
+      return;
+    }
+    auto st = steps_.find(step_id);
+    if (st != steps_.end()) st->second.ponged.insert(p.from);
   }
 
   // ---- failure signals ----
@@ -712,11 +976,16 @@ class StageNode::Impl {
 
   void HandleDirectoryEvent(const directory::Event& e) {
     if (e.record.lid.model != o_.model) return;
+    const bool owner = e.record.lid.group == 0 && o_.stage != 0;
     switch (e.kind) {
       case directory::EventKind::kFailed:
+        if (owner) DropOwner(e.record.lid, e.record.epoch, "FAILED");
         PeerGone(e.record.lid, e.record.epoch, StrCat("directory: FAILED ", e.reason), false);
         break;
       case directory::EventKind::kLeft:
+        // A leaving owner drains (and releases what it finishes); what it leaves behind is
+        // dropped after the grace period.
+        if (owner) owners_leaving_[{e.record.lid, e.record.epoch}] = NowMs() + o_.owner_grace_ms;
         PeerGone(e.record.lid, e.record.epoch, "directory: LEFT", true);
         break;
       case directory::EventKind::kMigrated:
@@ -725,6 +994,19 @@ class StageNode::Impl {
         break;
       case directory::EventKind::kJoined:
         break;
+    }
+  }
+
+  // The owner incarnation (lid, epoch) is gone: drop the state of its requests, and refuse its
+  // steps from now on (a late step would make state that nobody releases).
+  void DropOwner(const Lid& lid, uint64_t epoch, std::string_view why) {
+    gone_owners_.Insert({lid, epoch});
+    std::vector<uint64_t> locals = scope_.EraseOwner(lid, epoch);
+    for (uint64_t local : locals) engine_.Release(local);
+    stats_.released += locals.size();
+    if (!locals.empty()) {
+      CONNEX_LOG_INFO("pp {}: owner {} epoch {} {}: dropped {} requests' state", lid_.ToString(),
+                      lid.ToString(), epoch, why, locals.size());
     }
   }
 
@@ -747,8 +1029,8 @@ class StageNode::Impl {
       Outgoing out = outgoing_[corr];
       outgoing_.erase(corr);
       ring_->Release(corr);
-      HopFailed(Hop{out.owner_lid, 0, out.owner_signal, {}}, out.step, out.attempt, out.hop,
-                absl::StatusCode::kUnavailable, why);
+      HopFailed(Hop{out.owner_lid, 0, out.owner_signal, {}}, out.step, out.attempt, out.ticket,
+                out.hop, absl::StatusCode::kUnavailable, why);
     }
     if (o_.stage != 0) return;
     std::vector<uint64_t> affected;
@@ -763,7 +1045,59 @@ class StageNode::Impl {
     for (uint64_t id : affected) Resend(id, why);
   }
 
+  // Bounds the tables that remember incarnations: an incarnation the directory no longer lists
+  // and that no step or send refers to is forgotten.
+  void Prune() {
+    std::set<std::pair<Lid, uint64_t>> listed, used;
+    for (uint32_t g = 0; g < o_.stages; ++g) {
+      for (const directory::Record& r : dir_.View(o_.model, g)) listed.emplace(r.lid, r.epoch);
+    }
+    for (const auto& [id, st] : steps_) {
+      for (const Hop& h : st.route) used.emplace(h.lid, h.epoch);
+    }
+    for (const auto& [id, q] : requests_) {
+      for (const Hop& h : q.route) used.emplace(h.lid, h.epoch);
+    }
+    for (const PendingSend& p : pending_)
+      used.emplace(p.signal.target().lid, p.signal.target().epoch);
+    auto keep = [&](const std::pair<Lid, uint64_t>& k) {
+      return listed.count(k) > 0 || used.count(k) > 0;
+    };
+    std::erase_if(dead_, [&](const auto& k) { return !keep(k); });
+    std::erase_if(draining_peers_, [&](const auto& k) { return !keep(k); });
+    std::erase_if(watched_, [&](const auto& kv) {
+      if (keep(kv.first)) return false;
+      for (const auto& [corr, out] : outgoing_) {
+        if (out.target == kv.first.first) return false;
+      }
+      return true;
+    });
+    // Owners that LEFT and whose grace ran out.
+    const int64_t now = NowMs();
+    for (auto it = owners_leaving_.begin(); it != owners_leaving_.end();) {
+      if (it->second > now) {
+        ++it;
+        continue;
+      }
+      DropOwner(it->first.first, it->first.second, "LEFT");
+      it = owners_leaving_.erase(it);
+    }
+  }
+
   // ---- the owner ----
+
+  // Whether an answer about step `st` really comes from the hop it claims: the LID and epoch
+  // of a hop of the step's current route (the last one for a RESULT), and the attempt's ticket.
+  bool Believe(const Step& st, const Lid& from, uint64_t from_epoch, uint64_t ticket,
+               bool last_only) {
+    if (ticket != st.ticket) return false;
+    if (st.route.empty()) return from == lid_;
+    if (last_only) return st.route.back().lid == from && st.route.back().epoch == from_epoch;
+    for (const Hop& h : st.route) {
+      if (h.lid == from && h.epoch == from_epoch) return true;
+    }
+    return from == lid_;
+  }
 
   void On(ResultSignal& r) {
     auto it = steps_.find(r.step);
@@ -772,6 +1106,13 @@ class StageNode::Impl {
       return;
     }
     Step& st = it->second;
+    if (!Believe(st, r.from, r.from_epoch, r.ticket, /*last_only=*/true)) {
+      ++stats_.forged_dropped;
+      CONNEX_LOG_WARN(
+          "pp {}: dropped a RESULT of step {} from {} epoch {}: not the step's last hop",
+          lid_.ToString(), r.step, r.from.ToString(), r.from_epoch);
+      return;
+    }
     for (size_t i = 0; i < r.request_ids.size(); ++i) {
       uint64_t id = r.request_ids[i];
       if (!st.remaining.erase(id)) continue;
@@ -779,6 +1120,11 @@ class StageNode::Impl {
       if (req == requests_.end()) continue;
       Request& q = req->second;
       q.step = 0;
+      if (q.sent_to < q.tokens.size()) {
+        // A chunk of a longer prefill: the token sampled after it is not wanted.
+        q.cached = q.sent_to;
+        continue;
+      }
       q.cached = q.tokens.size();
       q.tokens.push_back(r.tokens[i]);
       if (q.on_token) q.on_token(id, r.tokens[i]);
@@ -787,7 +1133,7 @@ class StageNode::Impl {
         Finish(id, absl::OkStatus());
       }
     }
-    if (st.remaining.empty()) steps_.erase(it);
+    EraseStepIfDone(r.step);
   }
 
   void On(MissingSignal& m) {
@@ -797,6 +1143,10 @@ class StageNode::Impl {
       return;
     }
     Step& st = it->second;
+    if (!Believe(st, m.from, m.from_epoch, m.ticket, /*last_only=*/false)) {
+      ++stats_.forged_dropped;
+      return;
+    }
     for (uint64_t id : m.request_ids) {
       if (!st.remaining.erase(id)) continue;
       auto req = requests_.find(id);
@@ -813,18 +1163,62 @@ class StageNode::Impl {
                               "); last: ", m.from.ToString(), " did not hold its state")));
       }
     }
-    if (st.remaining.empty()) steps_.erase(it);
+    EraseStepIfDone(m.step);
+  }
+
+  void On(StepErrorSignal& e) {
+    auto it = steps_.find(e.step);
+    if (it == steps_.end() || it->second.attempt != e.attempt) {
+      ++stats_.late_dropped;
+      return;
+    }
+    if (!Believe(it->second, e.from, e.from_epoch, e.ticket, /*last_only=*/false)) {
+      ++stats_.forged_dropped;
+      return;
+    }
+    absl::StatusCode code = static_cast<absl::StatusCode>(e.code);
+    if (code == absl::StatusCode::kOk) code = absl::StatusCode::kInternal;
+    std::vector<uint64_t> ids;
+    for (uint64_t id : e.request_ids) {
+      if (it->second.remaining.count(id)) ids.push_back(id);
+    }
+    for (uint64_t id : ids) {  // Finish may erase the step
+      Finish(id, absl::Status(code, StrCat("request ", id, ": stage ", e.from.group,
+                                           " failed the step: ", e.message)));
+    }
   }
 
   void On(HopFailedSignal& f) {
     auto it = steps_.find(f.step);
     if (it == steps_.end() || it->second.attempt != f.attempt) return;
     Step& st = it->second;
+    if (!Believe(st, f.from, f.from_epoch, f.ticket, /*last_only=*/false)) {
+      ++stats_.forged_dropped;
+      return;
+    }
+    if (Permanent(static_cast<absl::StatusCode>(f.code))) {
+      // No re-send can cure it (the step does not fit, or is refused as malformed).
+      std::vector<uint64_t> ids(st.remaining.begin(), st.remaining.end());
+      for (uint64_t id : ids) {
+        Finish(id, absl::Status(static_cast<absl::StatusCode>(f.code),
+                                StrCat("request ", id, ": step to stage ", f.hop + 1,
+                                       " cannot be delivered: ", f.reason)));
+      }
+      return;
+    }
     if (st.resend_at > 0) return;
+    st.last_problem = f.reason;
     // Back off a little so that a peer whose death is not known yet does not spin the step.
     st.resend_at = NowMs() + std::min<int64_t>(200, 5 << std::min<uint32_t>(st.attempt, 5));
     CONNEX_LOG_DEBUG("pp {}: step {} attempt {}: hop {} failed: {}", lid_.ToString(), f.step,
                      f.attempt, f.hop, f.reason);
+  }
+
+  void EraseStepIfDone(uint64_t step_id) {
+    auto it = steps_.find(step_id);
+    if (it == steps_.end() || !it->second.remaining.empty()) return;
+    for (uint64_t nonce : it->second.pings) pings_.erase(nonce);
+    steps_.erase(it);
   }
 
   void Finish(uint64_t id, absl::Status status) {
@@ -832,12 +1226,15 @@ class StageNode::Impl {
     if (it == requests_.end()) return;
     Request q = std::move(it->second);
     requests_.erase(it);
-    engine_.Release(id);
-    for (const Lid& lid : q.visited) {
-      for (const directory::Record& rec : dir_.View(o_.model, lid.group)) {
-        if (rec.lid == lid) Send(HopFromRecord(rec).signal, ReleaseSignal{lid_, {id}});
+    if (q.step != 0) {
+      auto st = steps_.find(q.step);
+      if (st != steps_.end()) {
+        st->second.remaining.erase(id);
+        EraseStepIfDone(q.step);
       }
     }
+    engine_.Release(id);
+    QueueRelease(id, q.visited);
     if (status.ok()) {
       ++stats_.completed;
       if (q.done) q.done(id, std::vector<int32_t>(q.tokens.begin() + q.prompt_len, q.tokens.end()));
@@ -846,6 +1243,414 @@ class StageNode::Impl {
       CONNEX_LOG_WARN("pp {}: {}", lid_.ToString(), AsStd(status.message()));
       if (q.done) q.done(id, status);
     }
+  }
+
+  // ---- releases (owner): acknowledged, retried, bounded ----
+
+  void QueueRelease(uint64_t id, const std::set<Lid>& visited) {
+    for (const Lid& lid : visited) {
+      for (const directory::Record& rec : dir_.View(o_.model, lid.group)) {
+        if (rec.lid != lid) continue;
+        auto& [signal, ids] = unsent_releases_[lid];
+        signal = HopFromRecord(rec).signal;
+        ids.insert(id);
+      }
+    }
+  }
+
+  void FlushReleases(int64_t now) {
+    for (auto& [lid, entry] : unsent_releases_) {
+      if (entry.second.empty() || entry.first.empty()) continue;
+      PendingRelease p;
+      p.target = lid;
+      p.signal = entry.first;
+      p.ids.assign(entry.second.begin(), entry.second.end());
+      p.upto_step = next_step_ - 1;
+      releases_.emplace(next_corr_++, std::move(p));
+    }
+    unsent_releases_.clear();
+    for (auto it = releases_.begin(); it != releases_.end();) {
+      PendingRelease& p = it->second;
+      if (p.next_at > now) {
+        ++it;
+        continue;
+      }
+      bool listed = false;
+      for (const directory::Record& rec : dir_.View(o_.model, p.target.group)) {
+        if (rec.lid == p.target) listed = true;
+      }
+      if (!listed || p.attempts >= kReleaseAttempts) {
+        // Gone (its state died with it), or unreachable for long: it drops our requests when
+        // it sees us FAILED or LEFT.
+        it = releases_.erase(it);
+        continue;
+      }
+      ++p.attempts;
+      p.next_at = now + std::min<int64_t>(o_.step_timeout_ms, 50 << std::min(p.attempts, 6));
+      Send(p.signal,
+           ReleaseSignal{lid_, p.ids, owner_token_, it->first, signals_->address(), p.upto_step});
+      ++it;
+    }
+  }
+
+  void Resend(uint64_t step_id, const std::string& why) {
+    auto it = steps_.find(step_id);
+    if (it == steps_.end()) return;
+    Step& st = it->second;
+    ++st.attempt;
+    st.ticket = rng_() | 1;
+    ++stats_.resends;
+    st.probe_until = 0;
+    st.ponged.clear();
+    for (uint64_t nonce : st.pings) pings_.erase(nonce);
+    st.pings.clear();
+    st.resend_at = 0;
+    st.last_problem = why;
+    if (st.attempt > static_cast<uint32_t>(o_.attempt_max)) {
+      std::vector<uint64_t> ids(st.remaining.begin(), st.remaining.end());
+      for (uint64_t id : ids) {
+        Finish(id, absl::UnavailableError(StrCat("request ", id, ": step sent ", st.attempt - 1,
+                                                 " times without a result (CONNEX_PP_ATTEMPT_MAX=",
+                                                 o_.attempt_max, "); last: ", why)));
+      }
+      return;
+    }
+    std::optional<std::vector<Hop>> route = BuildRoute(st.route);
+    if (!route) {
+      st.resend_at = NowMs() + 50;  // wait for a replica to appear
+      st.deadline = NowMs() + o_.step_timeout_ms;
+      --st.attempt;  // waiting for a route is not a send
+      CheckRouteWait(st);
+      return;
+    }
+    bool moved = false;
+    for (size_t i = 0; i < route->size(); ++i) moved |= (*route)[i].lid != st.route[i].lid;
+    if (moved) {
+      stats_.failovers += st.remaining.size();
+      CONNEX_LOG_INFO("pp {}: step {} attempt {} re-routed ({})", lid_.ToString(), step_id,
+                      st.attempt, why);
+    }
+    st.route = *route;
+    for (uint64_t id : st.remaining) {
+      auto req = requests_.find(id);
+      if (req == requests_.end()) continue;
+      req->second.route = *route;
+      for (const Hop& h : *route) req->second.visited.insert(h.lid);
+    }
+    SendStep(step_id, st);
+  }
+
+  void CheckRouteWait(Step& st) {
+    for (uint64_t id : std::vector<uint64_t>(st.remaining.begin(), st.remaining.end())) {
+      auto req = requests_.find(id);
+      if (req == requests_.end()) continue;
+      if (NowMs() - req->second.waiting_since > o_.route_wait_ms) {
+        Finish(id,
+               absl::UnavailableError(StrCat("request ", id, ": no live replica of some stage for ",
+                                             o_.route_wait_ms, " ms (", RouteProblem(), ")")));
+      }
+    }
+  }
+
+  void SendStep(uint64_t step_id, Step& st) {
+    PendingSend p;
+    StepSignal& s = p.signal;
+    s.step = step_id;
+    s.attempt = st.attempt;
+    s.ticket = st.ticket;
+    s.owner_token = owner_token_;
+    s.owner = Self();
+    s.origin = Self();
+    s.hop = 0;
+    s.route = st.route;
+    // Only the requests the owner still waits for: the others were answered or moved to a
+    // re-prefill, and must not be run again.
+    std::vector<bool> keep;
+    for (size_t i = 0; i < st.ids.size(); ++i) {
+      keep.push_back(st.remaining.count(st.ids[i]) > 0);
+      if (!keep.back()) continue;
+      s.request_ids.push_back(st.ids[i]);
+      s.start_positions.push_back(st.starts[i]);
+      s.num_tokens.push_back(st.counts[i]);
+    }
+    Batch batch{st.ids, st.starts, st.counts};
+    p.payload = s.request_ids.size() == st.ids.size() ? st.output : Select(st.output, batch, keep);
+    st.deadline = NowMs() + o_.step_timeout_ms;
+    st.sent = true;
+    for (const Hop& h : st.route) WatchPeer(h);
+    Forward(std::move(p));
+  }
+
+  void RunTimers(int64_t now) {
+    // Unacknowledged slots: give them up (the header check stops a late reader).
+    std::vector<uint64_t> expired;
+    for (const auto& [corr, out] : outgoing_) {
+      if (out.deadline <= now) expired.push_back(corr);
+    }
+    for (uint64_t corr : expired) {
+      Outgoing out = outgoing_[corr];
+      outgoing_.erase(corr);
+      ring_->Release(corr);
+      HopFailed(Hop{out.owner_lid, 0, out.owner_signal, {}}, out.step, out.attempt, out.ticket,
+                out.hop, absl::StatusCode::kDeadlineExceeded, "no acknowledgement");
+    }
+    if (o_.stage != 0) return;
+    // Requests past their deadline end, whatever they wait for.
+    std::vector<uint64_t> late;
+    for (const auto& [id, q] : requests_) {
+      if (q.deadline > 0 && q.deadline <= now) late.push_back(id);
+    }
+    for (uint64_t id : late) {
+      const Request& q = requests_[id];
+      std::string where = "waiting to be scheduled";
+      if (q.step != 0) {
+        auto st = steps_.find(q.step);
+        if (st != steps_.end()) {
+          where =
+              StrCat("step ", q.step, " attempt ", st->second.attempt,
+                     st->second.last_problem.empty() ? "" : ", last: ", st->second.last_problem);
+        }
+      }
+      Finish(id, absl::DeadlineExceededError(StrCat("request ", id, ": not finished within ",
+                                                    q.timeout_ms, " ms (", where, ")")));
+    }
+    std::vector<std::pair<uint64_t, std::string>> resend;
+    // Hops that did not answer a finished probe, and the probed steps. They are acted on after
+    // this loop: PeerGone re-sends (re-routes) steps, which rewrites the very routes this loop
+    // walks — acting inside it reported (and declared dead) hops of the *new* route instead
+    // of the silent one (campaign seed 198).
+    std::set<std::pair<Lid, uint64_t>> silent;
+    std::vector<uint64_t> probed;
+    for (auto& [id, st] : steps_) {
+      if (st.resend_at > 0 && st.resend_at <= now) {
+        resend.emplace_back(id, st.last_problem.empty() ? "hop failed" : st.last_problem);
+        continue;
+      }
+      if (st.probe_until > 0) {
+        if (st.probe_until > now) continue;
+        // The probe is over: a hop that did not answer is dead.
+        for (const Hop& h : st.route) {
+          if (!st.ponged.count(h.lid)) silent.emplace(h.lid, h.epoch);
+        }
+        for (uint64_t nonce : st.pings) pings_.erase(nonce);
+        st.pings.clear();
+        probed.push_back(id);
+        continue;
+      }
+      if (st.deadline <= now) {
+        st.probe_until = now + o_.probe_timeout_ms;
+        st.ponged.clear();
+        for (const Hop& h : st.route) {
+          uint64_t nonce = rng_() | 1;
+          pings_[nonce] = {id, h.lid};
+          st.pings.push_back(nonce);
+          Send(h.signal, PingSignal{nonce, lid_, signals_->address()});
+        }
+      }
+    }
+    for (const auto& [lid, epoch] : silent) {
+      PeerGone(lid, epoch, "no answer to a probe after a step timeout", false);
+      Report(lid, epoch);
+    }
+    for (uint64_t id : probed) {
+      // Not re-sent by PeerGone already (every hop answered: the step itself was lost).
+      auto it = steps_.find(id);
+      if (it != steps_.end() && it->second.probe_until > 0) resend.emplace_back(id, "step timeout");
+    }
+    for (auto& [id, why] : resend) Resend(id, why);
+  }
+
+  void Report(const Lid& lid, uint64_t epoch) {
+    connex::MutexLock lock(&report_mu_);
+    if (reports_.size() < 1024) reports_.emplace_back(lid, epoch);
+  }
+
+  void ReportLoop() {
+    while (true) {
+      std::pair<Lid, uint64_t> next;
+      {
+        connex::MutexLock lock(&report_mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(report_mu_) {
+          return report_stop_ || !reports_.empty();
+        };
+        report_mu_.Await(absl::Condition(&ready));
+        if (report_stop_) return;
+        next = reports_.front();
+        reports_.pop_front();
+      }
+      absl::StatusOr<bool> r = dir_.ReportFailed(next.first, next.second, lid_.ToString());
+      if (!r.ok()) {
+        CONNEX_LOG_DEBUG("pp {}: report of {} failed: {}", lid_.ToString(), next.first.ToString(),
+                         AsStd(r.status().message()));
+      }
+    }
+  }
+
+  // ---- scheduling (owner) ----
+
+  // Tokens one step may carry so that stage 0's output fits a ring slot: the engine's figure
+  // per token, or what the owner measured on earlier steps (0: no bound known yet).
+  uint64_t MaxStepTokens() const {
+    uint64_t per_token = std::max(engine_.OutputBytesPerToken(), measured_bytes_per_token_);
+    if (per_token == 0 || o_.stages == 1) return UINT64_MAX;
+    uint64_t capacity = ring_->payload_capacity();
+    uint64_t budget = capacity > kStepOverheadBytes ? capacity - kStepOverheadBytes : capacity / 2;
+    return std::max<uint64_t>(1, budget / per_token);
+  }
+
+  void Schedule(int64_t now) {
+    if (draining_ || lost_) return;
+    // Requests ready for their next step, grouped by route.
+    std::map<std::string, std::vector<uint64_t>> ready;
+    std::map<std::string, std::vector<Hop>> routes;
+    std::optional<LiveHops> live;  // one directory lookup per stage for all ready requests
+    std::vector<std::pair<uint64_t, absl::Status>> unroutable;
+    for (auto& [id, q] : requests_) {
+      if (q.step != 0) continue;
+      if (!live) live = CollectLiveHops();
+      bool valid = q.route.size() == o_.stages - 1;
+      for (const Hop& h : q.route) valid &= Usable(h.lid, h.epoch);
+      if (!valid || o_.stages == 1) {
+        std::optional<std::vector<Hop>> route = BuildRoute(q.route, *live);
+        if (route && q.route.size() == route->size()) {
+          bool moved = false;
+          for (size_t i = 0; i < route->size(); ++i) moved |= (*route)[i].lid != q.route[i].lid;
+          if (moved) ++stats_.failovers;  // its next step goes to another replica
+        }
+        if (!route) {
+          if (now - q.waiting_since > o_.route_wait_ms) {
+            unroutable.emplace_back(id, absl::UnavailableError(StrCat(
+                                            "request ", id, ": no live replica of some stage for ",
+                                            o_.route_wait_ms, " ms (", RouteProblem(), ")")));
+          }
+          continue;
+        }
+        q.route = *route;
+      } else {
+        // Keep the hops, refresh their epochs and addresses (a migration keeps the state).
+        std::optional<std::vector<Hop>> fresh = BuildRoute(q.route, *live);
+        if (fresh) q.route = *fresh;
+      }
+      for (const Hop& h : q.route) q.visited.insert(h.lid);
+      std::string key = RouteKey(q.route);
+      ready[key].push_back(id);
+      routes[key] = q.route;
+    }
+    for (auto& [id, status] : unroutable) Finish(id, status);
+    if (ready.empty()) return;
+    std::map<std::string, int> inflight;
+    for (const auto& [id, st] : steps_) ++inflight[RouteKey(st.route)];
+    const uint64_t max_tokens = MaxStepTokens();
+    for (auto& [key, ids] : ready) {
+      size_t next = 0;
+      while (next < ids.size() && inflight[key] < o_.inflight) {
+        // A batch: up to max_batch requests and max_tokens tokens; a request with more tokens
+        // than fit (a long prompt, a re-prefill) sends a chunk now and the rest in later steps.
+        std::vector<uint64_t> batch;
+        std::vector<size_t> ends;
+        uint64_t tokens = 0;
+        while (next < ids.size() && batch.size() < static_cast<size_t>(o_.max_batch) &&
+               tokens < max_tokens) {
+          Request& q = requests_[ids[next]];
+          uint64_t want = q.tokens.size() - q.cached;
+          uint64_t take = std::min<uint64_t>(want, max_tokens - tokens);
+          if (take < want) ++stats_.chunked;
+          batch.push_back(ids[next]);
+          ends.push_back(q.cached + take);
+          tokens += take;
+          ++next;
+        }
+        if (CreateStep(batch, ends, routes[key])) ++inflight[key];
+      }
+    }
+  }
+
+  // Runs stage 0 of a step for `ids` (request i covers tokens [cached, ends[i])) and sends it.
+  bool CreateStep(const std::vector<uint64_t>& ids, const std::vector<size_t>& ends,
+                  const std::vector<Hop>& route) {
+    std::vector<int32_t> starts, counts, tokens;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Request& q = requests_[ids[i]];
+      starts.push_back(static_cast<int32_t>(q.cached));
+      counts.push_back(static_cast<int32_t>(ends[i] - q.cached));
+      tokens.insert(tokens.end(), q.tokens.begin() + q.cached, q.tokens.begin() + ends[i]);
+    }
+    TensorDict in;
+    SetBatch(in, ids, starts, counts);
+    in.Set(kTokens, Tensor::Of<int32_t>({static_cast<int64_t>(tokens.size())}, tokens));
+    std::vector<uint64_t> missing = engine_.MissingRequests(in);
+    if (!missing.empty()) {
+      // This stage lost them (released): recompute from the prompt on the next round.
+      for (uint64_t id : missing) requests_[id].cached = 0;
+      return false;
+    }
+    absl::StatusOr<TensorDict> out = engine_.ExecuteStep(in);
+    if (!out.ok()) {
+      for (uint64_t id : ids) {
+        Finish(id, Annotate(out.status(), StrCat("request ", id, ": stage 0")));
+      }
+      return false;
+    }
+    ++stats_.steps_executed;
+    uint64_t step_id = next_step_++;
+    if (o_.stages == 1) {
+      absl::StatusOr<const Tensor*> next = out->Get(kNextTokens, DType::kI32, 1);
+      if (!next.ok()) {
+        for (uint64_t id : ids) Finish(id, next.status());
+        return false;
+      }
+      auto t = (*next)->values<int32_t>();
+      Step st;
+      st.ids = ids;
+      st.remaining = std::set<uint64_t>(ids.begin(), ids.end());
+      st.ticket = rng_() | 1;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        requests_[ids[i]].step = step_id;
+        requests_[ids[i]].sent_to = ends[i];
+      }
+      uint64_t ticket = st.ticket;
+      steps_[step_id] = std::move(st);
+      ResultSignal r{
+          step_id, 1, lid_, ids, std::vector<int32_t>(t.begin(), t.end()), reg_->epoch.load(),
+          ticket};
+      On(r);
+      return true;
+    }
+    uint64_t size = PackedSize(*out);
+    if (!tokens.empty()) {
+      measured_bytes_per_token_ =
+          std::max<uint64_t>(measured_bytes_per_token_, size / tokens.size());
+    }
+    if (size > ring_->payload_capacity()) {
+      // The engine gives no per-token figure and this step's output does not fit: recompute
+      // these requests in chunks the measurement now bounds.
+      CONNEX_LOG_INFO(
+          "pp {}: a step of {} tokens made {} bytes (> a {}-byte slot): recomputing "
+          "in chunks of at most {} tokens",
+          lid_.ToString(), tokens.size(), size, ring_->payload_capacity(), MaxStepTokens());
+      for (uint64_t id : ids) {
+        engine_.Release(id);
+        requests_[id].cached = 0;
+      }
+      return false;
+    }
+    Step st;
+    st.ids = ids;
+    st.remaining = std::set<uint64_t>(ids.begin(), ids.end());
+    st.starts = starts;
+    st.counts = counts;
+    st.route = route;
+    st.ticket = rng_() | 1;
+    st.output = *std::move(out);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Request& q = requests_[ids[i]];
+      q.step = step_id;
+      q.sent_to = ends[i];
+      q.waiting_since = NowMs();
+    }
+    Step& placed = steps_[step_id] = std::move(st);
+    SendStep(step_id, placed);
+    return true;
   }
 
   bool Usable(const Lid& lid, uint64_t epoch) const {
@@ -926,309 +1731,57 @@ class StageNode::Impl {
     return route;
   }
 
-  void Resend(uint64_t step_id, const std::string& why) {
-    auto it = steps_.find(step_id);
-    if (it == steps_.end()) return;
-    Step& st = it->second;
-    ++st.attempt;
-    ++stats_.resends;
-    st.probe_until = 0;
-    st.ponged.clear();
-    st.resend_at = 0;
-    std::optional<std::vector<Hop>> route = BuildRoute(st.route);
-    if (!route) {
-      st.resend_at = NowMs() + 50;  // wait for a replica to appear
-      st.deadline = NowMs() + o_.step_timeout_ms;
-      CheckRouteWait(st);
-      return;
-    }
-    bool moved = false;
-    for (size_t i = 0; i < route->size(); ++i) moved |= (*route)[i].lid != st.route[i].lid;
-    if (moved) {
-      stats_.failovers += st.remaining.size();
-      CONNEX_LOG_INFO("pp {}: step {} attempt {} re-routed ({})", lid_.ToString(), step_id,
-                      st.attempt, why);
-    }
-    st.route = *route;
-    for (uint64_t id : st.remaining) {
-      auto req = requests_.find(id);
-      if (req == requests_.end()) continue;
-      req->second.route = *route;
-      for (const Hop& h : *route) req->second.visited.insert(h.lid);
-    }
-    SendStep(step_id, st);
-  }
-
-  void CheckRouteWait(Step& st) {
-    for (uint64_t id : std::vector<uint64_t>(st.remaining.begin(), st.remaining.end())) {
-      auto req = requests_.find(id);
-      if (req == requests_.end()) continue;
-      if (NowMs() - req->second.waiting_since > o_.route_wait_ms) {
-        st.remaining.erase(id);
-        Finish(id,
-               absl::UnavailableError(StrCat("request ", id, ": no live replica of some stage for ",
-                                             o_.route_wait_ms, " ms (", RouteProblem(), ")")));
-      }
-    }
-  }
-
-  void SendStep(uint64_t step_id, Step& st) {
-    PendingSend p;
-    StepSignal& s = p.signal;
-    s.step = step_id;
-    s.attempt = st.attempt;
-    s.owner = Self();
-    s.origin = Self();
-    s.hop = 0;
-    s.route = st.route;
-    // Only the requests the owner still waits for: the others were answered or moved to a
-    // re-prefill, and must not be run again.
-    std::vector<bool> keep;
-    for (size_t i = 0; i < st.ids.size(); ++i) {
-      keep.push_back(st.remaining.count(st.ids[i]) > 0);
-      if (!keep.back()) continue;
-      s.request_ids.push_back(st.ids[i]);
-      s.start_positions.push_back(st.starts[i]);
-      s.num_tokens.push_back(st.counts[i]);
-    }
-    Batch batch{st.ids, st.starts, st.counts};
-    p.payload = s.request_ids.size() == st.ids.size() ? st.output : Select(st.output, batch, keep);
-    st.deadline = NowMs() + o_.step_timeout_ms;
-    st.sent = true;
-    for (const Hop& h : st.route) WatchPeer(h);
-    Forward(std::move(p));
-  }
-
-  void RunTimers(int64_t now) {
-    // Unacknowledged slots: give them up (the header check stops a late reader).
-    std::vector<uint64_t> expired;
-    for (const auto& [corr, out] : outgoing_) {
-      if (out.deadline <= now) expired.push_back(corr);
-    }
-    for (uint64_t corr : expired) {
-      Outgoing out = outgoing_[corr];
-      outgoing_.erase(corr);
-      ring_->Release(corr);
-      HopFailed(Hop{out.owner_lid, 0, out.owner_signal, {}}, out.step, out.attempt, out.hop,
-                absl::StatusCode::kDeadlineExceeded, "no acknowledgement");
-    }
-    if (o_.stage != 0) return;
-    std::vector<std::pair<uint64_t, std::string>> resend;
-    // Hops that did not answer a finished probe, and the probed steps. They are acted on after
-    // this loop: PeerGone re-sends (re-routes) steps, which rewrites the very routes this loop
-    // walks — acting inside it reported (and declared dead) hops of the *new* route instead
-    // of the silent one (campaign seed 198).
-    std::set<std::pair<Lid, uint64_t>> silent;
-    std::vector<uint64_t> probed;
-    for (auto& [id, st] : steps_) {
-      if (st.resend_at > 0 && st.resend_at <= now) {
-        resend.emplace_back(id, "hop failed");
-        continue;
-      }
-      if (st.probe_until > 0) {
-        if (st.probe_until > now) continue;
-        // The probe is over: a hop that did not answer is dead.
-        for (const Hop& h : st.route) {
-          if (!st.ponged.count(h.lid)) silent.emplace(h.lid, h.epoch);
-        }
-        probed.push_back(id);
-        continue;
-      }
-      if (st.deadline <= now) {
-        st.probe_until = now + o_.probe_timeout_ms;
-        st.ponged.clear();
-        for (const Hop& h : st.route) {
-          uint64_t nonce = next_corr_++;
-          pings_[nonce] = id;
-          Send(h.signal, PingSignal{nonce, lid_, signals_->address()});
-        }
-      }
-    }
-    for (const auto& [lid, epoch] : silent) {
-      PeerGone(lid, epoch, "no answer to a probe after a step timeout", false);
-      Report(lid, epoch);
-    }
-    for (uint64_t id : probed) {
-      // Not re-sent by PeerGone already (every hop answered: the step itself was lost).
-      auto it = steps_.find(id);
-      if (it != steps_.end() && it->second.probe_until > 0) resend.emplace_back(id, "step timeout");
-    }
-    for (auto& [id, why] : resend) Resend(id, why);
-  }
-
-  void Report(const Lid& lid, uint64_t epoch) {
-    connex::MutexLock lock(&report_mu_);
-    reports_.emplace_back(lid, epoch);
-  }
-
-  void ReportLoop() {
-    while (true) {
-      std::pair<Lid, uint64_t> next;
-      {
-        connex::MutexLock lock(&report_mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(report_mu_) {
-          return report_stop_ || !reports_.empty();
-        };
-        report_mu_.Await(absl::Condition(&ready));
-        if (report_stop_) return;
-        next = reports_.front();
-        reports_.pop_front();
-      }
-      absl::StatusOr<bool> r = dir_.ReportFailed(next.first, next.second, lid_.ToString());
-      if (!r.ok()) {
-        CONNEX_LOG_DEBUG("pp {}: report of {} failed: {}", lid_.ToString(), next.first.ToString(),
-                         AsStd(r.status().message()));
-      }
-    }
-  }
-
-  void Schedule(int64_t now) {
-    if (draining_) return;
-    // Requests ready for their next step, grouped by route.
-    std::map<std::string, std::vector<uint64_t>> ready;
-    std::map<std::string, std::vector<Hop>> routes;
-    std::optional<LiveHops> live;  // one directory lookup per stage for all ready requests
-    for (auto& [id, q] : requests_) {
-      if (q.step != 0) continue;
-      if (!live) live = CollectLiveHops();
-      bool valid = q.route.size() == o_.stages - 1;
-      for (const Hop& h : q.route) valid &= Usable(h.lid, h.epoch);
-      if (!valid || o_.stages == 1) {
-        std::optional<std::vector<Hop>> route = BuildRoute(q.route, *live);
-        if (route && q.route.size() == route->size()) {
-          bool moved = false;
-          for (size_t i = 0; i < route->size(); ++i) moved |= (*route)[i].lid != q.route[i].lid;
-          if (moved) ++stats_.failovers;  // its next step goes to another replica
-        }
-        if (!route) {
-          if (now - q.waiting_since > o_.route_wait_ms) {
-            Post(std::function<void()>([this, id = id] {
-              Finish(id, absl::UnavailableError(
-                             StrCat("request ", id, ": no live replica of some stage for ",
-                                    o_.route_wait_ms, " ms (", RouteProblem(), ")")));
-            }));
-          }
-          continue;
-        }
-        q.route = *route;
-      } else {
-        // Keep the hops, refresh their epochs and addresses (a migration keeps the state).
-        std::optional<std::vector<Hop>> fresh = BuildRoute(q.route, *live);
-        if (fresh) q.route = *fresh;
-      }
-      for (const Hop& h : q.route) q.visited.insert(h.lid);
-      std::string key = RouteKey(q.route);
-      ready[key].push_back(id);
-      routes[key] = q.route;
-    }
-    if (ready.empty()) return;
-    std::map<std::string, int> inflight;
-    for (const auto& [id, st] : steps_) ++inflight[RouteKey(st.route)];
-    for (auto& [key, ids] : ready) {
-      size_t next = 0;
-      while (next < ids.size() && inflight[key] < o_.inflight) {
-        size_t end = std::min(ids.size(), next + static_cast<size_t>(o_.max_batch));
-        std::vector<uint64_t> batch(ids.begin() + next, ids.begin() + end);
-        next = end;
-        if (CreateStep(batch, routes[key])) ++inflight[key];
-      }
-    }
-  }
-
-  bool CreateStep(const std::vector<uint64_t>& ids, const std::vector<Hop>& route) {
-    std::vector<int32_t> starts, counts, tokens;
-    for (uint64_t id : ids) {
-      Request& q = requests_[id];
-      starts.push_back(static_cast<int32_t>(q.cached));
-      counts.push_back(static_cast<int32_t>(q.tokens.size() - q.cached));
-      tokens.insert(tokens.end(), q.tokens.begin() + q.cached, q.tokens.end());
-    }
-    TensorDict in;
-    SetBatch(in, ids, starts, counts);
-    in.Set(kTokens, Tensor::Of<int32_t>({static_cast<int64_t>(tokens.size())}, tokens));
-    std::vector<uint64_t> missing = engine_.MissingRequests(in);
-    if (!missing.empty()) {
-      // This stage lost them (released): recompute from the prompt on the next round.
-      for (uint64_t id : missing) requests_[id].cached = 0;
-      return false;
-    }
-    absl::StatusOr<TensorDict> out = engine_.ExecuteStep(in);
-    if (!out.ok()) {
-      for (uint64_t id : ids) {
-        Finish(id, Annotate(out.status(), StrCat("request ", id, ": stage 0")));
-      }
-      return false;
-    }
-    ++stats_.steps_executed;
-    uint64_t step_id = next_step_++;
-    if (o_.stages == 1) {
-      absl::StatusOr<const Tensor*> next = out->Get(kNextTokens, DType::kI32, 1);
-      if (!next.ok()) {
-        for (uint64_t id : ids) Finish(id, next.status());
-        return false;
-      }
-      auto t = (*next)->values<int32_t>();
-      Step st;
-      st.ids = ids;
-      st.remaining = std::set<uint64_t>(ids.begin(), ids.end());
-      steps_[step_id] = std::move(st);
-      ResultSignal r{step_id, 1, lid_, ids, std::vector<int32_t>(t.begin(), t.end())};
-      On(r);
-      return true;
-    }
-    Step st;
-    st.ids = ids;
-    st.remaining = std::set<uint64_t>(ids.begin(), ids.end());
-    st.starts = starts;
-    st.counts = counts;
-    st.route = route;
-    st.output = *std::move(out);
-    for (uint64_t id : ids) {
-      requests_[id].step = step_id;
-      requests_[id].waiting_since = NowMs();
-    }
-    Step& placed = steps_[step_id] = std::move(st);
-    SendStep(step_id, placed);
-    return true;
-  }
-
   // Configuration and collaborators.
   const StageNodeOptions o_;
+  Clock* const clock_;
   Engine& engine_;
   transport::TransferEnginePtr transfer_;
   std::unique_ptr<SignalTransport> signals_;
-  std::vector<std::unique_ptr<SignalTransport>> retired_;
+  std::deque<std::unique_ptr<SignalTransport>> retired_;
   directory::DirectoryClient& dir_;
   const Lid lid_;
-  std::shared_ptr<std::atomic<uint64_t>> epoch_ = std::make_shared<std::atomic<uint64_t>>(0);
+  std::shared_ptr<Registration> reg_ = std::make_shared<Registration>();
   uint64_t peer_sub_ = 0;
   uint64_t dir_sub_ = 0;
+  bool joined_ = false;
 
   // Loop-thread state.
+  std::mt19937_64 rng_;
+  uint64_t owner_token_ = 0;
   std::unique_ptr<SendRing> ring_;
   void* recv_buf_ = nullptr;
   void* check_buf_ = nullptr;
   uint64_t next_corr_ = 1;
   uint64_t next_step_ = 1;
-  std::set<uint64_t> seen_corr_;
-  std::deque<uint64_t> seen_order_;
-  std::map<std::pair<Lid, uint64_t>, Executed> executed_;
-  std::map<uint64_t, uint64_t> last_step_;  // request -> the last step executed for it here
-  std::deque<std::pair<Lid, uint64_t>> executed_order_;
+  bool lost_ = false;
+  int64_t last_prune_ms_ = 0;
+  // Receiver side.
+  internal::RecentSet<uint64_t> seen_corr_;
+  internal::RecentSet<std::pair<Lid, uint64_t>> gone_owners_;
+  // Released requests -> the last step id the release covers.
+  internal::RecentMap<std::pair<OwnerKey, uint64_t>, uint64_t> released_;
+  std::map<std::pair<Lid, uint64_t>, int64_t> owners_leaving_;  // -> when their state goes
+  RequestScope scope_;
+  ReplayCache replay_;
+  // Sender side.
   std::map<uint64_t, Outgoing> outgoing_;
   std::deque<PendingSend> pending_;
   std::map<std::pair<Lid, uint64_t>, std::vector<std::string>> watched_;  // -> its addresses
   std::set<std::pair<Lid, uint64_t>> dead_;
   std::set<std::pair<Lid, uint64_t>> draining_peers_;
+  // Owner side.
   std::map<uint64_t, Request> requests_;
   std::map<uint64_t, Step> steps_;
-  std::map<uint64_t, uint64_t> pings_;  // nonce -> step
+  std::map<uint64_t, std::pair<uint64_t, Lid>> pings_;  // nonce -> (step, the hop pinged)
+  std::map<Lid, std::pair<std::string, std::set<uint64_t>>> unsent_releases_;
+  std::map<uint64_t, PendingRelease> releases_;  // nonce ->
+  uint64_t measured_bytes_per_token_ = 0;
   bool draining_ = false;
+  std::shared_ptr<std::promise<void>> drained_;  // opened once nothing is in flight
   StageNodeStats stats_;
 
   std::thread loop_;
   std::atomic<bool> stop_{false};
-  std::atomic<int64_t> last_step_ms_{0};
   connex::Mutex queue_mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stopped_ ABSL_GUARDED_BY(queue_mu_) = false;
@@ -1247,6 +1800,10 @@ absl::StatusOr<std::unique_ptr<StageNode>> StageNode::Start(
     StageNodeOptions options, Engine& engine, transport::TransferEnginePtr transfer,
     std::unique_ptr<SignalTransport> signals, directory::DirectoryClient& directory) {
   CONNEX_RETURN_IF_ERROR(Lid::ValidateModel(options.model));
+  CONNEX_RETURN_IF_ERROR(options.Validate());
+  if (transfer == nullptr || signals == nullptr) {
+    return absl::InvalidArgumentError("pp: a StageNode needs a transfer engine and signals");
+  }
   auto impl = std::make_unique<Impl>(std::move(options), engine, std::move(transfer),
                                      std::move(signals), directory);
   CONNEX_RETURN_IF_ERROR(impl->Start());
@@ -1254,9 +1811,16 @@ absl::StatusOr<std::unique_ptr<StageNode>> StageNode::Start(
 }
 
 absl::Status StageNode::Submit(uint64_t request_id, std::vector<int32_t> prompt, int max_new_tokens,
-                               Completion done, TokenCallback on_token) {
+                               Completion done, SubmitOptions options) {
   return impl_->Submit(request_id, std::move(prompt), max_new_tokens, std::move(done),
-                       std::move(on_token));
+                       std::move(options));
+}
+absl::Status StageNode::Submit(uint64_t request_id, std::vector<int32_t> prompt, int max_new_tokens,
+                               Completion done, TokenCallback on_token) {
+  SubmitOptions options;
+  options.on_token = std::move(on_token);
+  return impl_->Submit(request_id, std::move(prompt), max_new_tokens, std::move(done),
+                       std::move(options));
 }
 void StageNode::Stop(bool leave, int64_t drain_timeout_ms) { impl_->Stop(leave, drain_timeout_ms); }
 absl::Status StageNode::Migrate(std::unique_ptr<SignalTransport> signals) {
@@ -1264,6 +1828,7 @@ absl::Status StageNode::Migrate(std::unique_ptr<SignalTransport> signals) {
 }
 const Lid& StageNode::lid() const { return impl_->lid(); }
 uint64_t StageNode::epoch() const { return impl_->epoch(); }
+absl::Status StageNode::health() const { return impl_->Health(); }
 StageNodeStats StageNode::stats() const { return impl_->Stats(); }
 
 }  // namespace connex::pp

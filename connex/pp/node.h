@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "connex/base/clock.h"
 #include "connex/base/lid.h"
 #include "connex/directory/client.h"
 #include "connex/pp/engine.h"
@@ -46,9 +47,21 @@ struct StageNodeOptions {
   int64_t slot_bytes = 8 << 20;    // CONNEX_PP_SLOT_BYTES
   int max_batch = 16;              // CONNEX_PP_MAX_BATCH: requests per step
   int32_t eos_token = -1;          // generation stops at this token (-1: none)
+  // CONNEX_PP_REQUEST_TIMEOUT_MS: a request not finished this long after Submit ends with
+  // DeadlineExceeded (0: no bound). SubmitOptions::timeout_ms overrides it per request.
+  int64_t request_timeout_ms = 300000;
+  int attempt_max = 32;  // CONNEX_PP_ATTEMPT_MAX: sends of one step before its requests abort
+  // CONNEX_PP_REPLAY_CACHE_BYTES: outputs kept to answer re-sent attempts without re-running.
+  int64_t replay_cache_bytes = int64_t{64} << 20;
+  // CONNEX_PP_OWNER_GRACE_MS: how long a stage keeps the requests of an owner that LEFT (it is
+  // draining) before it drops them; an owner that FAILED loses them at once.
+  int64_t owner_grace_ms = 10000;
+  Clock* clock = nullptr;  // nullptr: the real clock (tests inject a FakeClock)
 
   // Options with the CONNEX_PP_* variables above applied. InvalidArgument names a bad one.
   static absl::StatusOr<StageNodeOptions> FromEnv(StageNodeOptions defaults);
+  // InvalidArgument naming the first setting that cannot work (stage outside the pipeline, ...).
+  absl::Status Validate() const;
 };
 
 struct StageNodeStats {
@@ -64,9 +77,23 @@ struct StageNodeStats {
   uint64_t aborted = 0;           // requests aborted (owner)
   uint64_t completed = 0;         // requests finished (owner)
   uint64_t backpressured = 0;     // sends that waited for a ring slot
+  uint64_t forged_dropped = 0;    // answers not from the hop (or owner) they claim: dropped
+  uint64_t released = 0;          // requests whose state this stage dropped (RELEASE, owner gone)
+  uint64_t chunked = 0;           // owner: steps that carried only part of a request's tokens
+  size_t held_requests = 0;       // downstream: requests whose state this stage holds now
+  uint64_t replay_bytes = 0;      // bytes of outputs kept to answer re-sent attempts
+  size_t releases_pending = 0;    // owner: RELEASEs not acknowledged yet
   size_t ring_in_use = 0;         // slots awaiting acknowledgement now
   size_t requests_in_flight = 0;  // owner: submitted, not finished
   size_t steps_in_flight = 0;     // owner: steps not yet answered, and sends waiting for a slot
+};
+
+// Per-request settings of Submit.
+struct SubmitOptions {
+  // One generated token, as soon as the owner has it (streaming): runs once per token, in
+  // order, before the completion.
+  std::function<void(uint64_t request_id, int32_t token)> on_token;
+  int64_t timeout_ms = 0;  // 0: StageNodeOptions::request_timeout_ms
 };
 
 class StageNode {
@@ -88,10 +115,16 @@ class StageNode {
   StageNode& operator=(const StageNode&) = delete;
 
   // Owner (stage 0) only. Generates up to `max_new_tokens` tokens after `prompt`. `request_id`
-  // must be unique among every owner sharing the stages. `done` runs exactly once. `on_token`,
-  // if given, runs once per generated token, in order, before `done` (a failover re-sends steps
-  // and may recompute the request's state, but never emits a token twice).
-  // FailedPrecondition on another stage; InvalidArgument for an empty prompt or a duplicate id.
+  // must be unique among this owner's running requests (stages scope it by the owner's
+  // incarnation, so other owners may use the same ids). `done` runs exactly once, with the
+  // tokens or the error that ended the request — every request ends, within its timeout and
+  // CONNEX_PP_ATTEMPT_MAX sends of a step. `on_token`, if given, runs once per generated token,
+  // in order, before `done` (a failover re-sends steps and may recompute the request's state,
+  // but never emits a token twice). A prompt larger than a ring slot is sent in chunks.
+  // FailedPrecondition on another stage, after Stop, or once the node lost its LID;
+  // Unavailable while draining; InvalidArgument for an empty prompt or a duplicate id.
+  absl::Status Submit(uint64_t request_id, std::vector<int32_t> prompt, int max_new_tokens,
+                      Completion done, SubmitOptions options);
   absl::Status Submit(uint64_t request_id, std::vector<int32_t> prompt, int max_new_tokens,
                       Completion done, TokenCallback on_token = nullptr);
 
@@ -102,11 +135,15 @@ class StageNode {
   void Stop(bool leave, int64_t drain_timeout_ms = 10000);
 
   // Moves this endpoint's signals to a new transport (a new address) under the same LID: the
-  // directory sees MIGRATED; the engine's state stays.
+  // directory sees MIGRATED; the engine's state stays. FailedPrecondition after Stop.
   absl::Status Migrate(std::unique_ptr<SignalTransport> signals);
 
   const Lid& lid() const;
   uint64_t epoch() const;
+  // OK while the node serves; FailedPrecondition once it lost its LID (another process took it,
+  // or the directory gave it up): it then refuses every step and request, and says so in the
+  // log at ERROR level.
+  absl::Status health() const;
   StageNodeStats stats() const;
 
  private:

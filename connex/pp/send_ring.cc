@@ -61,4 +61,24 @@ uint64_t SendRing::remote_addr(uint32_t slot) const {
   return reinterpret_cast<uint64_t>(base_ + static_cast<size_t>(slot) * slot_bytes_);
 }
 
+absl::Status ReadSlot(transport::TransferEngine& engine, const transport::PeerRef& peer,
+                      void* buffer, void* check, uint64_t remote, uint64_t corr, uint64_t length) {
+  auto matches = [corr, length](const void* at) {
+    SlotHeader h{};
+    std::memcpy(&h, at, sizeof(h));
+    return h.corr == corr && h.length == length;
+  };
+  absl::Status read = engine.TransferSyncRead(peer, buffer, remote, kSlotHeaderBytes + length);
+  if (!read.ok()) return read;
+  if (!matches(buffer)) {
+    return absl::AbortedError("payload was replaced before it was read (stale slot)");
+  }
+  read = engine.TransferSyncRead(peer, check, remote, kSlotHeaderBytes);
+  if (!read.ok()) return read;
+  if (!matches(check)) {
+    return absl::AbortedError("payload was replaced while it was read (stale slot)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace connex::pp

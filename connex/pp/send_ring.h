@@ -58,6 +58,16 @@ class SendRing {
   std::map<uint64_t, uint32_t> by_corr_;
 };
 
+// The receiver's side of a slot: reads header and payload of the slot at `remote` (signalled
+// with `corr` and `length`) from `peer` into `buffer` (registered, kSlotHeaderBytes + length
+// bytes) with one one-sided read, then reads the header again into `check` (registered,
+// kSlotHeaderBytes) — a seqlock: a sender that reuses the slot invalidates its header first, so a
+// read that overlapped the reuse sees a changed header afterwards, even when the header it read
+// first was still the right one. Aborted: the payload was replaced before or during the read
+// (never consumed). Other codes are the transfer engine's.
+absl::Status ReadSlot(transport::TransferEngine& engine, const transport::PeerRef& peer,
+                      void* buffer, void* check, uint64_t remote, uint64_t corr, uint64_t length);
+
 }  // namespace connex::pp
 
 #endif  // CONNEX_PP_SEND_RING_H_

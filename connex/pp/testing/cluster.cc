@@ -58,6 +58,34 @@ StageNode* Cluster::Start(uint32_t stage, uint32_t replica) {
   return m.node.get();
 }
 
+absl::Status Cluster::StartAll(uint32_t replicas, int64_t timeout_ms) {
+  for (uint32_t r = 0; r < replicas; ++r) {
+    for (uint32_t s = 0; s < stages_; ++s) {
+      if (Start(s, r) == nullptr) {
+        return absl::InternalError("stage " + std::to_string(s) + " of replica " +
+                                   std::to_string(r) + " did not start");
+      }
+    }
+  }
+  return AwaitMembers(static_cast<size_t>(replicas) * stages_, timeout_ms);
+}
+
+absl::Status Cluster::AwaitMembers(size_t members, int64_t timeout_ms) {
+  // Owners route only through stages they can see: wait as another process would.
+  directory::DirectoryClientOptions client;
+  client.directory = server_.bind_address();
+  auto watcher = directory::DirectoryClient::Connect(client);
+  if (!watcher.ok()) return watcher.status();
+  absl::Status watch = (*watcher)->Watch(model_);
+  if (!watch.ok()) return watch;
+  if (!(*watcher)->AwaitView(
+          model_, [members](const auto& v) { return v.size() == members; }, timeout_ms)) {
+    return absl::InternalError("the directory did not show " + std::to_string(members) +
+                               " members of " + model_);
+  }
+  return absl::OkStatus();
+}
+
 void Cluster::SetDirectoryEventDelay(int ms) {
   event_delay_ms_ = ms;
   for (auto& [key, m] : members_) {
@@ -104,25 +132,29 @@ bool Cluster::alive(uint32_t stage, uint32_t replica) const {
 }
 
 absl::Status Cluster::Submit(uint32_t replica, uint64_t id, std::vector<int32_t> prompt,
-                             int max_new) {
+                             int max_new, int64_t timeout_ms) {
   {
     connex::MutexLock lock(&mu_);
     outcomes_[id] = Outcome{};
   }
-  return node(0, replica)
-      ->Submit(
-          id, std::move(prompt), max_new,
-          [this](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
-            connex::MutexLock lock(&mu_);
-            outcomes_[rid].done = true;
-            outcomes_[rid].tokens = std::move(r);
-          },
-          [this](uint64_t rid, int32_t token) {
-            connex::MutexLock lock(&mu_);
-            Outcome& o = outcomes_[rid];
-            o.streamed_after_done |= o.done;
-            o.streamed.push_back(token);
-          });
+  StageNode* owner = node(0, replica);
+  if (owner == nullptr) return absl::FailedPreconditionError("no live owner");
+  SubmitOptions options;
+  options.timeout_ms = timeout_ms;
+  options.on_token = [this](uint64_t rid, int32_t token) {
+    connex::MutexLock lock(&mu_);
+    Outcome& o = outcomes_[rid];
+    o.streamed_after_done |= o.done;
+    o.streamed.push_back(token);
+  };
+  return owner->Submit(
+      id, std::move(prompt), max_new,
+      [this](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
+        connex::MutexLock lock(&mu_);
+        outcomes_[rid].done = true;
+        outcomes_[rid].tokens = std::move(r);
+      },
+      std::move(options));
 }
 
 bool Cluster::AwaitAll(int64_t timeout_ms) {
@@ -166,6 +198,23 @@ bool Cluster::AwaitRingsEmpty(int64_t timeout_ms) {
       timeout_ms, 5);
 }
 
+bool Cluster::AwaitNoStateHeld(int64_t timeout_ms) {
+  return WaitUntil([this] { return StateHeld().empty(); }, timeout_ms, 5);
+}
+
+std::string Cluster::StateHeld() const {
+  std::string out;
+  for (const auto& [key, m] : members_) {
+    if (!m.alive || !m.engine) continue;
+    size_t n = m.engine->held_requests();
+    if (n > 0) {
+      out += (out.empty() ? "" : ", ") + std::to_string(key.first) + "/" +
+             std::to_string(key.second) + ": " + std::to_string(n) + " requests";
+    }
+  }
+  return out;
+}
+
 StageNodeStats Cluster::TotalStats() const {
   StageNodeStats total;
   auto add = [&total](const StageNodeStats& s) {
@@ -181,6 +230,9 @@ StageNodeStats Cluster::TotalStats() const {
     total.aborted += s.aborted;
     total.completed += s.completed;
     total.backpressured += s.backpressured;
+    total.forged_dropped += s.forged_dropped;
+    total.released += s.released;
+    total.chunked += s.chunked;
   };
   for (const auto& [key, m] : members_) {
     if (m.node) add(m.node->stats());

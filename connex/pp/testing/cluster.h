@@ -35,6 +35,11 @@ class Cluster {
   ~Cluster();
 
   StageNode* Start(uint32_t stage, uint32_t replica);
+  // Starts every stage of replicas 0..replicas-1 and waits until the directory shows `members`
+  // records of the model (default: all of them). Internal names what did not come up.
+  absl::Status StartAll(uint32_t replicas, int64_t timeout_ms = 5000);
+  // Waits until the directory shows exactly `members` records of the model.
+  absl::Status AwaitMembers(size_t members, int64_t timeout_ms = 5000);
   // As SIGKILL would: transport and signals die, no LEAVE.
   void Kill(uint32_t stage, uint32_t replica);
   // Graceful: LEFT, drain, stop.
@@ -45,7 +50,8 @@ class Cluster {
   bool alive(uint32_t stage, uint32_t replica) const;
 
   // Submits a request to the stage-0 node of `replica`.
-  absl::Status Submit(uint32_t replica, uint64_t id, std::vector<int32_t> prompt, int max_new);
+  absl::Status Submit(uint32_t replica, uint64_t id, std::vector<int32_t> prompt, int max_new,
+                      int64_t timeout_ms = 0);
   // Waits until every submitted request finished; false after `timeout_ms`.
   bool AwaitAll(int64_t timeout_ms);
   std::map<uint64_t, Outcome> outcomes() const;
@@ -54,6 +60,10 @@ class Cluster {
   // Waits until no live node has a ring slot in use; false after `timeout_ms`.
   bool AwaitRingsEmpty(int64_t timeout_ms);
   StageNodeStats TotalStats() const;
+  // Waits until no live engine holds any request's state; false after `timeout_ms`.
+  bool AwaitNoStateHeld(int64_t timeout_ms);
+  // "stage/replica: n requests" for every live engine that holds state ("" when none does).
+  std::string StateHeld() const;
 
   // Every node's directory client (now and later) sees events `ms` late.
   void SetDirectoryEventDelay(int ms);

@@ -57,6 +57,10 @@ absl::StatusOr<TensorDict> TestEngine::ExecuteStep(const TensorDict& in) {
     return absl::InvalidArgumentError(StrCat("input has ", (*input)->shape[0], " rows, batch ", n));
   }
   connex::MutexLock lock(&mu_);
+  if (fail_steps_ > 0) {
+    --fail_steps_;
+    return absl::InternalError(StrCat("test engine: injected failure at stage ", stage_));
+  }
   if (amnesiac_) {
     for (size_t i = 0; i < batch->request_ids.size(); ++i) {
       if (batch->start_positions[i] != 0) states_.erase(batch->request_ids[i]);
@@ -99,6 +103,13 @@ absl::StatusOr<TensorDict> TestEngine::ExecuteStep(const TensorDict& in) {
   SetBatch(result, batch->request_ids, batch->start_positions, batch->num_tokens);
   if (last) {
     result.Set(kNextTokens, Tensor::Of<int32_t>({static_cast<int64_t>(next.size())}, next));
+    if (logits_width_ > 0) {
+      const int64_t b = static_cast<int64_t>(next.size());
+      const int64_t w = logits_width_;
+      std::vector<float> logits(static_cast<size_t>(b * w), 0.0f);
+      for (int64_t i = 0; i < b; ++i) logits[static_cast<size_t>(i * w + next[i] % w)] = 1.0f;
+      result.Set("logits", Tensor::Of<float>({b, w}, logits));
+    }
   } else {
     result.Set("hidden", Tensor::Of<int64_t>({n}, hidden));
   }
@@ -113,6 +124,31 @@ bool TestEngine::HoldsRequest(uint64_t id) const {
 void TestEngine::Release(uint64_t id) {
   connex::MutexLock lock(&mu_);
   states_.erase(id);
+}
+
+uint64_t TestEngine::OutputBytesPerToken() const {
+  connex::MutexLock lock(&mu_);
+  return stage_ + 1 == stages_ ? 0 : bytes_per_token_;
+}
+
+size_t TestEngine::held_requests() const {
+  connex::MutexLock lock(&mu_);
+  return states_.size();
+}
+
+void TestEngine::SetOutputBytesPerToken(uint64_t bytes) {
+  connex::MutexLock lock(&mu_);
+  bytes_per_token_ = bytes;
+}
+
+void TestEngine::FailNextSteps(int n) {
+  connex::MutexLock lock(&mu_);
+  fail_steps_ = n;
+}
+
+void TestEngine::SetEmitLogits(int32_t width) {
+  connex::MutexLock lock(&mu_);
+  logits_width_ = width;
 }
 
 std::vector<std::string> TestEngine::violations() const {

@@ -27,6 +27,16 @@ class TestEngine : public Engine {
   std::vector<uint64_t> MissingRequests(const TensorDict& in) const override;
   bool HoldsRequest(uint64_t request_id) const override;
   void Release(uint64_t request_id) override;
+  uint64_t OutputBytesPerToken() const override;
+
+  // Requests whose state this engine holds now (a test's end: none).
+  size_t held_requests() const;
+  // The per-token figure reported to the owner (default 8, the I64 hidden row; 0 = unknown).
+  void SetOutputBytesPerToken(uint64_t bytes);
+  // The next `n` steps fail with Internal (an engine error, not missing state).
+  void FailNextSteps(int n);
+  // The last stage also returns logits [B, width] F32 (0: none), as a real LM head does.
+  void SetEmitLogits(int32_t width);
 
   // Faults seen: "request 7: step at position 3 but 4 positions are held (executed twice)".
   std::vector<std::string> violations() const;
@@ -49,6 +59,9 @@ class TestEngine : public Engine {
   std::vector<std::string> violations_ ABSL_GUARDED_BY(mu_);
   uint64_t executions_ ABSL_GUARDED_BY(mu_) = 0;
   bool amnesiac_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t bytes_per_token_ ABSL_GUARDED_BY(mu_) = 8;
+  int fail_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t logits_width_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The tokens an undisturbed `stages`-stage pipeline of TestEngines generates.
