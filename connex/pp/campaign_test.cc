@@ -191,8 +191,14 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
   for (const auto& [id, outcome] : c.outcomes()) {
     if (outcome.tokens.ok()) {
       std::vector<int32_t> want = ReferenceTokens(kStages, plans[id].prompt, plans[id].max_new);
-      if (*outcome.tokens != want)
-        return "request " + std::to_string(id) + " diverged (" + what + ")";
+      if (*outcome.tokens != want) {
+        size_t at = 0;
+        while (at < want.size() && at < outcome.tokens->size() && want[at] == (*outcome.tokens)[at])
+          ++at;
+        return "request " + std::to_string(id) + " (prompt of " +
+               std::to_string(plans[id].prompt.size()) + " tokens) diverged at token " +
+               std::to_string(at) + " of " + std::to_string(want.size()) + " (" + what + ")";
+      }
       if (outcome.streamed != want || outcome.streamed_after_done)
         return "request " + std::to_string(id) + " streamed other tokens than it returned (" +
                what + ")";

@@ -81,7 +81,7 @@ constexpr std::string_view kSignalScheme = "pp+";
 constexpr size_t kSeenCorrs = 8192;
 constexpr size_t kReplayEntries = 2048;
 constexpr size_t kGoneOwners = 4096;
-constexpr size_t kReleasedRequests = 65536;
+constexpr size_t kReleasedRequests = 16384;
 constexpr size_t kRetiredTransports = 2;
 constexpr int kReleaseAttempts = 10;
 constexpr int64_t kPruneEveryMs = 1000;
@@ -693,7 +693,7 @@ class StageNode::Impl {
     std::vector<bool> keep;
     std::vector<uint64_t> missing;
     for (size_t i = 0; i < batch->request_ids.size(); ++i) {
-      const uint64_t* released = released_.Find({owner, batch->request_ids[i]});
+      const uint64_t* released = released_.Find({s.owner_token, batch->request_ids[i]});
       if (released != nullptr && *released >= s.step) {
         keep.push_back(false);  // a late step of a request its owner is done with
         continue;
@@ -701,6 +701,16 @@ class StageNode::Impl {
       RequestScope::Entry* e = scope_.Find(owner, batch->request_ids[i]);
       bool fresh = e == nullptr || e->last_step < s.step;
       if (!fresh && e->last_step == s.step) missing.push_back(batch->request_ids[i]);  // no output
+      if (fresh && e != nullptr && batch->start_positions[i] != 0 &&
+          e->positions != batch->start_positions[i]) {
+        // This stage's state is of another point of the request's history (it was away from
+        // the route while the request moved on, was recomputed elsewhere, and came back): the
+        // engine must hold exactly start_position positions, so the owner recomputes.
+        engine_.Release(e->local_id);
+        scope_.Erase(owner, batch->request_ids[i]);
+        missing.push_back(batch->request_ids[i]);
+        fresh = false;
+      }
       // Without state here, only a step from position 0 can run (it creates the state).
       if (fresh && e == nullptr && batch->start_positions[i] != 0) {
         missing.push_back(batch->request_ids[i]);
@@ -762,7 +772,14 @@ class StageNode::Impl {
       return;
     }
     ++stats_.steps_executed;
-    for (uint64_t id : run_owner) scope_.Find(owner, id)->last_step = s.step;
+    {
+      absl::StatusOr<Batch> ran = GetBatch(runnable);
+      for (size_t i = 0; ran.ok() && i < run_owner.size(); ++i) {
+        RequestScope::Entry* e = scope_.Find(owner, run_owner[i]);
+        e->last_step = s.step;
+        e->positions = static_cast<int64_t>(ran->start_positions[i]) + ran->num_tokens[i];
+      }
+    }
     RewriteIds(*out, run_owner);
     if (o_.stage + 1 == o_.stages) {
       // Only what a re-send needs: the batch and the sampled tokens, never the logits.
@@ -915,7 +932,7 @@ class StageNode::Impl {
       if (r.owner_token == 0) ++stats_.forged_dropped;
     }
     for (uint64_t id : r.request_ids) {
-      if (r.owner_token != 0) released_.Put({owner, id}, r.upto_step);
+      if (r.owner_token != 0) released_.Put({r.owner_token, id}, r.upto_step);
       std::optional<uint64_t> local = scope_.Erase(owner, id);
       if (!local) continue;
       engine_.Release(*local);
@@ -1125,6 +1142,8 @@ class StageNode::Impl {
         q.cached = q.sent_to;
         continue;
       }
+      CONNEX_LOG_TRACE("pp {}: step {} attempt {}: request {} token {} from {}", lid_.ToString(),
+                       r.step, r.attempt, id, r.tokens[i], r.from.ToString());
       q.cached = q.tokens.size();
       q.tokens.push_back(r.tokens[i]);
       if (q.on_token) q.on_token(id, r.tokens[i]);
@@ -1618,8 +1637,15 @@ class StageNode::Impl {
     }
     uint64_t size = PackedSize(*out);
     if (!tokens.empty()) {
-      measured_bytes_per_token_ =
-          std::max<uint64_t>(measured_bytes_per_token_, size / tokens.size());
+      // Per token: the rows of the tensors that have one per token (the batch keys and other
+      // per-request tensors are the fixed part a chunk's budget already leaves room for).
+      const int64_t n = static_cast<int64_t>(tokens.size());
+      uint64_t per_token = 0;
+      for (const auto& [name, t] : out->tensors()) {
+        if (name == kRequestIds || name == kStartPositions || name == kNumTokens) continue;
+        if (!t.shape.empty() && t.shape[0] == n) per_token += t.data.size() / tokens.size();
+      }
+      measured_bytes_per_token_ = std::max(measured_bytes_per_token_, per_token);
     }
     if (size > ring_->payload_capacity()) {
       // The engine gives no per-token figure and this step's output does not fit: recompute
@@ -1647,6 +1673,13 @@ class StageNode::Impl {
       q.step = step_id;
       q.sent_to = ends[i];
       q.waiting_since = NowMs();
+    }
+    if (Log().should_log(spdlog::level::trace)) {
+      std::string what;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        what += StrCat(" ", ids[i], ":", starts[i], "+", counts[i]);
+      }
+      CONNEX_LOG_TRACE("pp {}: step {}:{}", lid_.ToString(), step_id, what);
     }
     Step& placed = steps_[step_id] = std::move(st);
     SendStep(step_id, placed);
@@ -1758,8 +1791,10 @@ class StageNode::Impl {
   // Receiver side.
   internal::RecentSet<uint64_t> seen_corr_;
   internal::RecentSet<std::pair<Lid, uint64_t>> gone_owners_;
-  // Released requests -> the last step id the release covers.
-  internal::RecentMap<std::pair<OwnerKey, uint64_t>, uint64_t> released_;
+  // Released requests, as (owner token, request id) -> the last step id the release covers.
+  // The token alone names the owner incarnation here (64 random bits), which keeps an entry
+  // small.
+  internal::RecentMap<std::pair<uint64_t, uint64_t>, uint64_t> released_;
   std::map<std::pair<Lid, uint64_t>, int64_t> owners_leaving_;  // -> when their state goes
   RequestScope scope_;
   ReplayCache replay_;

@@ -237,6 +237,7 @@ class RawOwner {
   }
 
   void Send(const Hop& target, const StepSignal& s) { endpoint_->Send(target.signal, Encode(s)); }
+  void SendTo(const Hop& target, const Signal& s) { endpoint_->Send(target.signal, Encode(s)); }
 
   // Signals received until `count` arrived (or 3 s passed).
   std::vector<Signal> Await(size_t count) {
@@ -345,6 +346,49 @@ TEST_F(RuleTest, AStaleSlotIsNotConsumed) {
   ASSERT_EQ(acks.size(), 1u);
   EXPECT_EQ(acks[0].code, static_cast<uint32_t>(absl::StatusCode::kAborted));
   EXPECT_EQ(c_->engine(1, 0)->executions(), 0u);
+}
+
+// Found by the widened campaign (seed 227): a request re-prefilled in chunks moved back to a
+// stage that still held its older, longer state; that stage ran a chunk at start 10 on 1512
+// held positions. The engine must hold exactly start_position positions: it is reported
+// missing (the owner recomputes), and its stale state is dropped.
+TEST_F(RuleTest, AStepAtAnotherPositionThanTheStateHeldIsReportedMissing) {
+  raw_->Send(target_, raw_->Step(20, 200, 1, target_, 5, 0, 3));  // 3 positions held
+  ASSERT_EQ(Only<ResultSignal>(raw_->Await(2)).size(), 1u);
+  raw_->Send(target_, raw_->Step(21, 201, 1, target_, 5, 1, 2));  // a chunk at position 1
+  auto got = raw_->Await(4);
+  auto missing = Only<MissingSignal>(got);
+  ASSERT_EQ(missing.size(), 1u);
+  EXPECT_EQ(missing[0].request_ids, std::vector<uint64_t>{5});
+  EXPECT_EQ(c_->engine(1, 0)->executions(), 1u);
+  EXPECT_EQ(c_->engine(1, 0)->held_requests(), 0u);
+  EXPECT_THAT(c_->violations(), ::testing::IsEmpty());
+}
+
+// A late step of a request that its owner released is not run: it would make state that
+// nobody releases (found by the widened campaign: state left behind).
+TEST_F(RuleTest, ALateStepOfAReleasedRequestIsNotRun) {
+  StepSignal first = raw_->Step(30, 300, 1, target_, 6, 0, 3);
+  first.owner_token = 77;
+  raw_->Send(target_, first);
+  ASSERT_EQ(Only<ResultSignal>(raw_->Await(2)).size(), 1u);
+  raw_->SendTo(target_, ReleaseSignal{raw_->Me().lid, {6}, 77, 1, raw_->Me().signal, 301});
+  ASSERT_EQ(Only<ReleasedSignal>(raw_->Await(3)).size(), 1u);
+  EXPECT_EQ(c_->engine(1, 0)->held_requests(), 0u);
+  StepSignal late = raw_->Step(31, 301, 1, target_, 6, 0, 3);  // an older attempt's prefill
+  late.owner_token = 77;
+  raw_->Send(target_, late);
+  raw_->Await(4);  // its ACK
+  EXPECT_EQ(c_->engine(1, 0)->executions(), 1u);
+  EXPECT_EQ(c_->engine(1, 0)->held_requests(), 0u);
+  // A RELEASE without the owner's token changes nothing.
+  StepSignal again = raw_->Step(32, 302, 1, target_, 7, 0, 3);
+  again.owner_token = 77;
+  raw_->Send(target_, again);
+  raw_->Await(6);
+  raw_->SendTo(target_, ReleaseSignal{raw_->Me().lid, {7}, 12345, 2, raw_->Me().signal, 303});
+  raw_->Await(7);
+  EXPECT_EQ(c_->engine(1, 0)->held_requests(), 1u);
 }
 
 }  // namespace

@@ -33,6 +33,7 @@ class RequestScope {
   struct Entry {
     uint64_t local_id = 0;
     uint64_t last_step = 0;  // 0: no step executed yet
+    int64_t positions = 0;   // positions the engine holds after that step
   };
 
   // The entry of the owner's request `id`, or nullptr.

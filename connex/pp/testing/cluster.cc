@@ -174,6 +174,27 @@ std::map<uint64_t, Outcome> Cluster::outcomes() const {
   return outcomes_;
 }
 
+size_t Cluster::ForgetFinished() {
+  connex::MutexLock lock(&mu_);
+  size_t failed = 0;
+  for (auto it = outcomes_.begin(); it != outcomes_.end();) {
+    if (!it->second.done) {
+      ++it;
+      continue;
+    }
+    failed += it->second.tokens.ok() ? 0 : 1;
+    it = outcomes_.erase(it);
+  }
+  return failed;
+}
+
+size_t Cluster::InFlight() const {
+  connex::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [id, o] : outcomes_) n += o.done ? 0 : 1;
+  return n;
+}
+
 std::vector<std::string> Cluster::violations() const {
   std::vector<std::string> out;
   for (const auto& [key, m] : members_) {

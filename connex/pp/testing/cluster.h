@@ -55,6 +55,10 @@ class Cluster {
   // Waits until every submitted request finished; false after `timeout_ms`.
   bool AwaitAll(int64_t timeout_ms);
   std::map<uint64_t, Outcome> outcomes() const;
+  // Drops the outcomes of finished requests (long runs); returns how many of them failed.
+  size_t ForgetFinished();
+  // Requests submitted and not finished.
+  size_t InFlight() const;
   // Every double execution any engine (live or killed) saw.
   std::vector<std::string> violations() const;
   // Waits until no live node has a ring slot in use; false after `timeout_ms`.
