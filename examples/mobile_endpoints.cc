@@ -8,7 +8,7 @@
 // the peer set watches them through it, so a dead replica is evicted by the transport's
 // peer-death event (its connection closed) rather than by a send timeout or its lease.
 //
-//   mobile_endpoints [--directory tcp://HOST:PORT] [--backend mem|tcp|shm]
+//   mobile_endpoints [--directory tcp://HOST:PORT] [--backend mem|tcp|shm|ucx|auto]
 //   (default: an embedded directory, the in-process mem transport)
 #include <chrono>
 #include <cstdio>
@@ -107,8 +107,9 @@ int main(int argc, char** argv) {
   std::string backend = "mem";
   app.add_option("--directory", directory, "use this directory instead of an embedded one")
       ->envname("CONNEX_DIRECTORY");
-  app.add_option("--backend", backend, "transport of every endpoint: mem, tcp or shm")
-      ->check(CLI::IsMember({"mem", "tcp", "shm"}));
+  app.add_option("--backend", backend, "transport of every endpoint: mem, tcp, shm, ucx or auto")
+      ->envname("CONNEX_PP_BACKEND")
+      ->check(CLI::IsMember({"mem", "tcp", "shm", "ucx", "auto"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
