@@ -1,6 +1,7 @@
 #include "connex/elastic/group_view.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "connex/base/strings.h"
 

@@ -164,7 +164,7 @@ void ElasticPeerSet::Follow(const PeerChange& change) {
           if (watches_.size() >= std::max<size_t>(options_.max_pending_reports, 1)) {
             watches_.pop_front();
           }
-          watches_.push_back(std::move(peer));
+          watches_.push_back(Watch{std::move(peer), r.epoch});
         }
       }
       if (change.previous_epoch != 0 && channels_ != nullptr) {
@@ -315,25 +315,38 @@ void ElasticPeerSet::QueueReport(const Lid& lid, uint64_t epoch) {
 
 void ElasticPeerSet::WatchLoop() {
   while (true) {
-    transport::PeerRef peer;
+    Watch next;
     {
       connex::MutexLock lock(&mu_);
       auto ready = [this]()
                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !watches_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
-      peer = std::move(watches_.front());
+      next = std::move(watches_.front());
       watches_.pop_front();
     }
-    // Connect may take up to the transport's connect timeout: never on a caller's thread.
-    absl::Status watched = transport_->Connect(peer);
-    connex::MutexLock lock(&mu_);
-    if (watched.ok()) {
-      ++stats_.watches;
-    } else {
+    // Connect may take up to the transport's connect timeout: never on a caller's thread. A
+    // failed watch is retried while the incarnation is live (its death would go unseen), a few
+    // times: a peer that cannot be reached at all is left to the caller's timeouts.
+    const int attempts = std::max(options_.watch_attempts, 1);
+    for (int attempt = 1; attempt <= attempts; ++attempt) {
+      absl::Status watched = transport_->Connect(next.peer);
+      connex::MutexLock lock(&mu_);
+      if (watched.ok()) {
+        ++stats_.watches;
+        break;
+      }
       ++stats_.watch_errors;
-      CONNEX_LOG_DEBUG("elastic {}/g{}: cannot watch {}: {}", options_.model, options_.group,
-                       peer.lid.ToString(), AsStd(watched.message()));
+      CONNEX_LOG_DEBUG("elastic {}/g{}: cannot watch {} epoch {} (attempt {} of {}): {}",
+                       options_.model, options_.group, next.peer.lid.ToString(), next.epoch,
+                       attempt, attempts, AsStd(watched.message()));
+      if (attempt == attempts || !view_.IsUsable(next.peer.lid, next.epoch)) break;
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping),
+                               absl::Milliseconds(options_.watch_retry_ms))) {
+        return;
+      }
+      if (!view_.IsUsable(next.peer.lid, next.epoch)) break;
     }
   }
 }
@@ -361,7 +374,7 @@ void ElasticPeerSet::ReportLoop() {
         break;
       }
       last = r.status();
-      if (attempt == options_.report_attempts) break;
+      if (attempt == std::max(options_.report_attempts, 1)) break;
       connex::MutexLock lock(&mu_);
       auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
       if (mu_.AwaitWithTimeout(absl::Condition(&stopping),

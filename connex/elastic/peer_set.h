@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -57,6 +58,9 @@ struct ElasticPeerSetOptions {
   // Attempts per report when the directory does not answer, `report_retry_ms` apart.
   int report_attempts = 3;
   int64_t report_retry_ms = 100;
+  // Attempts to watch (transport Connect) a new live peer, `watch_retry_ms` apart.
+  int watch_attempts = 3;
+  int64_t watch_retry_ms = 200;
 };
 
 struct ElasticPeerSetStats {
@@ -140,7 +144,11 @@ class ElasticPeerSet {
  private:
   struct Report {
     Lid lid;
-    uint64_t epoch;
+    uint64_t epoch = 0;
+  };
+  struct Watch {
+    transport::PeerRef peer;
+    uint64_t epoch = 0;
   };
 
   void OnEvent(const directory::Event& event);
@@ -170,7 +178,7 @@ class ElasticPeerSet {
   GroupView view_ ABSL_GUARDED_BY(mu_);
   ElasticPeerSetStats stats_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<transport::PeerRef> watches_ ABSL_GUARDED_BY(mu_);  // to Connect
+  std::deque<Watch> watches_ ABSL_GUARDED_BY(mu_);  // to Connect
   std::deque<Report> reports_ ABSL_GUARDED_BY(mu_);
   bool reporting_ ABSL_GUARDED_BY(mu_) = false;  // a report is in progress
   // Created at the first Send (the step protocol has its own signals and never sends here).

@@ -282,6 +282,21 @@ TEST_F(PeerSetTest, TransportDeathEvictsThatIncarnationOnly) {
   EXPECT_EQ(peers->stats().stale_transport_events, 1u);  // only the injected one
 }
 
+TEST_F(PeerSetTest, AWatchThatFailsIsRetriedButIsNoEviction) {
+  Replica b = StartReplica(1, /*transport=*/true);
+  fabric_->Kill(r1_);  // unreachable before the sender ever connects (no event can come)
+  auto owner = Client();
+  transport::TransferEnginePtr engine = Engine(owner_lid_);
+  ElasticPeerSetOptions options{"demo", 1, 1};
+  options.watch_retry_ms = 10;
+  auto peers = ElasticPeerSet::Create(*owner, engine.get(), options);
+  ASSERT_TRUE(peers.ok());
+  ASSERT_TRUE(WaitUntil([&] { return (*peers)->stats().watch_errors == 3; }, 5000));
+  EXPECT_EQ((*peers)->stats().watches, 0u);
+  // The caller's own timeouts decide; a failed connect is not proof of death.
+  EXPECT_TRUE((*peers)->IsUsable(r1_, b.epoch));
+}
+
 TEST_F(PeerSetTest, ADrainingPeerThatDiesIsFailedButNotReported) {
   Replica a = StartReplica(0, /*transport=*/true);
   Replica b = StartReplica(1, /*transport=*/true);
