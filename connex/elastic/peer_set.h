@@ -97,7 +97,8 @@ class ElasticPeerSet {
   ElasticPeerSet(const ElasticPeerSet&) = delete;
   ElasticPeerSet& operator=(const ElasticPeerSet&) = delete;
 
-  // Watches the model and builds the view. Call once. InvalidArgument: a bad model name.
+  // Watches the model and builds the view. Call once (FailedPrecondition the second time).
+  // InvalidArgument: a bad model name; DeadlineExceeded/Unavailable: no directory answered.
   absl::Status Start();
   // Blocks until at least `n` peers are live; false after `timeout_ms`.
   bool WaitReady(size_t n, int64_t timeout_ms) const;
