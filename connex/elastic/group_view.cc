@@ -87,15 +87,11 @@ std::optional<PeerChange> GroupView::Apply(const directory::Event& event) {
                         previous, false, migrated ? "directory: MIGRATED" : "directory: JOINED"};
     }
     case directory::EventKind::kLeft: {
-      if (live != live_.end() && live->second.record.epoch == r.epoch) {
-        directory::Record record = live->second.record;
-        live_.erase(live);
-        Remember(record, PeerState::kDraining, "directory: LEFT");
-        return PeerChange{PeerChange::Kind::kLeft, record, 0, false, "directory: LEFT"};
-      }
-      auto gone = gone_.find({lid, r.epoch});
-      if (gone != gone_.end() && gone->second.state == PeerState::kFailed) Forget(gone->first);
-      return std::nullopt;
+      if (live == live_.end() || live->second.record.epoch != r.epoch) return std::nullopt;
+      directory::Record record = live->second.record;
+      live_.erase(live);
+      Remember(record, PeerState::kDraining, "directory: LEFT");
+      return PeerChange{PeerChange::Kind::kLeft, record, 0, false, "directory: LEFT"};
     }
     case directory::EventKind::kFailed: {
       std::string reason =
@@ -103,17 +99,16 @@ std::optional<PeerChange> GroupView::Apply(const directory::Event& event) {
       if (live != live_.end() && live->second.record.epoch == r.epoch) {
         directory::Record record = live->second.record;
         live_.erase(live);
-        // Not remembered: the directory no longer lists it, so no stale event can revive it.
+        Remember(record, PeerState::kFailed, reason);
         return PeerChange{PeerChange::Kind::kFailed, record, 0, false, reason};
       }
       auto gone = gone_.find({lid, r.epoch});
-      if (gone == gone_.end()) return std::nullopt;
-      std::optional<PeerChange> change;
-      if (gone->second.state == PeerState::kDraining) {
-        change = PeerChange{PeerChange::Kind::kFailed, gone->second.record, 0, false, reason};
+      if (gone == gone_.end() || gone->second.state != PeerState::kDraining) {
+        return std::nullopt;  // unknown, or failed here already (announced then)
       }
-      Forget(gone->first);
-      return change;
+      gone->second.state = PeerState::kFailed;
+      gone->second.reason = reason;
+      return PeerChange{PeerChange::Kind::kFailed, gone->second.record, 0, false, reason};
     }
   }
   return std::nullopt;

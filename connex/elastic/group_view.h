@@ -59,8 +59,9 @@ struct GroupViewOptions {
   // Only records that publish an address starting with this are members (the step protocol
   // needs its "pp+" signal address); empty: every record.
   std::string member_address_prefix = "";
-  // At most this many draining and failed incarnations are remembered; the oldest are
-  // forgotten first. They are also forgotten once the directory no longer lists them.
+  // At most this many draining and failed incarnations are remembered (to answer StateOf and to
+  // ignore a lagging directory's stale records); the oldest are forgotten first, and a newer
+  // epoch of a LID supersedes what is remembered of it.
   size_t max_remembered = 1024;
 };
 

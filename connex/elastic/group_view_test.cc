@@ -107,11 +107,13 @@ TEST(GroupViewTest, LocalEvictionIsNotUndoneByALaggingDirectory) {
   EXPECT_FALSE(view.ApplyRecord(Rec(R(1), 5)));
   EXPECT_FALSE(view.IsUsable(R(1), 5));
   EXPECT_EQ(view.remembered_count(), 1u);
-  // The directory's FAILED for it: no longer listed anywhere, so forgotten.
+  // The directory's FAILED for it: announced already (locally), still failed.
   EXPECT_FALSE(view.Apply(Ev(EventKind::kFailed, Rec(R(1), 5))));
-  EXPECT_EQ(view.remembered_count(), 0u);
+  EXPECT_EQ(view.StateOf(R(1), 5), PeerState::kFailed);
+  EXPECT_EQ(view.remembered_count(), 1u);
   // Stale events of superseded epochs are ignored.
   ASSERT_TRUE(view.Apply(Ev(EventKind::kJoined, Rec(R(1), 7))));
+  EXPECT_EQ(view.remembered_count(), 0u);  // epoch 7 supersedes epoch 5
   EXPECT_FALSE(view.Apply(Ev(EventKind::kJoined, Rec(R(1), 6))));
   EXPECT_FALSE(view.Apply(Ev(EventKind::kLeft, Rec(R(1), 6))));
   EXPECT_TRUE(view.IsUsable(R(1), 7));

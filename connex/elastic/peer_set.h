@@ -50,8 +50,8 @@ struct ElasticPeerSetOptions {
   // Only records that publish an address starting with this are members (the step protocol:
   // "pp+"); empty: every record of the group.
   std::string member_address_prefix = "";
-  // Draining and failed incarnations remembered at most (they are forgotten sooner once the
-  // directory no longer lists them).
+  // Draining and failed incarnations remembered at most, the oldest forgotten first (a newer
+  // epoch of a LID supersedes them sooner).
   size_t max_remembered = 1024;
   // Reports to the directory queued at most; beyond, the oldest is dropped (and counted).
   size_t max_pending_reports = 1024;

@@ -98,7 +98,16 @@ class PeerSetTest : public ::testing::Test {
       replica.mem_address = replica.engine->LocalAddresses()[0];
       addresses.push_back(replica.mem_address);
     }
-    replica.epoch = *replica.client->Join(Lid{"demo", 1, 0, r}, addresses);
+    // A previous holder of the LID may still be registered until its eviction lands.
+    absl::StatusOr<uint64_t> epoch;
+    EXPECT_TRUE(WaitUntil(
+        [&] {
+          epoch = replica.client->Join(Lid{"demo", 1, 0, r}, addresses);
+          return epoch.ok();
+        },
+        5000, /*poll_ms=*/20))
+        << epoch.status();
+    replica.epoch = epoch.value_or(0);
     return replica;
   }
 
@@ -249,8 +258,7 @@ TEST_F(PeerSetTest, TransportDeathEvictsThatIncarnationOnly) {
   b.client.reset();
   b.inbox->Stop();
   ASSERT_TRUE(WaitUntil([&] { return !peers->IsUsable(r1_, e1); }, 3000));
-  // Failed here, and forgotten as soon as the directory no longer lists it.
-  EXPECT_NE(peers->StateOf(r1_, e1), PeerState::kLive);
+  EXPECT_EQ(peers->StateOf(r1_, e1), PeerState::kFailed);
   EXPECT_EQ(*peers->Pick(&r1_), r0_);
   EXPECT_EQ(peers->stats().transport_evictions, 1u);
   // Callbacks run after the view changed: wait for the announcement.
@@ -379,8 +387,8 @@ TEST_F(PeerSetTest, RememberedIncarnationsAreBounded) {
   ASSERT_TRUE(peers.MarkFailed(Lid{"demo", 1, 0, 4}).ok());
   ASSERT_TRUE(peers.MarkFailed(Lid{"demo", 1, 0, 5}).ok());
   EXPECT_LE(peers.Members().size(), 2u);
-  // Once the directory no longer lists the failed ones (it evicted them on the reports; a holder
-  // that rejoins does so under a new epoch), they are forgotten.
+  // The holders learn of their eviction and rejoin under new epochs, which supersede what is
+  // remembered of the failed ones.
   ASSERT_TRUE(WaitUntil([&] { return peers.stats().reports_sent == 2; }, 5000));
   ASSERT_TRUE(WaitUntil(
       [&] {
@@ -424,6 +432,43 @@ TEST_F(PeerSetTest, PersistentChannelAndFastFailureToADeadPeer) {
   EXPECT_TRUE(WaitUntil([&] { return (*peers)->stats().open_channels == 1; }, 5000));
   ASSERT_TRUE((*peers)->Send(*(*peers)->Pick(&r1_), "step-42").ok());
   EXPECT_EQ(a.inbox->Receive(1000), "step-42");
+}
+
+TEST_F(PeerSetTest, CallersRaceWithDirectoryAndTransportEvents) {
+  auto owner = Client();
+  transport::TransferEnginePtr engine = Engine(owner_lid_);
+  auto peers = ElasticPeerSet::Create(*owner, engine.get(), {"demo", 1, 1});
+  ASSERT_TRUE(peers.ok());
+  std::atomic<int> changes{0};
+  uint64_t cb = (*peers)->OnChange([&](const PeerChange&) { ++changes; });
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 3; ++t) {
+    callers.emplace_back([&, t] {
+      while (!stop.load()) {
+        absl::StatusOr<directory::Record> pick = (*peers)->PickRecord(&r1_);
+        if (pick.ok()) {
+          (void)(*peers)->IsUsable(pick->lid, pick->epoch);
+          if (t == 0) (void)(*peers)->MarkFailed(pick->lid, pick->epoch);
+          if (t == 1) (void)(*peers)->Send(pick->lid, "x");
+        }
+        (void)(*peers)->Members();
+        (void)(*peers)->stats();
+      }
+    });
+  }
+  // Replicas come, die (transport) and leave while the callers run.
+  for (int round = 0; round < 5; ++round) {
+    Replica a = StartReplica(0, /*transport=*/true);
+    Replica b = StartReplica(1, /*transport=*/true);
+    fabric_->Kill(r0_);
+    (void)b.client->Leave(r1_);
+  }
+  stop.store(true);
+  for (auto& c : callers) c.join();
+  (*peers)->RemoveCallback(cb);
+  EXPECT_GT(changes.load(), 0);
+  EXPECT_LE((*peers)->Members().size(), 2u + 1024u);
 }
 
 }  // namespace
