@@ -19,8 +19,8 @@ using ::testing::HasSubstr;
 // Records every change as "KIND lid[@epoch] [local]".
 class ChangeLog {
  public:
-  explicit ChangeLog(ElasticPeerSet& peers, bool with_epochs = false) {
-    peers.OnChange([this, with_epochs](const PeerChange& c) {
+  explicit ChangeLog(ElasticPeerSet& peers, bool with_epochs = false) : peers_(peers) {
+    id_ = peers.OnChange([this, with_epochs](const PeerChange& c) {
       connex::MutexLock lock(&mu_);
       lines_.push_back(StrCat(PeerChangeKindName(c.kind), " ", c.record.lid.ToString(),
                               with_epochs ? StrCat("@", c.record.epoch) : "",
@@ -36,12 +36,15 @@ class ChangeLog {
     connex::MutexLock lock(&mu_);
     return reasons_;
   }
+  ~ChangeLog() { peers_.RemoveCallback(id_); }
   bool Has(const std::string& line) const {
     connex::MutexLock lock(&mu_);
     return std::find(lines_.begin(), lines_.end(), line) != lines_.end();
   }
 
  private:
+  ElasticPeerSet& peers_;
+  uint64_t id_ = 0;
   mutable connex::Mutex mu_;
   std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> reasons_ ABSL_GUARDED_BY(mu_);
@@ -187,6 +190,7 @@ TEST_F(PeerSetTest, HandsOverWhenAPeerDies) {
   EXPECT_EQ(*peers.Pick(), r1_);
   ASSERT_TRUE(peers.Send(r1_, "back").ok());
   EXPECT_EQ(b2.inbox->Receive(1000), "back");
+  ASSERT_TRUE(WaitUntil([&] { return changes.lines().size() == 4; }, 3000));
   EXPECT_THAT(changes.lines(), ElementsAre("JOINED demo/g1/s0/r0", "JOINED demo/g1/s0/r1",
                                            "FAILED demo/g1/s0/r1 local", "JOINED demo/g1/s0/r1"));
 }
@@ -226,8 +230,9 @@ TEST_F(PeerSetTest, FollowsMigrationAndScaleDownWithDraining) {
   absl::Status sent = peers.Send(r1_, "x");
   EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(sent.message()), HasSubstr("draining"));
-  EXPECT_TRUE(changes.Has("MIGRATED demo/g1/s0/r0"));
-  EXPECT_TRUE(changes.Has("LEFT demo/g1/s0/r1"));
+  // Callbacks run just after the view changed: wait for the announcements.
+  EXPECT_TRUE(WaitUntil([&] { return changes.Has("MIGRATED demo/g1/s0/r0"); }, 3000));
+  EXPECT_TRUE(WaitUntil([&] { return changes.Has("LEFT demo/g1/s0/r1"); }, 3000));
   EXPECT_FALSE(changes.Has("FAILED demo/g1/s0/r1"));
 }
 
