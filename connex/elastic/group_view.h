@@ -25,7 +25,7 @@ namespace connex::elastic {
 // What became of a peer, as a change callback sees it.
 struct PeerChange {
   enum class Kind { kJoined, kLeft, kFailed, kMigrated, kSuspected };
-  Kind kind;
+  Kind kind = Kind::kJoined;
   directory::Record record;     // the incarnation the change is about
   uint64_t previous_epoch = 0;  // kMigrated
   // A local decision of this sender (MarkFailed, a transport event), not a directory event.

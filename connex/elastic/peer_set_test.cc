@@ -243,6 +243,8 @@ TEST_F(PeerSetTest, NoPeersIsUnavailable) {
   EXPECT_FALSE(peers.WaitReady(1, 50));
   EXPECT_EQ(peers.Pick().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(peers.Start().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ElasticPeerSet::Create(*owner, nullptr, {"bad model!", 1, 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(PeerSetTest, TransportDeathEvictsThatIncarnationOnly) {
