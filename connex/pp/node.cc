@@ -18,11 +18,13 @@
 #include "connex/base/mutex.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
+#include "connex/elastic/peer_set.h"
 #include "connex/pp/internal/recent_set.h"
 #include "connex/pp/messages.h"
 #include "connex/pp/replay_cache.h"
 #include "connex/pp/request_scope.h"
 #include "connex/pp/send_ring.h"
+#include "connex/pp/step_sender.h"
 
 namespace connex::pp {
 
@@ -186,7 +188,7 @@ class StageNode::Impl {
         replay_(kReplayEntries, static_cast<uint64_t>(o_.replay_cache_bytes)) {
     std::random_device rd;
     rng_.seed((static_cast<uint64_t>(rd()) << 32) ^ rd());
-    next_corr_ = (rng_() << 16) | 1;
+    next_nonce_ = (rng_() << 16) | 1;
     next_step_ = ((rng_() & 0xffff) << 40) | 1;
     owner_token_ = rng_() | 1;
   }
@@ -196,13 +198,22 @@ class StageNode::Impl {
   // On error nothing is left running: ~Impl (StopLoop) undoes what was set up.
   absl::Status Start() {
     CONNEX_RETURN_IF_ERROR(o_.Validate());
-    CONNEX_ASSIGN_OR_RETURN(ring_, SendRing::Create(*transfer_, static_cast<size_t>(o_.ring_slots),
-                                                    static_cast<size_t>(o_.slot_bytes)));
+    CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<SendRing> ring,
+                            SendRing::Create(*transfer_, static_cast<size_t>(o_.ring_slots),
+                                             static_cast<size_t>(o_.slot_bytes)));
+    StepSenderOptions so;
+    so.self = lid_;
+    so.ack_timeout_ms = o_.step_timeout_ms;
+    so.clock = clock_;
+    so.first_corr = (rng_() << 16) | 1;
+    sender_ = std::make_unique<StepSender>(
+        so, std::move(ring), [this](const std::string& a, const Signal& sig) { Send(a, sig); },
+        [this](const SendFailure& f) {
+          HopFailed(f.owner, f.step, f.attempt, f.ticket, f.hop, f.code, f.reason);
+        });
     CONNEX_ASSIGN_OR_RETURN(recv_buf_, transfer_->AllocateManagedBuffer(o_.slot_bytes));
     CONNEX_ASSIGN_OR_RETURN(check_buf_, transfer_->AllocateManagedBuffer(kSlotHeaderBytes));
-    peer_sub_ = transfer_->SubscribePeerEvents([this](const transport::PeerEvent& e) { Post(e); });
     signals_->SetReceiver([this](std::string frame) { Post(std::move(frame)); });
-    dir_sub_ = dir_.Subscribe([this](const directory::Event& e) { Post(e); });
     // The client may outlive this node: the callback holds the shared registration state, not
     // the node.
     dir_.OnRegistrationChange([reg = reg_, lid = lid_](const directory::RegistrationChange& c) {
@@ -216,11 +227,29 @@ class StageNode::Impl {
       }
     });
     CONNEX_RETURN_IF_ERROR(dir_.Watch(o_.model));
+    // One peer set per other stage: the one place that knows its live, draining and failed
+    // members (directory events and the transport's peer-death events). The owner routes
+    // through stages 1..N-1; every other stage watches the owners (their death drops their
+    // requests' state) and the stages it forwards to.
+    peers_.resize(o_.stages);
+    for (uint32_t g = 0; g < o_.stages; ++g) {
+      if (g == o_.stage) continue;
+      elastic::ElasticPeerSetOptions po;
+      po.model = o_.model;
+      po.group = g;
+      po.own_replica = o_.replica;
+      po.reporter = lid_.ToString();
+      po.shard = 0;
+      po.member_address_prefix = std::string(kSignalScheme);
+      auto set = std::make_unique<elastic::ElasticPeerSet>(dir_, transfer_.get(), po);
+      set->OnChange([this](const elastic::PeerChange& c) { Post(c); });
+      CONNEX_RETURN_IF_ERROR(set->Start());
+      peers_[g] = std::move(set);
+    }
     CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, dir_.Join(lid_, Addresses()));
     joined_ = true;
     reg_->epoch.store(epoch);
     loop_ = std::thread([this] { Run(); });
-    reporter_ = std::thread([this] { ReportLoop(); });
     return absl::OkStatus();
   }
 
@@ -356,7 +385,7 @@ class StageNode::Impl {
     std::function<void()> run;
     std::function<void()> cancel;
   };
-  using Item = std::variant<std::string, transport::PeerEvent, directory::Event, Command>;
+  using Item = std::variant<std::string, elastic::PeerChange, Command>;
 
   // This incarnation's registration, shared with the directory client's callback (which may
   // outlive the node).
@@ -373,8 +402,9 @@ class StageNode::Impl {
     size_t cached = 0;   // positions the route holds
     size_t sent_to = 0;  // the in-flight step covers tokens [cached, sent_to)
     std::vector<Hop> route;
-    std::set<Lid> visited;  // stages that may hold state, released at the end
-    uint64_t step = 0;      // in flight; 0 none
+    // Stages that may hold its state, released at the end, with the signal address last seen.
+    std::map<Lid, std::string> visited;
+    uint64_t step = 0;  // in flight; 0 none
     int reprefills = 0;
     int64_t waiting_since = 0;  // for a route
     int64_t deadline = 0;       // 0: none
@@ -397,20 +427,6 @@ class StageNode::Impl {
     int64_t resend_at = 0;        // a re-send waits for a slot, a route or a backoff when > 0
     std::string last_problem;     // why it was last re-sent
     bool sent = false;
-  };
-  struct Outgoing {
-    Lid owner_lid;
-    std::string owner_signal;
-    uint64_t step = 0;
-    uint32_t attempt = 0;
-    uint64_t ticket = 0;
-    uint32_t hop = 0;
-    Lid target;
-    int64_t deadline = 0;
-  };
-  struct PendingSend {
-    StepSignal signal;  // everything but corr, remote_addr, length, layout
-    TensorDict payload;
   };
   // Requests whose state a stage holds, to be released there; retried until RELEASED.
   struct PendingRelease {
@@ -476,13 +492,7 @@ class StageNode::Impl {
         if (cmd->cancel) cmd->cancel();
       }
     }
-    {
-      connex::MutexLock lock(&report_mu_);
-      report_stop_ = true;
-    }
-    if (reporter_.joinable()) reporter_.join();
-    if (dir_sub_ != 0) dir_.Unsubscribe(dir_sub_);
-    if (peer_sub_ != 0) transfer_->UnsubscribePeerEvents(peer_sub_);
+    peers_.clear();  // no callbacks after this
     signals_->Close();
     for (auto& [id, r] : requests_) {
       if (r.done) r.done(id, absl::CancelledError(StrCat("pp: ", lid_.ToString(), " stopped")));
@@ -492,7 +502,7 @@ class StageNode::Impl {
       drained_->set_value();
       drained_.reset();
     }
-    ring_.reset();
+    sender_.reset();
     if (recv_buf_ != nullptr) (void)transfer_->FreeManagedBuffer(recv_buf_);
     if (check_buf_ != nullptr) (void)transfer_->FreeManagedBuffer(check_buf_);
     recv_buf_ = nullptr;
@@ -527,17 +537,15 @@ class StageNode::Impl {
         }
         if (auto* frame = std::get_if<std::string>(&item)) {
           HandleFrame(*frame);
-        } else if (auto* pe = std::get_if<transport::PeerEvent>(&item)) {
-          HandlePeerEvent(*pe);
-        } else if (auto* de = std::get_if<directory::Event>(&item)) {
-          HandleDirectoryEvent(*de);
+        } else if (auto* pc = std::get_if<elastic::PeerChange>(&item)) {
+          HandlePeerChange(*pc);
         } else if (auto* cmd = std::get_if<Command>(&item)) {
           cmd->run();
         }
       }
       now = NowMs();
       RunTimers(now);
-      FlushPending();
+      sender_->Flush();
       if (o_.stage == 0) {
         Schedule(now);
         FlushReleases(now);
@@ -546,7 +554,7 @@ class StageNode::Impl {
         last_prune_ms_ = now;
         Prune();
       }
-      if (drained_ && steps_.empty() && pending_.empty() && outgoing_.empty()) {
+      if (drained_ && steps_.empty() && sender_->queued() == 0 && sender_->awaiting_ack() == 0) {
         drained_->set_value();
         drained_.reset();
       }
@@ -570,7 +578,7 @@ class StageNode::Impl {
 
   int64_t NextTimer(int64_t now) const {
     int64_t next = now + 20;
-    for (const auto& [corr, out] : outgoing_) next = std::min(next, out.deadline);
+    next = sender_ ? sender_->NextDeadline(next) : next;
     for (const auto& [id, st] : steps_) {
       next = std::min(next, st.probe_until > 0 ? st.probe_until : st.deadline);
       if (st.resend_at > 0) next = std::min(next, st.resend_at);
@@ -579,9 +587,10 @@ class StageNode::Impl {
   }
 
   void PublishStats() {
-    stats_.ring_in_use = ring_ ? ring_->in_use() : 0;
+    stats_.ring_in_use = sender_ ? sender_->slots_in_use() : 0;
+    stats_.backpressured = sender_ ? sender_->backpressured() : 0;
     stats_.requests_in_flight = requests_.size();
-    stats_.steps_in_flight = steps_.size() + pending_.size();
+    stats_.steps_in_flight = steps_.size() + (sender_ ? sender_->queued() : 0);
     stats_.held_requests = scope_.requests();
     stats_.replay_bytes = replay_.bytes();
     stats_.releases_pending = releases_.size();
@@ -841,73 +850,11 @@ class StageNode::Impl {
     p.signal.start_positions = b->start_positions;
     p.signal.num_tokens = b->num_tokens;
     p.payload = out;
-    Forward(std::move(p));
-  }
-
-  void Forward(PendingSend p) {
-    if (!pending_.empty() || !TrySend(p)) {
-      ++stats_.backpressured;
-      pending_.push_back(std::move(p));
-    }
-  }
-
-  void FlushPending() {
-    while (!pending_.empty() && TrySend(pending_.front())) pending_.pop_front();
-  }
-
-  // Copies the payload into a ring slot and signals the target. False when the ring is full.
-  bool TrySend(PendingSend& p) {
-    StepSignal& s = p.signal;
-    uint64_t size = PackedSize(p.payload);
-    if (size > ring_->payload_capacity()) {
-      // No slot will ever hold it: a permanent error, the owner ends the requests.
-      HopFailed(s.owner, s.step, s.attempt, s.ticket, s.hop, absl::StatusCode::kResourceExhausted,
-                StrCat(lid_.ToString(), ": step payload of ", size, " bytes exceeds a ring slot (",
-                       ring_->payload_capacity(), " bytes; raise CONNEX_PP_SLOT_BYTES)"));
-      return true;
-    }
-    uint64_t corr = next_corr_++;
-    std::optional<uint32_t> slot = ring_->Acquire(corr);
-    if (!slot) return false;
-    s.layout = Pack(p.payload, ring_->payload(*slot));
-    ring_->Seal(*slot, corr, size);
-    s.corr = corr;
-    s.remote_addr = ring_->remote_addr(*slot);
-    s.length = size;
-    const Hop& target = s.target();
-    WatchPeer(target);
-    outgoing_[corr] =
-        Outgoing{s.owner.lid, s.owner.signal, s.step,     s.attempt,
-                 s.ticket,    s.hop,          target.lid, NowMs() + o_.step_timeout_ms};
-    Send(target.signal, s);
-    return true;
-  }
-
-  void WatchPeer(const Hop& hop) {
-    auto key = std::make_pair(hop.lid, hop.epoch);
-    if (watched_.count(key)) return;
-    watched_.emplace(key, hop.addresses);
-    absl::Status c = transfer_->Connect(PeerOf(hop));
-    if (!c.ok()) {
-      CONNEX_LOG_DEBUG("pp {}: cannot watch {}: {}", lid_.ToString(), hop.lid.ToString(),
-                       AsStd(c.message()));
-    }
+    sender_->Forward(std::move(p));
   }
 
   void On(AckSignal& a) {
-    auto it = outgoing_.find(a.corr);
-    if (it == outgoing_.end()) return;  // late, duplicated, or not ours: the slot is not touched
-    if (a.from != it->second.target) {
-      ++stats_.forged_dropped;
-      return;
-    }
-    Outgoing out = it->second;
-    outgoing_.erase(it);
-    ring_->Release(a.corr);
-    if (a.code != 0) {
-      HopFailed(Hop{out.owner_lid, 0, out.owner_signal, {}}, out.step, out.attempt, out.ticket,
-                out.hop, static_cast<absl::StatusCode>(a.code), a.message);
-    }
+    if (!sender_->OnAck(a)) ++stats_.forged_dropped;
   }
 
   // Tells the owner that hop `hop` of its step could not be reached (or handles it, if we are
@@ -964,53 +911,36 @@ class StageNode::Impl {
 
   // ---- failure signals ----
 
-  void HandlePeerEvent(const transport::PeerEvent& e) {
-    if (e.kind == transport::PeerEventKind::kSuspected) {
-      CONNEX_LOG_INFO("pp {}: {} suspected ({})", lid_.ToString(), e.lid.ToString(), e.detail);
-      return;  // only a suspicion: the step timeout and the probe decide
+  // What the peer sets saw: a failed incarnation's work fails over at once; one that LEFT is
+  // draining (no new work; the peer set no longer picks it). An owner that failed loses its
+  // requests' state here; one that left keeps it for the grace period.
+  void HandlePeerChange(const elastic::PeerChange& c) {
+    const Lid& lid = c.record.lid;
+    const bool owner = lid.group == 0 && o_.stage != 0;
+    switch (c.kind) {
+      case elastic::PeerChange::Kind::kFailed:
+        if (owner) DropOwner(lid, c.record.epoch, "FAILED");
+        PeerGone(lid, c.record.epoch, c.reason.empty() ? "FAILED" : c.reason);
+        break;
+      case elastic::PeerChange::Kind::kLeft:
+        if (owner) owners_leaving_[{lid, c.record.epoch}] = NowMs() + o_.owner_grace_ms;
+        break;
+      case elastic::PeerChange::Kind::kSuspected:
+        CONNEX_LOG_INFO("pp {}: {} suspected ({})", lid_.ToString(), lid.ToString(), c.reason);
+        break;  // only a suspicion: the step timeout and the probe decide
+      case elastic::PeerChange::Kind::kJoined:
+      case elastic::PeerChange::Kind::kMigrated:
+        // A migrated hop keeps its state: steps fenced at the old epoch come back as
+        // HOP_FAILED and are re-sent along the refreshed route.
+        break;
     }
-    if (e.kind != transport::PeerEventKind::kDead) return;
-    // Connections are keyed by LID; the address tells which incarnation (epoch) died, so that
-    // a late event about a restarted endpoint's previous process does not condemn the new one.
-    std::optional<uint64_t> epoch = EpochOfConnection(e.lid, e.address);
-    if (!epoch) return;
-    PeerGone(e.lid, *epoch, StrCat("transport: ", e.detail), /*graceful=*/false);
-    // Tell everyone: if the peer is in fact alive, it learns it was evicted and joins again
-    // under a new epoch, rather than being avoided by this sender only.
-    Report(e.lid, *epoch);
   }
 
-  std::optional<uint64_t> EpochOfConnection(const Lid& lid, const std::string& address) const {
-    std::optional<uint64_t> best;
-    for (const auto& [key, addresses] : watched_) {
-      if (key.first != lid) continue;
-      bool match = address.empty() ||
-                   std::find(addresses.begin(), addresses.end(), address) != addresses.end();
-      if (match && (!best || key.second > *best)) best = key.second;
-    }
-    return best;
-  }
-
-  void HandleDirectoryEvent(const directory::Event& e) {
-    if (e.record.lid.model != o_.model) return;
-    const bool owner = e.record.lid.group == 0 && o_.stage != 0;
-    switch (e.kind) {
-      case directory::EventKind::kFailed:
-        if (owner) DropOwner(e.record.lid, e.record.epoch, "FAILED");
-        PeerGone(e.record.lid, e.record.epoch, StrCat("directory: FAILED ", e.reason), false);
-        break;
-      case directory::EventKind::kLeft:
-        // A leaving owner drains (and releases what it finishes); what it leaves behind is
-        // dropped after the grace period.
-        if (owner) owners_leaving_[{e.record.lid, e.record.epoch}] = NowMs() + o_.owner_grace_ms;
-        PeerGone(e.record.lid, e.record.epoch, "directory: LEFT", true);
-        break;
-      case directory::EventKind::kMigrated:
-        // Same process at a new address: steps fenced at the old epoch come back as HOP_FAILED
-        // and are re-sent along the refreshed route.
-        break;
-      case directory::EventKind::kJoined:
-        break;
+  // Evicts (lid, epoch) for this sender and every other (the peer set reports it to the
+  // directory without blocking); the eviction comes back as a kFailed change.
+  void MarkFailed(const Lid& lid, uint64_t epoch) {
+    if (lid.group < peers_.size() && peers_[lid.group]) {
+      (void)peers_[lid.group]->MarkFailed(lid, epoch);
     }
   }
 
@@ -1027,28 +957,13 @@ class StageNode::Impl {
     }
   }
 
-  // (lid, epoch) is gone. Graceful (LEFT): no new steps go there, in-flight ones finish.
-  void PeerGone(const Lid& lid, uint64_t epoch, const std::string& why, bool graceful) {
+  // (lid, epoch) failed: slots waiting for its acknowledgement are free, its steps fail over.
+  void PeerGone(const Lid& lid, uint64_t epoch, const std::string& why) {
     if (lid == lid_) return;
-    auto key = std::make_pair(lid, epoch);
-    if (graceful) {
-      draining_peers_.insert(key);
-      return;
-    }
-    if (!dead_.insert(key).second) return;
+    if (!gone_peers_.Insert({lid, epoch})) return;
     CONNEX_LOG_INFO("pp {}: {} epoch {} is gone ({})", lid_.ToString(), lid.ToString(), epoch, why);
     // Slots waiting for the dead peer's acknowledgement are free; its steps fail over.
-    std::vector<uint64_t> gone;
-    for (const auto& [corr, out] : outgoing_) {
-      if (out.target == lid) gone.push_back(corr);
-    }
-    for (uint64_t corr : gone) {
-      Outgoing out = outgoing_[corr];
-      outgoing_.erase(corr);
-      ring_->Release(corr);
-      HopFailed(Hop{out.owner_lid, 0, out.owner_signal, {}}, out.step, out.attempt, out.ticket,
-                out.hop, absl::StatusCode::kUnavailable, why);
-    }
+    sender_->PeerGone(lid, why);
     if (o_.stage != 0) return;
     std::vector<uint64_t> affected;
     for (const auto& [id, st] : steps_) {
@@ -1062,33 +977,8 @@ class StageNode::Impl {
     for (uint64_t id : affected) Resend(id, why);
   }
 
-  // Bounds the tables that remember incarnations: an incarnation the directory no longer lists
-  // and that no step or send refers to is forgotten.
+  // Drops what owners that LEFT left behind once their grace ran out.
   void Prune() {
-    std::set<std::pair<Lid, uint64_t>> listed, used;
-    for (uint32_t g = 0; g < o_.stages; ++g) {
-      for (const directory::Record& r : dir_.View(o_.model, g)) listed.emplace(r.lid, r.epoch);
-    }
-    for (const auto& [id, st] : steps_) {
-      for (const Hop& h : st.route) used.emplace(h.lid, h.epoch);
-    }
-    for (const auto& [id, q] : requests_) {
-      for (const Hop& h : q.route) used.emplace(h.lid, h.epoch);
-    }
-    for (const PendingSend& p : pending_)
-      used.emplace(p.signal.target().lid, p.signal.target().epoch);
-    auto keep = [&](const std::pair<Lid, uint64_t>& k) {
-      return listed.count(k) > 0 || used.count(k) > 0;
-    };
-    std::erase_if(dead_, [&](const auto& k) { return !keep(k); });
-    std::erase_if(draining_peers_, [&](const auto& k) { return !keep(k); });
-    std::erase_if(watched_, [&](const auto& kv) {
-      if (keep(kv.first)) return false;
-      for (const auto& [corr, out] : outgoing_) {
-        if (out.target == kv.first.first) return false;
-      }
-      return true;
-    });
     // Owners that LEFT and whose grace ran out.
     const int64_t now = NowMs();
     for (auto it = owners_leaving_.begin(); it != owners_leaving_.end();) {
@@ -1266,14 +1156,15 @@ class StageNode::Impl {
 
   // ---- releases (owner): acknowledged, retried, bounded ----
 
-  void QueueRelease(uint64_t id, const std::set<Lid>& visited) {
-    for (const Lid& lid : visited) {
-      for (const directory::Record& rec : dir_.View(o_.model, lid.group)) {
-        if (rec.lid != lid) continue;
-        auto& [signal, ids] = unsent_releases_[lid];
-        signal = HopFromRecord(rec).signal;
-        ids.insert(id);
-      }
+  void QueueRelease(uint64_t id, const std::map<Lid, std::string>& visited) {
+    for (const auto& [lid, last_signal] : visited) {
+      if (lid.group >= peers_.size() || !peers_[lid.group]) continue;
+      // Not live now may still mean alive: a stage wrongly evicted (a lost probe) rejoins with
+      // its state, so it is told at its last address too.
+      std::optional<directory::Record> rec = peers_[lid.group]->Live(lid);
+      auto& [signal, ids] = unsent_releases_[lid];
+      signal = rec ? HopFromRecord(*rec).signal : last_signal;
+      ids.insert(id);
     }
   }
 
@@ -1285,7 +1176,7 @@ class StageNode::Impl {
       p.signal = entry.first;
       p.ids.assign(entry.second.begin(), entry.second.end());
       p.upto_step = next_step_ - 1;
-      releases_.emplace(next_corr_++, std::move(p));
+      releases_.emplace(next_nonce_++, std::move(p));
     }
     unsent_releases_.clear();
     for (auto it = releases_.begin(); it != releases_.end();) {
@@ -1294,15 +1185,15 @@ class StageNode::Impl {
         ++it;
         continue;
       }
-      bool listed = false;
-      for (const directory::Record& rec : dir_.View(o_.model, p.target.group)) {
-        if (rec.lid == p.target) listed = true;
-      }
-      if (!listed || p.attempts >= kReleaseAttempts) {
-        // Gone (its state died with it), or unreachable for long: it drops our requests when
+      if (p.attempts >= kReleaseAttempts) {
+        // Gone (its state went with it), or unreachable for long: it drops our requests when
         // it sees us FAILED or LEFT.
         it = releases_.erase(it);
         continue;
+      }
+      if (p.target.group < peers_.size() && peers_[p.target.group]) {
+        std::optional<directory::Record> rec = peers_[p.target.group]->Live(p.target);
+        if (rec) p.signal = HopFromRecord(*rec).signal;  // it may have moved
       }
       ++p.attempts;
       p.next_at = now + std::min<int64_t>(o_.step_timeout_ms, 50 << std::min(p.attempts, 6));
@@ -1354,7 +1245,7 @@ class StageNode::Impl {
       auto req = requests_.find(id);
       if (req == requests_.end()) continue;
       req->second.route = *route;
-      for (const Hop& h : *route) req->second.visited.insert(h.lid);
+      for (const Hop& h : *route) req->second.visited[h.lid] = h.signal;
     }
     SendStep(step_id, st);
   }
@@ -1396,23 +1287,12 @@ class StageNode::Impl {
     p.payload = s.request_ids.size() == st.ids.size() ? st.output : Select(st.output, batch, keep);
     st.deadline = NowMs() + o_.step_timeout_ms;
     st.sent = true;
-    for (const Hop& h : st.route) WatchPeer(h);
-    Forward(std::move(p));
+    sender_->Forward(std::move(p));
   }
 
   void RunTimers(int64_t now) {
     // Unacknowledged slots: give them up (the header check stops a late reader).
-    std::vector<uint64_t> expired;
-    for (const auto& [corr, out] : outgoing_) {
-      if (out.deadline <= now) expired.push_back(corr);
-    }
-    for (uint64_t corr : expired) {
-      Outgoing out = outgoing_[corr];
-      outgoing_.erase(corr);
-      ring_->Release(corr);
-      HopFailed(Hop{out.owner_lid, 0, out.owner_signal, {}}, out.step, out.attempt, out.ticket,
-                out.hop, absl::StatusCode::kDeadlineExceeded, "no acknowledgement");
-    }
+    sender_->Expire(now);
     if (o_.stage != 0) return;
     // Requests past their deadline end, whatever they wait for.
     std::vector<uint64_t> late;
@@ -1468,8 +1348,9 @@ class StageNode::Impl {
       }
     }
     for (const auto& [lid, epoch] : silent) {
-      PeerGone(lid, epoch, "no answer to a probe after a step timeout", false);
-      Report(lid, epoch);
+      CONNEX_LOG_INFO("pp {}: {} epoch {} did not answer a probe after a step timeout",
+                      lid_.ToString(), lid.ToString(), epoch);
+      MarkFailed(lid, epoch);
     }
     for (uint64_t id : probed) {
       // Not re-sent by PeerGone already (every hop answered: the step itself was lost).
@@ -1479,32 +1360,6 @@ class StageNode::Impl {
     for (auto& [id, why] : resend) Resend(id, why);
   }
 
-  void Report(const Lid& lid, uint64_t epoch) {
-    connex::MutexLock lock(&report_mu_);
-    if (reports_.size() < 1024) reports_.emplace_back(lid, epoch);
-  }
-
-  void ReportLoop() {
-    while (true) {
-      std::pair<Lid, uint64_t> next;
-      {
-        connex::MutexLock lock(&report_mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(report_mu_) {
-          return report_stop_ || !reports_.empty();
-        };
-        report_mu_.Await(absl::Condition(&ready));
-        if (report_stop_) return;
-        next = reports_.front();
-        reports_.pop_front();
-      }
-      absl::StatusOr<bool> r = dir_.ReportFailed(next.first, next.second, lid_.ToString());
-      if (!r.ok()) {
-        CONNEX_LOG_DEBUG("pp {}: report of {} failed: {}", lid_.ToString(), next.first.ToString(),
-                         AsStd(r.status().message()));
-      }
-    }
-  }
-
   // ---- scheduling (owner) ----
 
   // Tokens one step may carry so that stage 0's output fits a ring slot: the engine's figure
@@ -1512,7 +1367,7 @@ class StageNode::Impl {
   uint64_t MaxStepTokens() const {
     uint64_t per_token = std::max(engine_.OutputBytesPerToken(), measured_bytes_per_token_);
     if (per_token == 0 || o_.stages == 1) return UINT64_MAX;
-    uint64_t capacity = ring_->payload_capacity();
+    uint64_t capacity = sender_->payload_capacity();
     uint64_t budget = capacity > kStepOverheadBytes ? capacity - kStepOverheadBytes : capacity / 2;
     return std::max<uint64_t>(1, budget / per_token);
   }
@@ -1522,15 +1377,13 @@ class StageNode::Impl {
     // Requests ready for their next step, grouped by route.
     std::map<std::string, std::vector<uint64_t>> ready;
     std::map<std::string, std::vector<Hop>> routes;
-    std::optional<LiveHops> live;  // one directory lookup per stage for all ready requests
     std::vector<std::pair<uint64_t, absl::Status>> unroutable;
     for (auto& [id, q] : requests_) {
       if (q.step != 0) continue;
-      if (!live) live = CollectLiveHops();
       bool valid = q.route.size() == o_.stages - 1;
       for (const Hop& h : q.route) valid &= Usable(h.lid, h.epoch);
       if (!valid || o_.stages == 1) {
-        std::optional<std::vector<Hop>> route = BuildRoute(q.route, *live);
+        std::optional<std::vector<Hop>> route = BuildRoute(q.route);
         if (route && q.route.size() == route->size()) {
           bool moved = false;
           for (size_t i = 0; i < route->size(); ++i) moved |= (*route)[i].lid != q.route[i].lid;
@@ -1547,10 +1400,10 @@ class StageNode::Impl {
         q.route = *route;
       } else {
         // Keep the hops, refresh their epochs and addresses (a migration keeps the state).
-        std::optional<std::vector<Hop>> fresh = BuildRoute(q.route, *live);
+        std::optional<std::vector<Hop>> fresh = BuildRoute(q.route);
         if (fresh) q.route = *fresh;
       }
-      for (const Hop& h : q.route) q.visited.insert(h.lid);
+      for (const Hop& h : q.route) q.visited[h.lid] = h.signal;
       std::string key = RouteKey(q.route);
       ready[key].push_back(id);
       routes[key] = q.route;
@@ -1647,13 +1500,13 @@ class StageNode::Impl {
       }
       measured_bytes_per_token_ = std::max(measured_bytes_per_token_, per_token);
     }
-    if (size > ring_->payload_capacity()) {
+    if (size > sender_->payload_capacity()) {
       // The engine gives no per-token figure and this step's output does not fit: recompute
       // these requests in chunks the measurement now bounds.
       CONNEX_LOG_INFO(
           "pp {}: a step of {} tokens made {} bytes (> a {}-byte slot): recomputing "
           "in chunks of at most {} tokens",
-          lid_.ToString(), tokens.size(), size, ring_->payload_capacity(), MaxStepTokens());
+          lid_.ToString(), tokens.size(), size, sender_->payload_capacity(), MaxStepTokens());
       for (uint64_t id : ids) {
         engine_.Release(id);
         requests_[id].cached = 0;
@@ -1687,24 +1540,20 @@ class StageNode::Impl {
   }
 
   bool Usable(const Lid& lid, uint64_t epoch) const {
-    auto key = std::make_pair(lid, epoch);
-    return !dead_.count(key) && !draining_peers_.count(key);
+    return lid.group < peers_.size() && peers_[lid.group] &&
+           peers_[lid.group]->IsUsable(lid, epoch);
   }
 
-  // Why no route can be built: per stage without a usable replica, what the view shows.
+  // Why no route can be built: per stage without a usable replica, what its peer set shows.
   std::string RouteProblem() const {
     std::string out;
     for (uint32_t g = 1; g < o_.stages; ++g) {
-      std::vector<directory::Record> records = dir_.View(o_.model, g);
       std::string seen;
       bool usable = false;
-      for (const directory::Record& r : records) {
-        auto key = std::make_pair(r.lid, r.epoch);
-        std::string state = dead_.count(key)             ? "dead"
-                            : draining_peers_.count(key) ? "draining"
-                                                         : "live";
-        usable |= state == "live";
-        seen += StrCat(seen.empty() ? "" : ", ", "r", r.lid.replica, "@", r.epoch, " ", state);
+      for (const elastic::PeerInfo& p : peers_[g]->Members()) {
+        usable |= p.state == elastic::PeerState::kLive;
+        seen += StrCat(seen.empty() ? "" : ", ", "r", p.record.lid.replica, "@", p.record.epoch,
+                       " ", elastic::PeerStateName(p.state));
       }
       if (!usable)
         out += StrCat(out.empty() ? "" : "; ", "stage ", g, ": ",
@@ -1713,53 +1562,18 @@ class StageNode::Impl {
     return out;
   }
 
-  // The usable hops of stages 1..N-1 (index g-1), from the directory's view.
-  using LiveHops = std::vector<std::vector<Hop>>;
-  LiveHops CollectLiveHops() {
-    LiveHops out(o_.stages > 0 ? o_.stages - 1 : 0);
-    for (uint32_t g = 1; g < o_.stages; ++g) {
-      for (const directory::Record& r : dir_.View(o_.model, g)) {
-        if (r.lid.shard != 0 || !Usable(r.lid, r.epoch)) continue;
-        Hop h = HopFromRecord(r);
-        if (h.signal.empty()) continue;
-        out[g - 1].push_back(std::move(h));
-      }
-    }
-    return out;
-  }
-
-  // A route through stages 1..N-1 from the directory's view: the current hop of each stage if
-  // it is still live (sticky per request), else the caller's own replica, else the next live
-  // replica after it. Nullopt when some stage has no live replica.
+  // A route through stages 1..N-1, one sticky pick per stage (elastic::ElasticPeerSet::
+  // PickRecord): the current hop of each stage if it is still live (refreshed: a migrated hop
+  // has a new epoch and address), else the caller's own replica, else the next live replica
+  // after it. Nullopt when some stage has no live replica.
   std::optional<std::vector<Hop>> BuildRoute(const std::vector<Hop>& current) {
-    return BuildRoute(current, CollectLiveHops());
-  }
-
-  // As above, from hops collected once for many requests (Schedule).
-  std::optional<std::vector<Hop>> BuildRoute(const std::vector<Hop>& current,
-                                             const LiveHops& live_hops) {
     std::vector<Hop> route;
+    const bool sticky = current.size() + 1 == o_.stages;
     for (uint32_t g = 1; g < o_.stages; ++g) {
-      const std::vector<Hop>& live = live_hops[g - 1];
-      if (live.empty()) return std::nullopt;
-      const Hop* pick = nullptr;
-      if (current.size() == o_.stages - 1) {
-        for (const Hop& h : live) {
-          if (h.lid == current[g - 1].lid) pick = &h;
-        }
-      }
-      if (pick == nullptr) {
-        const Hop* lowest = nullptr;
-        for (const Hop& h : live) {
-          if (lowest == nullptr || h.lid.replica < lowest->lid.replica) lowest = &h;
-          if (h.lid.replica >= o_.replica &&
-              (pick == nullptr || h.lid.replica < pick->lid.replica)) {
-            pick = &h;
-          }
-        }
-        if (pick == nullptr) pick = lowest;
-      }
-      route.push_back(*pick);
+      absl::StatusOr<directory::Record> pick =
+          peers_[g]->PickRecord(sticky ? &current[g - 1].lid : nullptr);
+      if (!pick.ok()) return std::nullopt;
+      route.push_back(HopFromRecord(*pick));
     }
     return route;
   }
@@ -1774,17 +1588,16 @@ class StageNode::Impl {
   directory::DirectoryClient& dir_;
   const Lid lid_;
   std::shared_ptr<Registration> reg_ = std::make_shared<Registration>();
-  uint64_t peer_sub_ = 0;
-  uint64_t dir_sub_ = 0;
+  std::vector<std::unique_ptr<elastic::ElasticPeerSet>> peers_;  // by group; none for our own
   bool joined_ = false;
 
   // Loop-thread state.
   std::mt19937_64 rng_;
   uint64_t owner_token_ = 0;
-  std::unique_ptr<SendRing> ring_;
+  std::unique_ptr<StepSender> sender_;  // the ring, queued sends, slots awaiting their ACK
   void* recv_buf_ = nullptr;
   void* check_buf_ = nullptr;
-  uint64_t next_corr_ = 1;
+  uint64_t next_nonce_ = 1;
   uint64_t next_step_ = 1;
   bool lost_ = false;
   int64_t last_prune_ms_ = 0;
@@ -1799,11 +1612,7 @@ class StageNode::Impl {
   RequestScope scope_;
   ReplayCache replay_;
   // Sender side.
-  std::map<uint64_t, Outgoing> outgoing_;
-  std::deque<PendingSend> pending_;
-  std::map<std::pair<Lid, uint64_t>, std::vector<std::string>> watched_;  // -> its addresses
-  std::set<std::pair<Lid, uint64_t>> dead_;
-  std::set<std::pair<Lid, uint64_t>> draining_peers_;
+  internal::RecentSet<std::pair<Lid, uint64_t>> gone_peers_{kGoneOwners};  // failed over
   // Owner side.
   std::map<uint64_t, Request> requests_;
   std::map<uint64_t, Step> steps_;
@@ -1822,10 +1631,6 @@ class StageNode::Impl {
   bool stopped_ ABSL_GUARDED_BY(queue_mu_) = false;
   mutable connex::Mutex stats_mu_;
   StageNodeStats stats_snapshot_ ABSL_GUARDED_BY(stats_mu_);
-  connex::Mutex report_mu_;
-  std::deque<std::pair<Lid, uint64_t>> reports_ ABSL_GUARDED_BY(report_mu_);
-  bool report_stop_ ABSL_GUARDED_BY(report_mu_) = false;
-  std::thread reporter_;
 };
 
 StageNode::StageNode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
