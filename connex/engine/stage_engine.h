@@ -93,6 +93,7 @@ class StageEngine : public pp::Engine {
     return is_last() ? 0 : static_cast<uint64_t>(config_.hidden_size) * sizeof(float);
   }
   size_t num_requests() const { return cache_.size(); }
+  size_t NumHeldRequests() const override { return cache_.size(); }
 
  private:
   struct Layer {

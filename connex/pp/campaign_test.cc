@@ -7,7 +7,10 @@
 // of an undisturbed run, or is aborted after the re-prefill limit; no ring slot leaks; no
 // request outlives a bound; no engine holds any request's state at the end. CONNEX_TEST_SEEDS sets
 // the number of seeds (default 200), CONNEX_TEST_SEED runs one seed.
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <set>
@@ -15,6 +18,10 @@
 #include "connex/base/config.h"
 #include "connex/base/wait.h"
 #include "connex/directory/testing/test_directory.h"
+#include "connex/engine/generator.h"
+#include "connex/engine/random_model.h"
+#include "connex/engine/stage_engine.h"
+#include "connex/engine/thread_pool.h"
 #include "connex/pp/testing/cluster.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -38,6 +45,60 @@ std::vector<int32_t> RandomPrompt(std::mt19937_64& rng) {
   for (int32_t& t : p) t = static_cast<int32_t>(rng() % 200);
   return p;
 }
+
+// An eighth of the seeds runs the reference Llama engine (a small random model, 3 layers over the 3
+// stages): its KV caches, chunked prefill and recompute, against an undisturbed in-process run.
+class LlamaModel {
+ public:
+  static const LlamaModel& Get() {
+    static const LlamaModel model;  // written once per test process, removed at its exit
+    return model;
+  }
+  ~LlamaModel() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  const std::string& path() const { return path_; }
+  Cluster::EngineFactory Factory() const {
+    return [path = path_](uint32_t stage, uint32_t stages) -> std::unique_ptr<Engine> {
+      engine::StageOptions so;
+      so.stage = static_cast<int>(stage);
+      so.stages = static_cast<int>(stages);
+      so.pool = std::make_shared<engine::ThreadPool>(1);
+      auto e = engine::StageEngine::Load(path, so);
+      if (!e.ok()) return nullptr;
+      return *std::move(e);
+    };
+  }
+  std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new) const {
+    auto pipeline = engine::Pipeline::Load(path_, kStages, std::make_shared<engine::ThreadPool>(1));
+    if (!pipeline.ok()) return {};
+    engine::GenerateOptions g;
+    g.max_tokens = max_new;
+    g.stop_at_eos = false;
+    auto out = engine::Generate(**pipeline, {prompt}, g);
+    return out.ok() ? (*out)[0].tokens : std::vector<int32_t>{};
+  }
+
+ private:
+  LlamaModel() {
+    dir_ =
+        (std::filesystem::temp_directory_path() / ("connex-campaign-" + std::to_string(::getpid())))
+            .string();
+    std::filesystem::create_directories(dir_);
+    path_ = dir_ + "/model.safetensors";
+    engine::ModelConfig c;
+    c.hidden_size = 64;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.intermediate_size = 128;
+    absl::Status w = engine::WriteRandomModel(path_, c, 7, DType::kF32);
+    if (!w.ok()) path_.clear();
+  }
+  std::string dir_;
+  std::string path_;
+};
 
 // Tokens streamed so far over every request: the campaign's measure of progress.
 size_t Streamed(const Cluster& c) {
@@ -68,7 +129,11 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
   o.reprefill_max = 8;
   o.route_wait_ms = 20000;
   o.request_timeout_ms = kRequestBoundMs;
-  Cluster c(server, "c" + std::to_string(seed), kStages, seed, o);
+  const bool llama = seed % 8 == 0;
+  if (llama && LlamaModel::Get().path().empty())
+    return "the campaign's Llama model was not written";
+  Cluster c(server, "c" + std::to_string(seed), kStages, seed, o,
+            llama ? LlamaModel::Get().Factory() : nullptr);
   if (!c.StartAll(2).ok()) return "the cluster did not start";
 
   SignalFaults faults;
@@ -190,7 +255,9 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
     return "a request did not finish within the bound (" + what + ")";
   for (const auto& [id, outcome] : c.outcomes()) {
     if (outcome.tokens.ok()) {
-      std::vector<int32_t> want = ReferenceTokens(kStages, plans[id].prompt, plans[id].max_new);
+      std::vector<int32_t> want =
+          llama ? LlamaModel::Get().Reference(plans[id].prompt, plans[id].max_new)
+                : ReferenceTokens(kStages, plans[id].prompt, plans[id].max_new);
       if (*outcome.tokens != want) {
         size_t at = 0;
         while (at < want.size() && at < outcome.tokens->size() && want[at] == (*outcome.tokens)[at])

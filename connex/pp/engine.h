@@ -48,6 +48,9 @@ class Engine {
   // Drops a finished (or aborted, or moved) request's state. No-op when not held.
   virtual void Release(uint64_t request_id) = 0;
 
+  // How many requests' state the engine holds now (an idle stage: 0; a test's end: 0).
+  virtual size_t NumHeldRequests() const = 0;
+
   // An upper bound of the bytes this stage's output grows by per token of a step (a hidden
   // state row), 0 when unknown. The owner uses stage 0's figure to cut a long prefill into
   // steps that fit a ring slot (later stages' outputs are assumed no larger per token); with 0

@@ -5,8 +5,12 @@
 namespace connex::pp::testing {
 
 Cluster::Cluster(directory::DirectoryServer& server, std::string model, uint32_t stages,
-                 uint64_t seed, StageNodeOptions options)
-    : server_(server), model_(std::move(model)), stages_(stages), options_(std::move(options)) {
+                 uint64_t seed, StageNodeOptions options, EngineFactory engines)
+    : server_(server),
+      model_(std::move(model)),
+      stages_(stages),
+      options_(std::move(options)),
+      engines_(std::move(engines)) {
   transport::mem::FabricOptions fabric;
   fabric.seed = seed;
   fabric.partition_timeout_ms = 100;
@@ -36,7 +40,8 @@ StageNode* Cluster::Start(uint32_t stage, uint32_t replica) {
   if (!c.ok()) return nullptr;
   m.client = *std::move(c);
   m.client->DelayEventsForTest(event_delay_ms_);
-  m.engine = std::make_unique<TestEngine>(stage, stages_);
+  m.engine = engines_ ? engines_(stage, stages_) : std::make_unique<TestEngine>(stage, stages_);
+  if (m.engine == nullptr) return nullptr;
   transport::TransportOptions t;
   t.backend = transport::Backend::kMem;
   t.local_lid = Lid{model_, stage, 0, replica};
@@ -124,7 +129,7 @@ StageNode* Cluster::node(uint32_t stage, uint32_t replica) {
   return Get(stage, replica).node.get();
 }
 TestEngine* Cluster::engine(uint32_t stage, uint32_t replica) {
-  return Get(stage, replica).engine.get();
+  return dynamic_cast<TestEngine*>(Get(stage, replica).engine.get());
 }
 bool Cluster::alive(uint32_t stage, uint32_t replica) const {
   auto it = members_.find({stage, replica});
@@ -198,12 +203,14 @@ size_t Cluster::InFlight() const {
 std::vector<std::string> Cluster::violations() const {
   std::vector<std::string> out;
   for (const auto& [key, m] : members_) {
-    if (m.engine) {
-      for (std::string& v : m.engine->violations()) out.push_back(std::move(v));
+    if (auto* e = dynamic_cast<TestEngine*>(m.engine.get())) {
+      for (std::string& v : e->violations()) out.push_back(std::move(v));
     }
   }
-  for (const auto& e : graveyard_) {
-    for (std::string& v : e->violations()) out.push_back(std::move(v));
+  for (const auto& dead : graveyard_) {
+    if (auto* e = dynamic_cast<TestEngine*>(dead.get())) {
+      for (std::string& v : e->violations()) out.push_back(std::move(v));
+    }
   }
   return out;
 }
@@ -227,7 +234,7 @@ std::string Cluster::StateHeld() const {
   std::string out;
   for (const auto& [key, m] : members_) {
     if (!m.alive || !m.engine) continue;
-    size_t n = m.engine->held_requests();
+    size_t n = m.engine->NumHeldRequests();
     if (n > 0) {
       out += (out.empty() ? "" : ", ") + std::to_string(key.first) + "/" +
              std::to_string(key.second) + ": " + std::to_string(n) + " requests";

@@ -4,6 +4,7 @@
 #ifndef CONNEX_PP_TESTING_CLUSTER_H_
 #define CONNEX_PP_TESTING_CLUSTER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -29,9 +30,12 @@ struct Outcome {
 
 class Cluster {
  public:
+  // Makes the engine of a stage (each start of a node gets a fresh one, as a new process would).
+  using EngineFactory = std::function<std::unique_ptr<Engine>(uint32_t stage, uint32_t stages)>;
   // `server` is shared (one directory serves many clusters, each with its own model name).
+  // Without `engines`, every stage runs a TestEngine.
   Cluster(directory::DirectoryServer& server, std::string model, uint32_t stages, uint64_t seed,
-          StageNodeOptions options);
+          StageNodeOptions options, EngineFactory engines = nullptr);
   ~Cluster();
 
   StageNode* Start(uint32_t stage, uint32_t replica);
@@ -46,6 +50,7 @@ class Cluster {
   void Leave(uint32_t stage, uint32_t replica);
   absl::Status Migrate(uint32_t stage, uint32_t replica);
   StageNode* node(uint32_t stage, uint32_t replica);
+  // The stage's TestEngine (nullptr when the cluster runs other engines).
   TestEngine* engine(uint32_t stage, uint32_t replica);
   bool alive(uint32_t stage, uint32_t replica) const;
 
@@ -80,7 +85,7 @@ class Cluster {
  private:
   struct Member {
     std::unique_ptr<directory::DirectoryClient> client;
-    std::unique_ptr<TestEngine> engine;
+    std::unique_ptr<Engine> engine;
     std::unique_ptr<StageNode> node;
     bool alive = false;
   };
@@ -93,7 +98,8 @@ class Cluster {
   std::shared_ptr<transport::mem::Fabric> fabric_;
   std::shared_ptr<MemSignalNetwork> signals_;
   std::map<std::pair<uint32_t, uint32_t>, Member> members_;
-  std::vector<std::unique_ptr<TestEngine>> graveyard_;  // engines of killed nodes
+  const EngineFactory engines_;
+  std::vector<std::unique_ptr<Engine>> graveyard_;  // engines of killed nodes
   std::vector<StageNodeStats> dead_stats_;
   int event_delay_ms_ = 0;
   mutable connex::Mutex mu_;

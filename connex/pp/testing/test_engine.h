@@ -28,6 +28,7 @@ class TestEngine : public Engine {
   bool HoldsRequest(uint64_t request_id) const override;
   void Release(uint64_t request_id) override;
   uint64_t OutputBytesPerToken() const override;
+  size_t NumHeldRequests() const override { return held_requests(); }
 
   // Requests whose state this engine holds now (a test's end: none).
   size_t held_requests() const;
