@@ -21,6 +21,7 @@
 #include "connex/elastic/peer_set.h"
 #include "connex/pp/internal/recent_set.h"
 #include "connex/pp/messages.h"
+#include "connex/pp/release_queue.h"
 #include "connex/pp/replay_cache.h"
 #include "connex/pp/request_scope.h"
 #include "connex/pp/send_ring.h"
@@ -85,7 +86,6 @@ constexpr size_t kReplayEntries = 2048;
 constexpr size_t kGoneOwners = 4096;
 constexpr size_t kReleasedRequests = 16384;
 constexpr size_t kRetiredTransports = 2;
-constexpr int kReleaseAttempts = 10;
 constexpr int64_t kPruneEveryMs = 1000;
 // Bytes a step's payload needs besides its per-token rows: the batch keys and alignment.
 constexpr uint64_t kStepOverheadBytes = 4096;
@@ -188,7 +188,6 @@ class StageNode::Impl {
         replay_(kReplayEntries, static_cast<uint64_t>(o_.replay_cache_bytes)) {
     std::random_device rd;
     rng_.seed((static_cast<uint64_t>(rd()) << 32) ^ rd());
-    next_nonce_ = (rng_() << 16) | 1;
     next_step_ = ((rng_() & 0xffff) << 40) | 1;
     owner_token_ = rng_() | 1;
   }
@@ -211,6 +210,20 @@ class StageNode::Impl {
         [this](const SendFailure& f) {
           HopFailed(f.owner, f.step, f.attempt, f.ticket, f.hop, f.code, f.reason);
         });
+    ReleaseQueueOptions ro;
+    ro.owner = lid_;
+    ro.owner_token = owner_token_;
+    ro.max_backoff_ms = o_.step_timeout_ms;
+    ro.first_nonce = (rng_() << 16) | 1;
+    releases_ = std::make_unique<ReleaseQueue>(
+        ro,
+        [this](const Lid& stage) -> std::optional<std::string> {
+          if (stage.group >= peers_.size() || !peers_[stage.group]) return std::nullopt;
+          std::optional<directory::Record> rec = peers_[stage.group]->Live(stage);
+          if (!rec) return std::nullopt;
+          return HopFromRecord(*rec).signal;
+        },
+        [this](const std::string& a, const Signal& sig) { Send(a, sig); });
     CONNEX_ASSIGN_OR_RETURN(recv_buf_, transfer_->AllocateManagedBuffer(o_.slot_bytes));
     CONNEX_ASSIGN_OR_RETURN(check_buf_, transfer_->AllocateManagedBuffer(kSlotHeaderBytes));
     signals_->SetReceiver([this](std::string frame) { Post(std::move(frame)); });
@@ -428,16 +441,6 @@ class StageNode::Impl {
     std::string last_problem;     // why it was last re-sent
     bool sent = false;
   };
-  // Requests whose state a stage holds, to be released there; retried until RELEASED.
-  struct PendingRelease {
-    Lid target;
-    std::string signal;
-    std::vector<uint64_t> ids;
-    uint64_t upto_step = 0;  // every step of these requests so far
-    int attempts = 0;
-    int64_t next_at = 0;
-  };
-
   int64_t NowMs() const { return clock_->NowMs(); }
 
   std::vector<std::string> Addresses() const {
@@ -548,7 +551,7 @@ class StageNode::Impl {
       sender_->Flush();
       if (o_.stage == 0) {
         Schedule(now);
-        FlushReleases(now);
+        releases_->Flush(now, next_step_ - 1, signals_->address());
       }
       if (now - last_prune_ms_ >= kPruneEveryMs) {
         last_prune_ms_ = now;
@@ -593,8 +596,7 @@ class StageNode::Impl {
     stats_.steps_in_flight = steps_.size() + (sender_ ? sender_->queued() : 0);
     stats_.held_requests = scope_.requests();
     stats_.replay_bytes = replay_.bytes();
-    stats_.releases_pending = releases_.size();
-    for (const auto& [key, ids] : unsent_releases_) stats_.releases_pending += ids.second.size();
+    stats_.releases_pending = releases_ ? releases_->pending() : 0;
     connex::MutexLock lock(&stats_mu_);
     stats_snapshot_ = stats_;
   }
@@ -888,11 +890,7 @@ class StageNode::Impl {
     if (r.nonce != 0) Send(r.reply_to, ReleasedSignal{r.nonce, lid_});
   }
 
-  void On(ReleasedSignal& r) {
-    auto it = releases_.find(r.nonce);
-    if (it == releases_.end() || it->second.target != r.from) return;
-    releases_.erase(it);
-  }
+  void On(ReleasedSignal& r) { (void)releases_->OnReleased(r); }
 
   void On(PingSignal& p) { Send(p.reply_to, PongSignal{p.nonce, lid_, reg_->epoch.load()}); }
 
@@ -1143,7 +1141,7 @@ class StageNode::Impl {
       }
     }
     engine_.Release(id);
-    QueueRelease(id, q.visited);
+    releases_->Add(id, q.visited);
     if (status.ok()) {
       ++stats_.completed;
       if (q.done) q.done(id, std::vector<int32_t>(q.tokens.begin() + q.prompt_len, q.tokens.end()));
@@ -1151,55 +1149,6 @@ class StageNode::Impl {
       ++stats_.aborted;
       CONNEX_LOG_WARN("pp {}: {}", lid_.ToString(), AsStd(status.message()));
       if (q.done) q.done(id, status);
-    }
-  }
-
-  // ---- releases (owner): acknowledged, retried, bounded ----
-
-  void QueueRelease(uint64_t id, const std::map<Lid, std::string>& visited) {
-    for (const auto& [lid, last_signal] : visited) {
-      if (lid.group >= peers_.size() || !peers_[lid.group]) continue;
-      // Not live now may still mean alive: a stage wrongly evicted (a lost probe) rejoins with
-      // its state, so it is told at its last address too.
-      std::optional<directory::Record> rec = peers_[lid.group]->Live(lid);
-      auto& [signal, ids] = unsent_releases_[lid];
-      signal = rec ? HopFromRecord(*rec).signal : last_signal;
-      ids.insert(id);
-    }
-  }
-
-  void FlushReleases(int64_t now) {
-    for (auto& [lid, entry] : unsent_releases_) {
-      if (entry.second.empty() || entry.first.empty()) continue;
-      PendingRelease p;
-      p.target = lid;
-      p.signal = entry.first;
-      p.ids.assign(entry.second.begin(), entry.second.end());
-      p.upto_step = next_step_ - 1;
-      releases_.emplace(next_nonce_++, std::move(p));
-    }
-    unsent_releases_.clear();
-    for (auto it = releases_.begin(); it != releases_.end();) {
-      PendingRelease& p = it->second;
-      if (p.next_at > now) {
-        ++it;
-        continue;
-      }
-      if (p.attempts >= kReleaseAttempts) {
-        // Gone (its state went with it), or unreachable for long: it drops our requests when
-        // it sees us FAILED or LEFT.
-        it = releases_.erase(it);
-        continue;
-      }
-      if (p.target.group < peers_.size() && peers_[p.target.group]) {
-        std::optional<directory::Record> rec = peers_[p.target.group]->Live(p.target);
-        if (rec) p.signal = HopFromRecord(*rec).signal;  // it may have moved
-      }
-      ++p.attempts;
-      p.next_at = now + std::min<int64_t>(o_.step_timeout_ms, 50 << std::min(p.attempts, 6));
-      Send(p.signal,
-           ReleaseSignal{lid_, p.ids, owner_token_, it->first, signals_->address(), p.upto_step});
-      ++it;
     }
   }
 
@@ -1597,7 +1546,6 @@ class StageNode::Impl {
   std::unique_ptr<StepSender> sender_;  // the ring, queued sends, slots awaiting their ACK
   void* recv_buf_ = nullptr;
   void* check_buf_ = nullptr;
-  uint64_t next_nonce_ = 1;
   uint64_t next_step_ = 1;
   bool lost_ = false;
   int64_t last_prune_ms_ = 0;
@@ -1617,8 +1565,7 @@ class StageNode::Impl {
   std::map<uint64_t, Request> requests_;
   std::map<uint64_t, Step> steps_;
   std::map<uint64_t, std::pair<uint64_t, Lid>> pings_;  // nonce -> (step, the hop pinged)
-  std::map<Lid, std::pair<std::string, std::set<uint64_t>>> unsent_releases_;
-  std::map<uint64_t, PendingRelease> releases_;  // nonce ->
+  std::unique_ptr<ReleaseQueue> releases_;
   uint64_t measured_bytes_per_token_ = 0;
   bool draining_ = false;
   std::shared_ptr<std::promise<void>> drained_;  // opened once nothing is in flight
