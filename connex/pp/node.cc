@@ -19,12 +19,14 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/elastic/peer_set.h"
+#include "connex/pp/internal/batch_select.h"
 #include "connex/pp/internal/recent_set.h"
 #include "connex/pp/messages.h"
 #include "connex/pp/release_queue.h"
 #include "connex/pp/replay_cache.h"
 #include "connex/pp/request_scope.h"
 #include "connex/pp/send_ring.h"
+#include "connex/pp/step_receiver.h"
 #include "connex/pp/step_sender.h"
 
 namespace connex::pp {
@@ -81,10 +83,7 @@ absl::Status StageNodeOptions::Validate() const {
 namespace {
 
 constexpr std::string_view kSignalScheme = "pp+";
-constexpr size_t kSeenCorrs = 8192;
-constexpr size_t kReplayEntries = 2048;
-constexpr size_t kGoneOwners = 4096;
-constexpr size_t kReleasedRequests = 16384;
+constexpr size_t kGonePeers = 4096;
 constexpr size_t kRetiredTransports = 2;
 constexpr int64_t kPruneEveryMs = 1000;
 // Bytes a step's payload needs besides its per-token rows: the batch keys and alignment.
@@ -104,8 +103,6 @@ Hop HopFromRecord(const directory::Record& r) {
   return hop;
 }
 
-transport::PeerRef PeerOf(const Hop& hop) { return transport::PeerRef{hop.lid, hop.addresses}; }
-
 std::string RouteKey(const std::vector<Hop>& route) {
   std::string key;
   for (const Hop& h : route) key += StrCat(h.lid.ToString(), "@", h.epoch, ";");
@@ -116,57 +113,6 @@ std::string RouteKey(const std::vector<Hop>& route) {
 bool Permanent(absl::StatusCode code) {
   return code == absl::StatusCode::kInvalidArgument ||
          code == absl::StatusCode::kResourceExhausted || code == absl::StatusCode::kOutOfRange;
-}
-
-// Replaces the request ids of a step's batch key (`from[i]` -> `to[i]`, positionally by the
-// batch's order), so that an engine sees this stage's local ids and the next stage the owner's.
-void RewriteIds(TensorDict& dict, const std::vector<uint64_t>& ids) {
-  std::vector<int64_t> v(ids.begin(), ids.end());
-  dict.Set(kRequestIds, Tensor::Of<int64_t>({static_cast<int64_t>(v.size())}, v));
-}
-
-// Keeps the requests of `in` for which keep[i] is true. Tensors whose first dimension is the
-// token count N are sliced by token ranges, those whose first dimension is B by request.
-TensorDict Select(const TensorDict& in, const Batch& batch, const std::vector<bool>& keep) {
-  const int64_t b = static_cast<int64_t>(batch.request_ids.size());
-  int64_t n = 0;
-  for (int32_t c : batch.num_tokens) n += c;
-  std::vector<uint64_t> ids;
-  std::vector<int32_t> starts, counts;
-  for (int64_t i = 0; i < b; ++i) {
-    if (!keep[i]) continue;
-    ids.push_back(batch.request_ids[i]);
-    starts.push_back(batch.start_positions[i]);
-    counts.push_back(batch.num_tokens[i]);
-  }
-  TensorDict out;
-  SetBatch(out, ids, starts, counts);
-  for (const auto& [name, t] : in.tensors()) {
-    if (name == kRequestIds || name == kStartPositions || name == kNumTokens) continue;
-    if (t.shape.empty() || (t.shape[0] != n && t.shape[0] != b)) {
-      out.Set(name, t);
-      continue;
-    }
-    const bool by_token = t.shape[0] == n;
-    const size_t row = t.shape[0] == 0 ? 0 : t.data.size() / static_cast<size_t>(t.shape[0]);
-    Tensor s;
-    s.dtype = t.dtype;
-    s.shape = t.shape;
-    int64_t rows = 0;
-    int64_t offset = 0;
-    for (int64_t i = 0; i < b; ++i) {
-      const int64_t len = by_token ? batch.num_tokens[i] : 1;
-      if (keep[i]) {
-        s.data.insert(s.data.end(), t.data.begin() + offset * row,
-                      t.data.begin() + (offset + len) * row);
-        rows += len;
-      }
-      offset += len;
-    }
-    s.shape[0] = rows;
-    out.Set(name, std::move(s));
-  }
-  return out;
 }
 
 }  // namespace
@@ -182,10 +128,7 @@ class StageNode::Impl {
         signals_(std::move(signals)),
         dir_(directory),
         lid_{o_.model, o_.stage, 0, o_.replica},
-        seen_corr_(kSeenCorrs),
-        gone_owners_(kGoneOwners),
-        released_(kReleasedRequests),
-        replay_(kReplayEntries, static_cast<uint64_t>(o_.replay_cache_bytes)) {
+        gone_peers_(kGonePeers) {
     std::random_device rd;
     rng_.seed((static_cast<uint64_t>(rd()) << 32) ^ rd());
     next_step_ = ((rng_() & 0xffff) << 40) | 1;
@@ -224,8 +167,18 @@ class StageNode::Impl {
           return HopFromRecord(*rec).signal;
         },
         [this](const std::string& a, const Signal& sig) { Send(a, sig); });
-    CONNEX_ASSIGN_OR_RETURN(recv_buf_, transfer_->AllocateManagedBuffer(o_.slot_bytes));
-    CONNEX_ASSIGN_OR_RETURN(check_buf_, transfer_->AllocateManagedBuffer(kSlotHeaderBytes));
+    StepReceiverOptions recv;
+    recv.self = lid_;
+    recv.stage = o_.stage;
+    recv.stages = o_.stages;
+    recv.slot_bytes = o_.slot_bytes;
+    recv.replay_cache_bytes = o_.replay_cache_bytes;
+    CONNEX_ASSIGN_OR_RETURN(
+        receiver_,
+        StepReceiver::Create(
+            recv, engine_, *transfer_, [reg = reg_] { return reg->epoch.load(); },
+            [this](const std::string& a, const Signal& sig) { Send(a, sig); },
+            [this](const StepSignal& step, const TensorDict& out) { Deliver(step, out); }));
     signals_->SetReceiver([this](std::string frame) { Post(std::move(frame)); });
     // The client may outlive this node: the callback holds the shared registration state, not
     // the node.
@@ -506,10 +459,7 @@ class StageNode::Impl {
       drained_.reset();
     }
     sender_.reset();
-    if (recv_buf_ != nullptr) (void)transfer_->FreeManagedBuffer(recv_buf_);
-    if (check_buf_ != nullptr) (void)transfer_->FreeManagedBuffer(check_buf_);
-    recv_buf_ = nullptr;
-    check_buf_ = nullptr;
+    receiver_.reset();
   }
 
   void Send(const std::string& address, const Signal& signal) {
@@ -594,8 +544,18 @@ class StageNode::Impl {
     stats_.backpressured = sender_ ? sender_->backpressured() : 0;
     stats_.requests_in_flight = requests_.size();
     stats_.steps_in_flight = steps_.size() + (sender_ ? sender_->queued() : 0);
-    stats_.held_requests = scope_.requests();
-    stats_.replay_bytes = replay_.bytes();
+    if (receiver_) {
+      const StepReceiverStats& r = receiver_->stats();
+      stats_.steps_executed = r.steps_executed + owner_steps_executed_;
+      stats_.steps_replayed = r.steps_replayed;
+      stats_.duplicates_dropped = r.duplicates_dropped;
+      stats_.fenced = r.fenced;
+      stats_.missing_reported = r.missing_reported;
+      stats_.released = r.released;
+      stats_.forged_dropped = r.forged_dropped + owner_forged_dropped_;
+      stats_.held_requests = receiver_->held_requests();
+      stats_.replay_bytes = receiver_->replay_bytes();
+    }
     stats_.releases_pending = releases_ ? releases_->pending() : 0;
     connex::MutexLock lock(&stats_mu_);
     stats_snapshot_ = stats_;
@@ -615,195 +575,7 @@ class StageNode::Impl {
 
   // ---- the receiver ----
 
-  void On(StepSignal& s) {
-    const Hop& target = s.target();
-    AckSignal ack;
-    ack.corr = s.corr;
-    ack.from = lid_;
-    const uint64_t epoch = reg_->epoch.load();
-    if (target.lid != lid_ || target.epoch != epoch || epoch == 0) {
-      ++stats_.fenced;
-      ack.code = static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition);
-      ack.message = StrCat(lid_.ToString(), ": step for ", target.lid.ToString(), " epoch ",
-                           target.epoch, " refused, this is epoch ", epoch);
-      Send(s.origin.signal, ack);
-      return;
-    }
-    if (gone_owners_.Contains({s.owner.lid, s.owner.epoch})) {
-      // Its requests were dropped here: running its step would make state nobody releases.
-      ++stats_.fenced;
-      ack.code = static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition);
-      ack.message = StrCat(lid_.ToString(), ": owner ", s.owner.lid.ToString(), " epoch ",
-                           s.owner.epoch, " is gone");
-      Send(s.origin.signal, ack);
-      return;
-    }
-    if (seen_corr_.Contains(s.corr)) {
-      ++stats_.duplicates_dropped;
-      Send(s.origin.signal, ack);  // the first ACK may have been lost
-      return;
-    }
-    seen_corr_.Insert(s.corr);
-    // Pull the payload.
-    if (kSlotHeaderBytes + s.length > static_cast<uint64_t>(o_.slot_bytes)) {
-      ack.code = static_cast<uint32_t>(absl::StatusCode::kInvalidArgument);
-      ack.message =
-          StrCat(lid_.ToString(), ": payload of ", s.length,
-                 " bytes exceeds this stage's slot (CONNEX_PP_SLOT_BYTES=", o_.slot_bytes, ")");
-      Send(s.origin.signal, ack);
-      return;
-    }
-    absl::Status read = ReadSlot(*transfer_, PeerOf(s.origin), recv_buf_, check_buf_, s.remote_addr,
-                                 s.corr, s.length);
-    if (!read.ok()) {
-      ack.code = static_cast<uint32_t>(read.code());
-      ack.message = std::string(read.message());
-      Send(s.origin.signal, ack);
-      return;
-    }
-    absl::StatusOr<TensorDict> in =
-        Unpack(s.layout, static_cast<const uint8_t*>(recv_buf_) + kSlotHeaderBytes, s.length);
-    absl::StatusOr<Batch> batch = in.ok() ? GetBatch(*in) : absl::StatusOr<Batch>(in.status());
-    if (batch.ok() &&
-        (batch->request_ids != s.request_ids || batch->start_positions != s.start_positions ||
-         batch->num_tokens != s.num_tokens)) {
-      batch = absl::InvalidArgumentError("the payload's batch differs from the signal's");
-    }
-    if (!batch.ok()) {
-      // A malformed step is the sender's bug or a forgery: refuse it, by name; never run it.
-      ack.code = static_cast<uint32_t>(absl::StatusCode::kInvalidArgument);
-      ack.message =
-          StrCat(lid_.ToString(), ": bad payload of step ", s.step, ": ", batch.status().message());
-      CONNEX_LOG_WARN("pp {}", ack.message);
-      Send(s.origin.signal, ack);
-      return;
-    }
-    Send(s.origin.signal, ack);  // the slot is free: the payload is ours
-    const OwnerKey owner{s.owner.lid, s.owner_token};
-    scope_.SeenAt(owner, s.owner.epoch);
-    // A re-sent attempt of a step this stage already ran: answer from the replay cache, for the
-    // requests whose last step here is this one (a step is never executed twice on a stage, and
-    // a request that has moved on is never taken back).
-    const StepKey key{s.owner.lid, s.owner_token, s.step};
-    if (const TensorDict* cached = replay_.Find(key)) {
-      absl::StatusOr<Batch> cb = GetBatch(*cached);
-      if (!cb.ok()) return;
-      std::set<uint64_t> wanted(s.request_ids.begin(), s.request_ids.end());
-      std::vector<bool> keep;
-      bool any = false;
-      for (uint64_t id : cb->request_ids) {
-        RequestScope::Entry* e = scope_.Find(owner, id);
-        keep.push_back(wanted.count(id) && e != nullptr && e->last_step == s.step);
-        any |= keep.back();
-      }
-      if (!any) return;
-      ++stats_.steps_replayed;
-      Deliver(s, Select(*cached, *cb, keep));
-      return;
-    }
-    std::vector<bool> keep;
-    std::vector<uint64_t> missing;
-    for (size_t i = 0; i < batch->request_ids.size(); ++i) {
-      const uint64_t* released = released_.Find({s.owner_token, batch->request_ids[i]});
-      if (released != nullptr && *released >= s.step) {
-        keep.push_back(false);  // a late step of a request its owner is done with
-        continue;
-      }
-      RequestScope::Entry* e = scope_.Find(owner, batch->request_ids[i]);
-      bool fresh = e == nullptr || e->last_step < s.step;
-      if (!fresh && e->last_step == s.step) missing.push_back(batch->request_ids[i]);  // no output
-      if (fresh && e != nullptr && batch->start_positions[i] != 0 &&
-          e->positions != batch->start_positions[i]) {
-        // This stage's state is of another point of the request's history (it was away from
-        // the route while the request moved on, was recomputed elsewhere, and came back): the
-        // engine must hold exactly start_position positions, so the owner recomputes.
-        engine_.Release(e->local_id);
-        scope_.Erase(owner, batch->request_ids[i]);
-        missing.push_back(batch->request_ids[i]);
-        fresh = false;
-      }
-      // Without state here, only a step from position 0 can run (it creates the state).
-      if (fresh && e == nullptr && batch->start_positions[i] != 0) {
-        missing.push_back(batch->request_ids[i]);
-        fresh = false;
-      }
-      keep.push_back(fresh);
-    }
-    // The engine sees this stage's local ids.
-    std::vector<uint64_t> owner_ids, local_ids;
-    std::vector<bool> created;
-    for (size_t i = 0; i < keep.size(); ++i) {
-      if (!keep[i]) continue;
-      uint64_t id = batch->request_ids[i];
-      created.push_back(scope_.Find(owner, id) == nullptr);
-      owner_ids.push_back(id);
-      local_ids.push_back(scope_.FindOrCreate(owner, s.owner.epoch, id).local_id);
-    }
-    TensorDict runnable = Select(*in, *batch, keep);
-    RewriteIds(runnable, local_ids);
-    std::set<uint64_t> lost;
-    for (uint64_t local : engine_.MissingRequests(runnable)) lost.insert(local);
-    if (!lost.empty()) {
-      for (size_t i = 0; i < local_ids.size(); ++i) {
-        if (!lost.count(local_ids[i])) continue;
-        missing.push_back(owner_ids[i]);
-        if (created[i]) scope_.Erase(owner, owner_ids[i]);
-      }
-    }
-    if (!missing.empty()) {
-      ++stats_.missing_reported;
-      Send(s.owner.signal, MissingSignal{s.step, s.attempt, lid_, missing, epoch, s.ticket});
-    }
-    std::vector<bool> run(local_ids.size());
-    std::vector<uint64_t> run_owner, run_local;
-    for (size_t i = 0; i < local_ids.size(); ++i) {
-      run[i] = !lost.count(local_ids[i]);
-      if (!run[i]) continue;
-      run_owner.push_back(owner_ids[i]);
-      run_local.push_back(local_ids[i]);
-    }
-    if (run_owner.empty()) return;
-    if (!lost.empty()) {
-      absl::StatusOr<Batch> rb = GetBatch(runnable);
-      if (!rb.ok()) return;
-      runnable = Select(runnable, *rb, run);
-    }
-    absl::StatusOr<TensorDict> out = engine_.ExecuteStep(runnable);
-    if (!out.ok()) {
-      // Not "missing": the engine failed. The owner ends these requests with this error.
-      CONNEX_LOG_WARN("pp {}: step {} failed: {}", lid_.ToString(), s.step,
-                      AsStd(out.status().message()));
-      for (size_t i = 0; i < run_owner.size(); ++i) {
-        if (!engine_.HoldsRequest(run_local[i])) scope_.Erase(owner, run_owner[i]);
-      }
-      Send(s.owner.signal,
-           StepErrorSignal{s.step, s.attempt, lid_, run_owner,
-                           static_cast<uint32_t>(out.status().code()),
-                           StrCat(lid_.ToString(), ": ", out.status().message()), epoch, s.ticket});
-      return;
-    }
-    ++stats_.steps_executed;
-    {
-      absl::StatusOr<Batch> ran = GetBatch(runnable);
-      for (size_t i = 0; ran.ok() && i < run_owner.size(); ++i) {
-        RequestScope::Entry* e = scope_.Find(owner, run_owner[i]);
-        e->last_step = s.step;
-        e->positions = static_cast<int64_t>(ran->start_positions[i]) + ran->num_tokens[i];
-      }
-    }
-    RewriteIds(*out, run_owner);
-    if (o_.stage + 1 == o_.stages) {
-      // Only what a re-send needs: the batch and the sampled tokens, never the logits.
-      TensorDict kept;
-      for (const char* name : {kRequestIds, kStartPositions, kNumTokens, kNextTokens}) {
-        if (const Tensor* t = out->Find(name)) kept.Set(name, *t);
-      }
-      replay_.Put(key, kept);
-    } else {
-      replay_.Put(key, *out);
-    }
-    Deliver(s, *out);
-  }
+  void On(StepSignal& s) { receiver_->OnStep(s); }
 
   // Hands a stage's output on: to the next hop, or (last stage) the tokens to the owner.
   void Deliver(const StepSignal& s, const TensorDict& out) {
@@ -856,7 +628,7 @@ class StageNode::Impl {
   }
 
   void On(AckSignal& a) {
-    if (!sender_->OnAck(a)) ++stats_.forged_dropped;
+    if (!sender_->OnAck(a)) ++owner_forged_dropped_;
   }
 
   // Tells the owner that hop `hop` of its step could not be reached (or handles it, if we are
@@ -872,23 +644,7 @@ class StageNode::Impl {
     }
   }
 
-  // Only the owner incarnation (its token) may release its requests.
-  void On(ReleaseSignal& r) {
-    const OwnerKey owner{r.from, r.owner_token};
-    if (!scope_.Knows(owner)) {
-      // Nothing of that owner is held (released before, or a forgery): acknowledge, change
-      // nothing.
-      if (r.owner_token == 0) ++stats_.forged_dropped;
-    }
-    for (uint64_t id : r.request_ids) {
-      if (r.owner_token != 0) released_.Put({r.owner_token, id}, r.upto_step);
-      std::optional<uint64_t> local = scope_.Erase(owner, id);
-      if (!local) continue;
-      engine_.Release(*local);
-      ++stats_.released;
-    }
-    if (r.nonce != 0) Send(r.reply_to, ReleasedSignal{r.nonce, lid_});
-  }
+  void On(ReleaseSignal& r) { receiver_->OnRelease(r); }
 
   void On(ReleasedSignal& r) { (void)releases_->OnReleased(r); }
 
@@ -900,7 +656,7 @@ class StageNode::Impl {
     auto [step_id, expected] = it->second;
     pings_.erase(it);
     if (expected != p.from) {
-      ++stats_.forged_dropped;
+      ++owner_forged_dropped_;
       return;
     }
     auto st = steps_.find(step_id);
@@ -917,11 +673,11 @@ class StageNode::Impl {
     const bool owner = lid.group == 0 && o_.stage != 0;
     switch (c.kind) {
       case elastic::PeerChange::Kind::kFailed:
-        if (owner) DropOwner(lid, c.record.epoch, "FAILED");
+        if (owner) receiver_->OwnerFailed(lid, c.record.epoch);
         PeerGone(lid, c.record.epoch, c.reason.empty() ? "FAILED" : c.reason);
         break;
       case elastic::PeerChange::Kind::kLeft:
-        if (owner) owners_leaving_[{lid, c.record.epoch}] = NowMs() + o_.owner_grace_ms;
+        if (owner) receiver_->OwnerLeft(lid, c.record.epoch, NowMs() + o_.owner_grace_ms);
         break;
       case elastic::PeerChange::Kind::kSuspected:
         CONNEX_LOG_INFO("pp {}: {} suspected ({})", lid_.ToString(), lid.ToString(), c.reason);
@@ -939,19 +695,6 @@ class StageNode::Impl {
   void MarkFailed(const Lid& lid, uint64_t epoch) {
     if (lid.group < peers_.size() && peers_[lid.group]) {
       (void)peers_[lid.group]->MarkFailed(lid, epoch);
-    }
-  }
-
-  // The owner incarnation (lid, epoch) is gone: drop the state of its requests, and refuse its
-  // steps from now on (a late step would make state that nobody releases).
-  void DropOwner(const Lid& lid, uint64_t epoch, std::string_view why) {
-    gone_owners_.Insert({lid, epoch});
-    std::vector<uint64_t> locals = scope_.EraseOwner(lid, epoch);
-    for (uint64_t local : locals) engine_.Release(local);
-    stats_.released += locals.size();
-    if (!locals.empty()) {
-      CONNEX_LOG_INFO("pp {}: owner {} epoch {} {}: dropped {} requests' state", lid_.ToString(),
-                      lid.ToString(), epoch, why, locals.size());
     }
   }
 
@@ -976,18 +719,7 @@ class StageNode::Impl {
   }
 
   // Drops what owners that LEFT left behind once their grace ran out.
-  void Prune() {
-    // Owners that LEFT and whose grace ran out.
-    const int64_t now = NowMs();
-    for (auto it = owners_leaving_.begin(); it != owners_leaving_.end();) {
-      if (it->second > now) {
-        ++it;
-        continue;
-      }
-      DropOwner(it->first.first, it->first.second, "LEFT");
-      it = owners_leaving_.erase(it);
-    }
-  }
+  void Prune() { receiver_->Tick(NowMs()); }
 
   // ---- the owner ----
 
@@ -1012,7 +744,7 @@ class StageNode::Impl {
     }
     Step& st = it->second;
     if (!Believe(st, r.from, r.from_epoch, r.ticket, /*last_only=*/true)) {
-      ++stats_.forged_dropped;
+      ++owner_forged_dropped_;
       CONNEX_LOG_WARN(
           "pp {}: dropped a RESULT of step {} from {} epoch {}: not the step's last hop",
           lid_.ToString(), r.step, r.from.ToString(), r.from_epoch);
@@ -1051,7 +783,7 @@ class StageNode::Impl {
     }
     Step& st = it->second;
     if (!Believe(st, m.from, m.from_epoch, m.ticket, /*last_only=*/false)) {
-      ++stats_.forged_dropped;
+      ++owner_forged_dropped_;
       return;
     }
     for (uint64_t id : m.request_ids) {
@@ -1080,7 +812,7 @@ class StageNode::Impl {
       return;
     }
     if (!Believe(it->second, e.from, e.from_epoch, e.ticket, /*last_only=*/false)) {
-      ++stats_.forged_dropped;
+      ++owner_forged_dropped_;
       return;
     }
     absl::StatusCode code = static_cast<absl::StatusCode>(e.code);
@@ -1100,7 +832,7 @@ class StageNode::Impl {
     if (it == steps_.end() || it->second.attempt != f.attempt) return;
     Step& st = it->second;
     if (!Believe(st, f.from, f.from_epoch, f.ticket, /*last_only=*/false)) {
-      ++stats_.forged_dropped;
+      ++owner_forged_dropped_;
       return;
     }
     if (Permanent(static_cast<absl::StatusCode>(f.code))) {
@@ -1233,7 +965,8 @@ class StageNode::Impl {
       s.num_tokens.push_back(st.counts[i]);
     }
     Batch batch{st.ids, st.starts, st.counts};
-    p.payload = s.request_ids.size() == st.ids.size() ? st.output : Select(st.output, batch, keep);
+    p.payload = s.request_ids.size() == st.ids.size() ? st.output
+                                                      : internal::Select(st.output, batch, keep);
     st.deadline = NowMs() + o_.step_timeout_ms;
     st.sent = true;
     sender_->Forward(std::move(p));
@@ -1412,7 +1145,7 @@ class StageNode::Impl {
       }
       return false;
     }
-    ++stats_.steps_executed;
+    ++owner_steps_executed_;
     uint64_t step_id = next_step_++;
     if (o_.stages == 1) {
       absl::StatusOr<const Tensor*> next = out->Get(kNextTokens, DType::kI32, 1);
@@ -1544,23 +1277,14 @@ class StageNode::Impl {
   std::mt19937_64 rng_;
   uint64_t owner_token_ = 0;
   std::unique_ptr<StepSender> sender_;  // the ring, queued sends, slots awaiting their ACK
-  void* recv_buf_ = nullptr;
-  void* check_buf_ = nullptr;
+  std::unique_ptr<StepReceiver> receiver_;
   uint64_t next_step_ = 1;
   bool lost_ = false;
   int64_t last_prune_ms_ = 0;
-  // Receiver side.
-  internal::RecentSet<uint64_t> seen_corr_;
-  internal::RecentSet<std::pair<Lid, uint64_t>> gone_owners_;
-  // Released requests, as (owner token, request id) -> the last step id the release covers.
-  // The token alone names the owner incarnation here (64 random bits), which keeps an entry
-  // small.
-  internal::RecentMap<std::pair<uint64_t, uint64_t>, uint64_t> released_;
-  std::map<std::pair<Lid, uint64_t>, int64_t> owners_leaving_;  // -> when their state goes
-  RequestScope scope_;
-  ReplayCache replay_;
   // Sender side.
-  internal::RecentSet<std::pair<Lid, uint64_t>> gone_peers_{kGoneOwners};  // failed over
+  internal::RecentSet<std::pair<Lid, uint64_t>> gone_peers_;  // failed over already
+  uint64_t owner_steps_executed_ = 0;                         // stage 0's own engine steps
+  uint64_t owner_forged_dropped_ = 0;
   // Owner side.
   std::map<uint64_t, Request> requests_;
   std::map<uint64_t, Step> steps_;

@@ -1,0 +1,287 @@
+#include "connex/pp/step_receiver.h"
+
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "connex/base/logging.h"
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
+#include "connex/pp/internal/batch_select.h"
+#include "connex/pp/send_ring.h"
+
+namespace connex::pp {
+namespace {
+
+constexpr size_t kSeenCorrs = 8192;
+constexpr size_t kReplayEntries = 2048;
+constexpr size_t kGoneOwners = 4096;
+constexpr size_t kReleasedRequests = 16384;
+
+transport::PeerRef PeerOf(const Hop& hop) { return transport::PeerRef{hop.lid, hop.addresses}; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StepReceiver>> StepReceiver::Create(
+    StepReceiverOptions options, Engine& engine, transport::TransferEngine& transfer, Epoch epoch,
+    SendSignal send, Deliver deliver) {
+  std::unique_ptr<StepReceiver> r(new StepReceiver(
+      std::move(options), engine, transfer, std::move(epoch), std::move(send), std::move(deliver)));
+  CONNEX_ASSIGN_OR_RETURN(r->recv_buf_, transfer.AllocateManagedBuffer(r->o_.slot_bytes));
+  CONNEX_ASSIGN_OR_RETURN(r->check_buf_, transfer.AllocateManagedBuffer(kSlotHeaderBytes));
+  return r;
+}
+
+StepReceiver::StepReceiver(StepReceiverOptions options, Engine& engine,
+                           transport::TransferEngine& transfer, Epoch epoch, SendSignal send,
+                           Deliver deliver)
+    : o_(std::move(options)),
+      engine_(engine),
+      transfer_(transfer),
+      epoch_(std::move(epoch)),
+      send_(std::move(send)),
+      deliver_(std::move(deliver)),
+      seen_corr_(kSeenCorrs),
+      gone_owners_(kGoneOwners),
+      released_(kReleasedRequests),
+      replay_(kReplayEntries, static_cast<uint64_t>(o_.replay_cache_bytes)) {}
+
+StepReceiver::~StepReceiver() {
+  if (recv_buf_ != nullptr) (void)transfer_.FreeManagedBuffer(recv_buf_);
+  if (check_buf_ != nullptr) (void)transfer_.FreeManagedBuffer(check_buf_);
+}
+
+void StepReceiver::OwnerLeft(const Lid& lid, uint64_t epoch, int64_t drop_at_ms) {
+  owners_leaving_[{lid, epoch}] = drop_at_ms;
+}
+
+void StepReceiver::Tick(int64_t now_ms) {
+  for (auto it = owners_leaving_.begin(); it != owners_leaving_.end();) {
+    if (it->second > now_ms) {
+      ++it;
+      continue;
+    }
+    DropOwner(it->first.first, it->first.second, "LEFT");
+    it = owners_leaving_.erase(it);
+  }
+}
+
+void StepReceiver::OnStep(const StepSignal& s) {
+  const Hop& target = s.target();
+  AckSignal ack;
+  ack.corr = s.corr;
+  ack.from = o_.self;
+  const uint64_t epoch = epoch_();
+  if (target.lid != o_.self || target.epoch != epoch || epoch == 0) {
+    ++stats_.fenced;
+    ack.code = static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition);
+    ack.message = StrCat(o_.self.ToString(), ": step for ", target.lid.ToString(), " epoch ",
+                         target.epoch, " refused, this is epoch ", epoch);
+    send_(s.origin.signal, ack);
+    return;
+  }
+  if (gone_owners_.Contains({s.owner.lid, s.owner.epoch})) {
+    // Its requests were dropped here: running its step would make state nobody releases.
+    ++stats_.fenced;
+    ack.code = static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition);
+    ack.message = StrCat(o_.self.ToString(), ": owner ", s.owner.lid.ToString(), " epoch ",
+                         s.owner.epoch, " is gone");
+    send_(s.origin.signal, ack);
+    return;
+  }
+  if (seen_corr_.Contains(s.corr)) {
+    ++stats_.duplicates_dropped;
+    send_(s.origin.signal, ack);  // the first ACK may have been lost
+    return;
+  }
+  seen_corr_.Insert(s.corr);
+  // Pull the payload.
+  if (kSlotHeaderBytes + s.length > static_cast<uint64_t>(o_.slot_bytes)) {
+    ack.code = static_cast<uint32_t>(absl::StatusCode::kInvalidArgument);
+    ack.message =
+        StrCat(o_.self.ToString(), ": payload of ", s.length,
+               " bytes exceeds this stage's slot (CONNEX_PP_SLOT_BYTES=", o_.slot_bytes, ")");
+    send_(s.origin.signal, ack);
+    return;
+  }
+  absl::Status read =
+      ReadSlot(transfer_, PeerOf(s.origin), recv_buf_, check_buf_, s.remote_addr, s.corr, s.length);
+  if (!read.ok()) {
+    ack.code = static_cast<uint32_t>(read.code());
+    ack.message = std::string(read.message());
+    send_(s.origin.signal, ack);
+    return;
+  }
+  absl::StatusOr<TensorDict> in =
+      Unpack(s.layout, static_cast<const uint8_t*>(recv_buf_) + kSlotHeaderBytes, s.length);
+  absl::StatusOr<Batch> batch = in.ok() ? GetBatch(*in) : absl::StatusOr<Batch>(in.status());
+  if (batch.ok() &&
+      (batch->request_ids != s.request_ids || batch->start_positions != s.start_positions ||
+       batch->num_tokens != s.num_tokens)) {
+    batch = absl::InvalidArgumentError("the payload's batch differs from the signal's");
+  }
+  if (!batch.ok()) {
+    // A malformed step is the sender's bug or a forgery: refuse it, by name; never run it.
+    ack.code = static_cast<uint32_t>(absl::StatusCode::kInvalidArgument);
+    ack.message = StrCat(o_.self.ToString(), ": bad payload of step ", s.step, ": ",
+                         batch.status().message());
+    CONNEX_LOG_WARN("pp {}", ack.message);
+    send_(s.origin.signal, ack);
+    return;
+  }
+  send_(s.origin.signal, ack);  // the slot is free: the payload is ours
+  const OwnerKey owner{s.owner.lid, s.owner_token};
+  scope_.SeenAt(owner, s.owner.epoch);
+  // A re-sent attempt of a step this stage already ran: answer from the replay cache, for the
+  // requests whose last step here is this one (a step is never executed twice on a stage, and
+  // a request that has moved on is never taken back).
+  const StepKey key{s.owner.lid, s.owner_token, s.step};
+  if (const TensorDict* cached = replay_.Find(key)) {
+    absl::StatusOr<Batch> cb = GetBatch(*cached);
+    if (!cb.ok()) return;
+    std::set<uint64_t> wanted(s.request_ids.begin(), s.request_ids.end());
+    std::vector<bool> keep;
+    bool any = false;
+    for (uint64_t id : cb->request_ids) {
+      RequestScope::Entry* e = scope_.Find(owner, id);
+      keep.push_back(wanted.count(id) && e != nullptr && e->last_step == s.step);
+      any |= keep.back();
+    }
+    if (!any) return;
+    ++stats_.steps_replayed;
+    deliver_(s, internal::Select(*cached, *cb, keep));
+    return;
+  }
+  std::vector<bool> keep;
+  std::vector<uint64_t> missing;
+  for (size_t i = 0; i < batch->request_ids.size(); ++i) {
+    const uint64_t* released = released_.Find({s.owner_token, batch->request_ids[i]});
+    if (released != nullptr && *released >= s.step) {
+      keep.push_back(false);  // a late step of a request its owner is done with
+      continue;
+    }
+    RequestScope::Entry* e = scope_.Find(owner, batch->request_ids[i]);
+    bool fresh = e == nullptr || e->last_step < s.step;
+    if (!fresh && e->last_step == s.step) missing.push_back(batch->request_ids[i]);  // no output
+    if (fresh && e != nullptr && batch->start_positions[i] != 0 &&
+        e->positions != batch->start_positions[i]) {
+      // This stage's state is of another point of the request's history (it was away from
+      // the route while the request moved on, was recomputed elsewhere, and came back): the
+      // engine must hold exactly start_position positions, so the owner recomputes.
+      engine_.Release(e->local_id);
+      scope_.Erase(owner, batch->request_ids[i]);
+      missing.push_back(batch->request_ids[i]);
+      fresh = false;
+    }
+    // Without state here, only a step from position 0 can run (it creates the state).
+    if (fresh && e == nullptr && batch->start_positions[i] != 0) {
+      missing.push_back(batch->request_ids[i]);
+      fresh = false;
+    }
+    keep.push_back(fresh);
+  }
+  // The engine sees this stage's local ids.
+  std::vector<uint64_t> owner_ids, local_ids;
+  std::vector<bool> created;
+  for (size_t i = 0; i < keep.size(); ++i) {
+    if (!keep[i]) continue;
+    uint64_t id = batch->request_ids[i];
+    created.push_back(scope_.Find(owner, id) == nullptr);
+    owner_ids.push_back(id);
+    local_ids.push_back(scope_.FindOrCreate(owner, s.owner.epoch, id).local_id);
+  }
+  TensorDict runnable = internal::Select(*in, *batch, keep);
+  internal::RewriteIds(runnable, local_ids);
+  std::set<uint64_t> lost;
+  for (uint64_t local : engine_.MissingRequests(runnable)) lost.insert(local);
+  if (!lost.empty()) {
+    for (size_t i = 0; i < local_ids.size(); ++i) {
+      if (!lost.count(local_ids[i])) continue;
+      missing.push_back(owner_ids[i]);
+      if (created[i]) scope_.Erase(owner, owner_ids[i]);
+    }
+  }
+  if (!missing.empty()) {
+    ++stats_.missing_reported;
+    send_(s.owner.signal, MissingSignal{s.step, s.attempt, o_.self, missing, epoch, s.ticket});
+  }
+  std::vector<bool> run(local_ids.size());
+  std::vector<uint64_t> run_owner, run_local;
+  for (size_t i = 0; i < local_ids.size(); ++i) {
+    run[i] = !lost.count(local_ids[i]);
+    if (!run[i]) continue;
+    run_owner.push_back(owner_ids[i]);
+    run_local.push_back(local_ids[i]);
+  }
+  if (run_owner.empty()) return;
+  if (!lost.empty()) {
+    absl::StatusOr<Batch> rb = GetBatch(runnable);
+    if (!rb.ok()) return;
+    runnable = internal::Select(runnable, *rb, run);
+  }
+  absl::StatusOr<TensorDict> out = engine_.ExecuteStep(runnable);
+  if (!out.ok()) {
+    // Not "missing": the engine failed. The owner ends these requests with this error.
+    CONNEX_LOG_WARN("pp {}: step {} failed: {}", o_.self.ToString(), s.step,
+                    AsStd(out.status().message()));
+    for (size_t i = 0; i < run_owner.size(); ++i) {
+      if (!engine_.HoldsRequest(run_local[i])) scope_.Erase(owner, run_owner[i]);
+    }
+    send_(s.owner.signal, StepErrorSignal{s.step, s.attempt, o_.self, run_owner,
+                                          static_cast<uint32_t>(out.status().code()),
+                                          StrCat(o_.self.ToString(), ": ", out.status().message()),
+                                          epoch, s.ticket});
+    return;
+  }
+  ++stats_.steps_executed;
+  {
+    absl::StatusOr<Batch> ran = GetBatch(runnable);
+    for (size_t i = 0; ran.ok() && i < run_owner.size(); ++i) {
+      RequestScope::Entry* e = scope_.Find(owner, run_owner[i]);
+      e->last_step = s.step;
+      e->positions = static_cast<int64_t>(ran->start_positions[i]) + ran->num_tokens[i];
+    }
+  }
+  internal::RewriteIds(*out, run_owner);
+  if (o_.stage + 1 == o_.stages) {
+    // Only what a re-send needs: the batch and the sampled tokens, never the logits.
+    TensorDict kept;
+    for (const char* name : {kRequestIds, kStartPositions, kNumTokens, kNextTokens}) {
+      if (const Tensor* t = out->Find(name)) kept.Set(name, *t);
+    }
+    replay_.Put(key, kept);
+  } else {
+    replay_.Put(key, *out);
+  }
+  deliver_(s, *out);
+}
+
+void StepReceiver::OnRelease(const ReleaseSignal& r) {
+  const OwnerKey owner{r.from, r.owner_token};
+  if (!scope_.Knows(owner)) {
+    // Nothing of that owner is held (released before, or a forgery): acknowledge, change
+    // nothing.
+    if (r.owner_token == 0) ++stats_.forged_dropped;
+  }
+  for (uint64_t id : r.request_ids) {
+    if (r.owner_token != 0) released_.Put({r.owner_token, id}, r.upto_step);
+    std::optional<uint64_t> local = scope_.Erase(owner, id);
+    if (!local) continue;
+    engine_.Release(*local);
+    ++stats_.released;
+  }
+  if (r.nonce != 0) send_(r.reply_to, ReleasedSignal{r.nonce, o_.self});
+}
+
+void StepReceiver::DropOwner(const Lid& lid, uint64_t epoch, std::string_view why) {
+  gone_owners_.Insert({lid, epoch});
+  std::vector<uint64_t> locals = scope_.EraseOwner(lid, epoch);
+  for (uint64_t local : locals) engine_.Release(local);
+  stats_.released += locals.size();
+  if (!locals.empty()) {
+    CONNEX_LOG_INFO("pp {}: owner {} epoch {} {}: dropped {} requests' state", o_.self.ToString(),
+                    lid.ToString(), epoch, why, locals.size());
+  }
+}
+
+}  // namespace connex::pp

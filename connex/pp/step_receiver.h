@@ -1,0 +1,107 @@
+// StepReceiver: the receiving side of the step protocol on a stage — fencing (a step for
+// another epoch, or of an owner incarnation that is gone, is refused), duplicate correlation
+// ids, the one-sided read of the payload (ReadSlot), the requests' identities here
+// (RequestScope: owner LID and token, a local engine id, the last step run), the replay cache
+// that answers a re-sent attempt without running the step again, the engine call, and the
+// release of state (RELEASE from the owner, or the owner FAILED / LEFT). The output goes on
+// through `deliver` (the node hands it to the next hop or returns the tokens to the owner).
+// Thread-compatible: owned by a StageNode's loop thread.
+#ifndef CONNEX_PP_STEP_RECEIVER_H_
+#define CONNEX_PP_STEP_RECEIVER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "connex/base/lid.h"
+#include "connex/pp/engine.h"
+#include "connex/pp/internal/recent_set.h"
+#include "connex/pp/messages.h"
+#include "connex/pp/replay_cache.h"
+#include "connex/pp/request_scope.h"
+#include "connex/transport/transfer_engine.h"
+
+namespace connex::pp {
+
+struct StepReceiverOptions {
+  Lid self;
+  uint32_t stage = 0;
+  uint32_t stages = 1;
+  int64_t slot_bytes = 8 << 20;  // the largest payload (header included) it reads
+  int64_t replay_cache_bytes = int64_t{64} << 20;
+};
+
+struct StepReceiverStats {
+  uint64_t steps_executed = 0;
+  uint64_t steps_replayed = 0;
+  uint64_t duplicates_dropped = 0;
+  uint64_t fenced = 0;
+  uint64_t missing_reported = 0;
+  uint64_t released = 0;
+  uint64_t forged_dropped = 0;
+};
+
+class StepReceiver {
+ public:
+  using Epoch = std::function<uint64_t()>;  // this incarnation's epoch now (0: none)
+  using SendSignal = std::function<void(const std::string& address, const Signal& signal)>;
+  using Deliver = std::function<void(const StepSignal& step, const TensorDict& output)>;
+
+  // Allocates its receive buffers from `transfer`. `engine` and `transfer` must outlive it.
+  static absl::StatusOr<std::unique_ptr<StepReceiver>> Create(StepReceiverOptions options,
+                                                              Engine& engine,
+                                                              transport::TransferEngine& transfer,
+                                                              Epoch epoch, SendSignal send,
+                                                              Deliver deliver);
+  ~StepReceiver();
+  StepReceiver(const StepReceiver&) = delete;
+  StepReceiver& operator=(const StepReceiver&) = delete;
+
+  // A STEP signal for this stage: acknowledged (or refused, with the reason), then run, replayed,
+  // or reported (MISSING, STEP_ERROR) to its owner.
+  void OnStep(const StepSignal& step);
+  // The owner is done with these requests (believed only with its token); answers RELEASED.
+  void OnRelease(const ReleaseSignal& release);
+  // The owner incarnation (lid, epoch) FAILED: its requests' state goes now, its late steps are
+  // refused. LEFT: it drains and releases what it finishes; what is left goes after `grace_ms`.
+  void OwnerFailed(const Lid& lid, uint64_t epoch) { DropOwner(lid, epoch, "FAILED"); }
+  void OwnerLeft(const Lid& lid, uint64_t epoch, int64_t drop_at_ms);
+  // Drops the state of owners that left once their grace ran out.
+  void Tick(int64_t now_ms);
+
+  const StepReceiverStats& stats() const { return stats_; }
+  size_t held_requests() const { return scope_.requests(); }
+  uint64_t replay_bytes() const { return replay_.bytes(); }
+
+ private:
+  StepReceiver(StepReceiverOptions options, Engine& engine, transport::TransferEngine& transfer,
+               Epoch epoch, SendSignal send, Deliver deliver);
+  void DropOwner(const Lid& lid, uint64_t epoch, std::string_view why);
+
+  const StepReceiverOptions o_;
+  Engine& engine_;
+  transport::TransferEngine& transfer_;
+  Epoch epoch_;
+  SendSignal send_;
+  Deliver deliver_;
+  void* recv_buf_ = nullptr;   // registered: header + payload of one slot
+  void* check_buf_ = nullptr;  // registered: the header read again
+  internal::RecentSet<uint64_t> seen_corr_;
+  internal::RecentSet<std::pair<Lid, uint64_t>> gone_owners_;
+  // Released requests, as (owner token, request id) -> the last step id the release covers. The
+  // token alone names the owner incarnation here (64 random bits), which keeps an entry small.
+  internal::RecentMap<std::pair<uint64_t, uint64_t>, uint64_t> released_;
+  std::map<std::pair<Lid, uint64_t>, int64_t> owners_leaving_;  // -> when their state goes
+  RequestScope scope_;
+  ReplayCache replay_;
+  StepReceiverStats stats_;
+};
+
+}  // namespace connex::pp
+
+#endif  // CONNEX_PP_STEP_RECEIVER_H_
