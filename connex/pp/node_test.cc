@@ -21,15 +21,7 @@ std::unique_ptr<directory::DirectoryServer> StartDirectory() {
   return *directory::testing::StartTestDirectory();
 }
 
-StageNodeOptions FastOptions() {
-  StageNodeOptions o;
-  o.step_timeout_ms = 300;
-  o.probe_timeout_ms = 150;
-  o.ring_slots = 8;
-  o.slot_bytes = 1 << 16;
-  o.route_wait_ms = 10000;
-  return o;
-}
+StageNodeOptions FastOptions() { return testing::FastTestOptions(); }
 
 std::vector<int32_t> Prompt(uint64_t id) {
   std::vector<int32_t> p;

@@ -19,15 +19,7 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using testing::ReferenceTokens;
 
-StageNodeOptions Fast() {
-  StageNodeOptions o;
-  o.step_timeout_ms = 300;
-  o.probe_timeout_ms = 150;
-  o.ring_slots = 8;
-  o.slot_bytes = 1 << 16;
-  o.route_wait_ms = 10000;
-  return o;
-}
+StageNodeOptions Fast() { return testing::FastTestOptions(); }
 
 std::vector<int32_t> PromptOf(uint64_t id, size_t length = 0) {
   std::vector<int32_t> p;

@@ -4,6 +4,16 @@
 
 namespace connex::pp::testing {
 
+StageNodeOptions FastTestOptions() {
+  StageNodeOptions o;
+  o.step_timeout_ms = 300;
+  o.probe_timeout_ms = 150;
+  o.ring_slots = 8;
+  o.slot_bytes = 1 << 16;
+  o.route_wait_ms = 10000;
+  return o;
+}
+
 Cluster::Cluster(directory::DirectoryServer& server, std::string model, uint32_t stages,
                  uint64_t seed, StageNodeOptions options, EngineFactory engines)
     : server_(server),

@@ -28,6 +28,9 @@ struct Outcome {
   bool streamed_after_done = false;
 };
 
+// Timeouts short enough for tests (a 300 ms step timeout, a 150 ms probe), 8 slots of 64 KiB.
+StageNodeOptions FastTestOptions();
+
 class Cluster {
  public:
   // Makes the engine of a stage (each start of a node gets a fresh one, as a new process would).
