@@ -58,9 +58,10 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Bad flags or settings (InvalidArgument) exit 2, like a usage error; anything else 1.
   auto fail = [](const absl::Status& s) {
     std::cerr << "pp_test_node: " << s.message() << "\n";
-    return 1;
+    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   };
   connex::directory::DirectoryClientOptions dopts;
   dopts.directory = directory;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <regex>
+#include <tuple>
 
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
@@ -106,6 +107,25 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
   std::string bind_;
   std::map<std::pair<int, int>, Subprocess> stages_;
 };
+
+// Issue 9 finding 7: a node that could not start (a stage outside the pipeline, no stages) hung
+// for ever and ignored SIGTERM; it exits at once with the reason (2: a bad setting).
+TEST_P(PpProcessTest, ANodeThatCannotStartExitsAtOnceNamingWhy) {
+  for (auto [stage, stages, why] :
+       {std::tuple{"5", "3", "stage 5 is outside a pipeline of 3 stages"},
+        std::tuple{"0", "0", "stages must be at least 1"}}) {
+    auto p = Subprocess::Start({BinDir() + "/pp_test_node", "--directory", bind_, "--backend",
+                                GetParam(), "--model", "pp", "--stage", stage, "--stages", stages},
+                               {"CONNEX_LOG_LEVEL=warn"}, /*capture_stderr=*/true);
+    ASSERT_TRUE(p.has_value());
+    std::optional<int> code = p->Wait(15000);
+    ASSERT_TRUE(code.has_value()) << "still running: " << p->transcript();
+    EXPECT_EQ(*code, 2) << p->transcript();
+    EXPECT_TRUE(p->WaitForLine(why, 1000).has_value() ||
+                p->transcript().find(why) != std::string::npos)
+        << p->transcript();
+  }
+}
 
 TEST_P(PpProcessTest, UndisturbedRunMatchesTheReference) {
   StartStages();
