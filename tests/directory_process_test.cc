@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "gmock/gmock.h"
@@ -21,9 +23,30 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kLeaseTtlMs = 1000;
 
+constexpr char kAdminToken[] = "operator-secret-1234";
+
 class DirectoryProcessTest : public ::testing::Test {
  protected:
-  void SetUp() override { StartDirectory({}); }
+  void SetUp() override {
+    state_ = ::testing::TempDir() + "/directory-process-" + std::to_string(getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(state_);
+    std::filesystem::create_directories(state_);
+    admin_file_ = state_ + "/admin-token";
+    {
+      std::ofstream out(admin_file_);
+      out << kAdminToken << "\n";
+    }
+    std::filesystem::permissions(
+        admin_file_, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    StartDirectory({"--admin-token-file", admin_file_});
+  }
+  void TearDown() override { std::filesystem::remove_all(state_); }
+
+  // The environment of an operator's connexctl.
+  std::vector<std::string> AdminEnv() const {
+    return {"CONNEX_DIRECTORY_ADMIN_TOKEN_FILE=" + admin_file_};
+  }
 
   void StartDirectory(std::vector<std::string> extra) {
     std::vector<std::string> argv = {BinDir() + "/connex-directory",
@@ -75,8 +98,12 @@ class DirectoryProcessTest : public ::testing::Test {
   }
 
   // Starts `connexctl join LID` and returns it with the epoch it printed.
-  std::pair<Subprocess, uint64_t> Join(const std::string& lid, const std::string& address) {
-    Subprocess j = Ctl({"join", lid, "--address", address});
+  std::pair<Subprocess, uint64_t> Join(const std::string& lid, const std::string& address,
+                                       std::vector<std::string> flags = {},
+                                       std::vector<std::string> env = {}) {
+    std::vector<std::string> args = {"join", lid, "--address", address};
+    args.insert(args.end(), flags.begin(), flags.end());
+    Subprocess j = Ctl(args, std::move(env));
     std::optional<std::string> line = j.WaitForLine("joined " + lid, 10000);
     EXPECT_TRUE(line.has_value()) << j.transcript();
     uint64_t epoch = 0;
@@ -86,6 +113,7 @@ class DirectoryProcessTest : public ::testing::Test {
 
   std::optional<Subprocess> directory_;
   std::string bind_, pub_;
+  std::string state_, admin_file_;
 };
 
 TEST_F(DirectoryProcessTest, KilledHolderIsFailedWithinTheLease) {
@@ -142,7 +170,8 @@ TEST_F(DirectoryProcessTest, StoppedHolderComesBackUnderANewEpoch) {
   ASSERT_TRUE(joined.has_value());
   EXPECT_THAT(*joined, ::testing::Not(HasSubstr("epoch=" + std::to_string(epoch) + " ")));
   // The old epoch stays fenced.
-  auto [code, out] = Run({"report-failed", "demo/g1/s0/r0", "--epoch", std::to_string(epoch)});
+  auto [code, out] =
+      Run({"report-failed", "demo/g1/s0/r0", "--epoch", std::to_string(epoch)}, AdminEnv());
   EXPECT_EQ(code, 0);
   EXPECT_THAT(out, HasSubstr("not evicted"));
 }
@@ -172,16 +201,66 @@ TEST_F(DirectoryProcessTest, StatusResolveLeaveAndReportFailed) {
   EXPECT_GT(records[1]["lease_left_ms"].get<int64_t>(), 0);
 
   Subprocess watcher = Watcher();
-  auto [rcode, rout] = Run({"report-failed", "demo/g1/s0/r0"});
+  auto [rcode, rout] = Run({"report-failed", "demo/g1/s0/r0"}, AdminEnv());
   EXPECT_EQ(rcode, 0) << rout;
   EXPECT_THAT(rout, HasSubstr("evicted demo/g1/s0/r0"));
   ASSERT_TRUE(watcher.WaitForLine("FAILED demo/g1/s0/r0 epoch=" + std::to_string(ea), 5000));
-  auto [lcode, lout] = Run({"leave", "demo/g1/s0/r1"});
+  auto [lcode, lout] = Run({"leave", "demo/g1/s0/r1"}, AdminEnv());
   EXPECT_EQ(lcode, 0) << lout;
   ASSERT_TRUE(watcher.WaitForLine("LEFT demo/g1/s0/r1", 5000));
   // The drained holder learns it and stops claiming the LID.
   ASSERT_TRUE(b.WaitForLine("lost demo/g1/s0/r1", 5000)) << b.transcript();
   EXPECT_EQ(b.Wait(5000), 3);
+}
+
+// Finding 1 of issue 12: `connexctl join` of a live holder's LID took it over (the holder gave
+// up, watchers saw FAILED then JOINED at the impostor's address), and a stranger's `leave` or
+// `report-failed` removed a live holder.
+TEST_F(DirectoryProcessTest, HijackOfALiveLidIsRefused) {
+  Subprocess watcher = Watcher();
+  auto [holder, epoch] = Join("demo/g1/s0/r0", "tcp://127.0.0.1:5555");
+  std::string e = std::to_string(epoch);
+  ASSERT_TRUE(watcher.WaitForLine("JOINED demo/g1/s0/r0 epoch=" + e, 5000));
+  auto [c1, o1] = Run({"join", "demo/g1/s0/r0", "--address", "tcp://6.6.6.6:666"});
+  EXPECT_EQ(c1, 1);
+  EXPECT_THAT(o1, HasSubstr("JOIN for demo/g1/s0/r0: held by epoch " + e + " (lease live"));
+  auto [c2, o2] = Run({"leave", "demo/g1/s0/r0"});
+  EXPECT_EQ(c2, 1);
+  EXPECT_THAT(o2, HasSubstr("LEAVE for demo/g1/s0/r0: needs the holder's credential"));
+  auto [c3, o3] = Run({"report-failed", "demo/g1/s0/r0"});
+  EXPECT_EQ(c3, 1);
+  EXPECT_THAT(o3, HasSubstr("accepted only from a live member of model 'demo'"));
+  // Forcing without (or with a wrong) admin token is refused too.
+  auto [c4, o4] = Run({"join", "demo/g1/s0/r0", "--address", "tcp://6.6.6.6:666", "--force"});
+  EXPECT_EQ(c4, 1);
+  EXPECT_THAT(o4, HasSubstr("needs the admin token"));
+  auto [c5, o5] = Run({"join", "demo/g1/s0/r0", "--address", "tcp://6.6.6.6:666", "--force"},
+                      {"CONNEX_DIRECTORY_ADMIN_TOKEN=guess"});
+  EXPECT_EQ(c5, 1);
+  EXPECT_THAT(o5, HasSubstr("wrong admin token"));
+  // The holder still holds the LID under its epoch, and nobody saw it fail.
+  auto [code, out] = Run({"resolve", "demo", "1"});
+  EXPECT_EQ(code, 0);
+  EXPECT_THAT(out, HasSubstr("demo/g1/s0/r0 epoch=" + e + " addresses=tcp://127.0.0.1:5555"));
+  EXPECT_THAT(watcher.transcript(), ::testing::Not(HasSubstr("FAILED")));
+  EXPECT_THAT(holder.transcript(), ::testing::Not(HasSubstr("lost")));
+}
+
+TEST_F(DirectoryProcessTest, ForcedTakeoverFencesTheHolder) {
+  Subprocess watcher = Watcher();
+  auto [holder, epoch] = Join("demo/g1/s0/r0", "tcp://127.0.0.1:5555");
+  auto [taker, new_epoch] = Join("demo/g1/s0/r0", "tcp://127.0.0.1:6666", {"--force"}, AdminEnv());
+  EXPECT_GT(new_epoch, epoch);
+  ASSERT_TRUE(watcher.WaitForLine("FAILED demo/g1/s0/r0 epoch=" + std::to_string(epoch), 5000));
+  ASSERT_TRUE(watcher.WaitForLine("JOINED demo/g1/s0/r0 epoch=" + std::to_string(new_epoch), 5000));
+  // The displaced holder's next heartbeat is refused: it says so and exits 3.
+  std::optional<std::string> lost = holder.WaitForLine("lost demo/g1/s0/r0", 5000);
+  ASSERT_TRUE(lost.has_value()) << holder.transcript();
+  EXPECT_THAT(*lost, HasSubstr("superseded by " + std::to_string(new_epoch)));
+  EXPECT_EQ(holder.Wait(5000), 3);
+  // An admin token on argv does not exist: only a file or the environment.
+  auto [c, o] = Run({"--admin-token", kAdminToken, "status"});
+  EXPECT_EQ(c, 2);
 }
 
 void SendGarbage(const std::string& endpoint) {

@@ -8,6 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "connex/base/logging.h"
+#include "connex/directory/secret.h"
 #include "connex/directory/server.h"
 
 int main(int argc, char** argv) {
@@ -40,6 +41,11 @@ int main(int argc, char** argv) {
   app.add_option("--token", options.token,
                  "shared secret required for JOIN, LEAVE and REPORT_FAILED (empty: none)")
       ->envname("CONNEX_DIRECTORY_TOKEN");
+  // Never from argv: a file (or CONNEX_DIRECTORY_ADMIN_TOKEN, read by FromEnv).
+  std::string admin_token_file;
+  app.add_option("--admin-token-file", admin_token_file,
+                 "file whose first line is the operator's admin token (forced JOINs, drains)")
+      ->envname("CONNEX_DIRECTORY_ADMIN_TOKEN_FILE");
   std::string log_level;
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->envname("CONNEX_LOG_LEVEL");
@@ -49,6 +55,14 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (!log_level.empty()) connex::Log().set_level(spdlog::level::from_str(log_level));
+  if (!admin_token_file.empty()) {
+    absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(admin_token_file);
+    if (!token.ok()) {
+      std::cerr << "connex-directory: --admin-token-file: " << token.status().message() << "\n";
+      return 2;
+    }
+    options.admin_token = *token;
+  }
 
   // Signals are taken synchronously by this thread; block them before any thread starts.
   sigset_t signals;

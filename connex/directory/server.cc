@@ -12,21 +12,10 @@
 #include "connex/base/zmq_util.h"
 #include "connex/directory/protocol.h"
 #include "connex/directory/registry.h"
+#include "connex/directory/secret.h"
 
 namespace connex::directory {
 namespace {
-
-// Compares secrets in time independent of where they differ.
-bool TokensEqual(std::string_view a, std::string_view b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    unsigned char x = i < a.size() ? a[i] : 0;
-    unsigned char y = i < b.size() ? b[i] : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
-}
 
 uint64_t WallClockMillis() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -46,6 +35,7 @@ absl::StatusOr<DirectoryServerOptions> DirectoryServerOptions::FromEnv() {
                           EnvInt("CONNEX_HEARTBEAT_MS", o.heartbeat_ms, 1, 3'600'000));
   CONNEX_ASSIGN_OR_RETURN(o.tick_ms, EnvInt("CONNEX_DIRECTORY_TICK_MS", o.tick_ms, 1, 60'000));
   o.token = EnvString("CONNEX_DIRECTORY_TOKEN", "");
+  CONNEX_ASSIGN_OR_RETURN(o.admin_token, AdminTokenFromEnv());
   return o;
 }
 
@@ -57,7 +47,16 @@ class DirectoryServer::Loop {
         options_(server->options_),
         router_(std::move(router)),
         pub_(std::move(pub)),
-        registry_(options_.clock, RegistryOptions{options_.lease_ttl_ms, first_epoch, 65536}) {}
+        registry_(options_.clock, MakeRegistryOptions(options_, first_epoch)) {}
+
+  static RegistryOptions MakeRegistryOptions(const DirectoryServerOptions& o,
+                                             uint64_t first_epoch) {
+    RegistryOptions r;
+    r.lease_ttl_ms = o.lease_ttl_ms;
+    r.first_epoch = first_epoch;
+    r.admin_token = o.admin_token;
+    return r;
+  }
 
   void Run() {
     int64_t next_tick = options_.clock->NowMs();
@@ -148,7 +147,7 @@ class DirectoryServer::Loop {
       return absl::PermissionDeniedError(
           "this directory requires a token (set CONNEX_DIRECTORY_TOKEN or --token)");
     }
-    if (!TokensEqual(*token, options_.token)) {
+    if (!SecretsEqual(*token, options_.token)) {
       return absl::PermissionDeniedError("wrong directory token");
     }
     return absl::OkStatus();
@@ -208,9 +207,11 @@ class DirectoryServer::Loop {
     out.Uint("id", id);
     if (type == kHeartbeat) {
       CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, body.Uint("epoch"));
-      CONNEX_ASSIGN_OR_RETURN(uint64_t instance, body.Uint("instance"));
-      CONNEX_ASSIGN_OR_RETURN(uint64_t held, registry_.Heartbeat(lid, epoch, instance));
-      out.Int("lease_ttl_ms", options_.lease_ttl_ms).Uint("epoch", held);
+      CONNEX_ASSIGN_OR_RETURN(std::string credential, body.StrOr("credential", ""));
+      CONNEX_ASSIGN_OR_RETURN(Registry::HeartbeatResult held,
+                              registry_.Heartbeat(lid, epoch, credential));
+      out.Int("lease_ttl_ms", options_.lease_ttl_ms).Uint("epoch", held.epoch);
+      if (!held.credential.empty()) out.Str("credential", held.credential);
       return wire::EncodeFrame(kOk, out);
     }
     CONNEX_RETURN_IF_ERROR(CheckToken(body));
@@ -220,23 +221,42 @@ class DirectoryServer::Loop {
       if (body.Has("metadata")) {
         CONNEX_ASSIGN_OR_RETURN(metadata, body.StrMap("metadata"));
       }
-      CONNEX_ASSIGN_OR_RETURN(uint64_t instance, body.Uint("instance"));
-      CONNEX_ASSIGN_OR_RETURN(bool exclusive, body.BoolOr("exclusive", false));
+      JoinAuth auth;
+      CONNEX_ASSIGN_OR_RETURN(auth.credential, body.StrOr("credential", ""));
+      CONNEX_ASSIGN_OR_RETURN(auth.exclusive, body.BoolOr("exclusive", false));
+      CONNEX_ASSIGN_OR_RETURN(auth.force, body.BoolOr("force", false));
+      CONNEX_ASSIGN_OR_RETURN(auth.admin_token, body.StrOr("admin", ""));
       CONNEX_ASSIGN_OR_RETURN(Registry::JoinResult joined,
-                              registry_.Join(lid, addresses, metadata, instance, exclusive));
-      out.Uint("epoch", joined.epoch).Int("lease_ttl_ms", options_.lease_ttl_ms);
+                              registry_.Join(lid, addresses, metadata, auth));
+      if (auth.force && joined.changed) {
+        CONNEX_LOG_WARN("directory: {} taken over by the operator (forced JOIN), epoch {}",
+                        lid.ToString(), joined.epoch);
+      }
+      out.Uint("epoch", joined.epoch)
+          .Str("credential", joined.credential)
+          .Int("lease_ttl_ms", options_.lease_ttl_ms);
       return wire::EncodeFrame(kOk, out);
     }
+    Caller caller;
+    CONNEX_ASSIGN_OR_RETURN(caller.credential, body.StrOr("credential", ""));
+    CONNEX_ASSIGN_OR_RETURN(caller.admin_token, body.StrOr("admin", ""));
+    CONNEX_ASSIGN_OR_RETURN(caller.name, body.StrOr("reporter", ""));
+    if (caller.name.size() > 256) caller.name.resize(256);
     if (type == kLeave) {
       CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, body.UintOr("epoch", 0));
-      CONNEX_RETURN_IF_ERROR(registry_.Leave(lid, epoch));
+      CONNEX_RETURN_IF_ERROR(registry_.Leave(lid, epoch, caller));
       return wire::EncodeFrame(kOk, out);
     }
     // REPORT_FAILED
     CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, body.UintOr("epoch", 0));
-    CONNEX_ASSIGN_OR_RETURN(std::string reporter, body.StrOr("reporter", ""));
-    if (reporter.size() > 256) reporter.resize(256);
-    CONNEX_ASSIGN_OR_RETURN(bool evicted, registry_.ReportFailed(lid, epoch, reporter));
+    if (body.Has("member")) {
+      CONNEX_ASSIGN_OR_RETURN(std::string member, body.Str("member"));
+      absl::StatusOr<Lid> parsed = Lid::Parse(member);
+      if (!parsed.ok()) return Annotate(parsed.status(), "REPORT_FAILED.member");
+      caller.member = *parsed;
+      CONNEX_ASSIGN_OR_RETURN(caller.member_credential, body.StrOr("member_credential", ""));
+    }
+    CONNEX_ASSIGN_OR_RETURN(bool evicted, registry_.ReportFailed(lid, epoch, caller));
     out.Bool("evicted", evicted);
     return wire::EncodeFrame(kOk, out);
   }

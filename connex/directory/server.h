@@ -23,11 +23,15 @@ struct DirectoryServerOptions {
   int64_t lease_ttl_ms = 3000;                // CONNEX_LEASE_TTL_MS
   int64_t heartbeat_ms = 1000;                // CONNEX_HEARTBEAT_MS: advised to clients
   std::string token;                          // CONNEX_DIRECTORY_TOKEN: empty = no auth
-  int64_t tick_ms = 250;                      // CONNEX_DIRECTORY_TICK_MS: revision ticks on PUB
+  // The operator's secret (forced JOINs, drains, reports from outside a model); empty = none.
+  // CONNEX_DIRECTORY_ADMIN_TOKEN, or the first line of CONNEX_DIRECTORY_ADMIN_TOKEN_FILE.
+  std::string admin_token;
+  int64_t tick_ms = 250;  // CONNEX_DIRECTORY_TICK_MS: revision ticks on PUB
   Clock* clock = RealClock::Get();
 
   // Defaults overridden by CONNEX_DIRECTORY_BIND, CONNEX_DIRECTORY_PUB, CONNEX_LEASE_TTL_MS,
-  // CONNEX_HEARTBEAT_MS, CONNEX_DIRECTORY_TOKEN, CONNEX_DIRECTORY_TICK_MS.
+  // CONNEX_HEARTBEAT_MS, CONNEX_DIRECTORY_TOKEN, CONNEX_DIRECTORY_TICK_MS,
+  // CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE).
   static absl::StatusOr<DirectoryServerOptions> FromEnv();
 };
 

@@ -59,10 +59,11 @@ class DirectoryTest : public ::testing::Test {
     pub_ = server_->pub_address();
   }
 
-  std::unique_ptr<DirectoryClient> Client(std::string token = "") {
+  std::unique_ptr<DirectoryClient> Client(std::string token = "", std::string admin_token = "") {
     DirectoryClientOptions options;
     options.directory = bind_;
     options.token = std::move(token);
+    options.admin_token = std::move(admin_token);
     options.request_timeout_ms = 2000;
     auto client = DirectoryClient::Connect(options);
     EXPECT_TRUE(client.ok()) << client.status();
@@ -122,10 +123,40 @@ TEST_F(DirectoryTest, HeartbeatsKeepTheLeaseAndACrashEndsIt) {
   EXPECT_EQ(log.All().back().reason, "lease-expired");
 }
 
-TEST_F(DirectoryTest, AnotherProcessSupersedesTheHolder) {
+// Finding 1 of issue 12: another process's JOIN took a live holder's LID.
+TEST_F(DirectoryTest, AnotherProcessCannotTakeALiveHoldersLid) {
   StartServer();
+  EventLog log;
+  auto watcher = Watcher(&log);
+  auto holder = Client();
+  auto impostor = Client();
+  auto e1 = holder->Join(a_, {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  // It waits one lease for the holder to die; the holder heartbeats, so it is refused.
+  auto e2 = impostor->Join(a_, {"tcp://6.6.6.6:666"});
+  ASSERT_EQ(e2.status().code(), absl::StatusCode::kAlreadyExists) << e2.status();
+  EXPECT_THAT(
+      std::string(e2.status().message()),
+      HasSubstr("JOIN for demo/g1/s0/r0: held by epoch " + std::to_string(*e1) + " (lease live"));
+  // Nor can it drain or evict the holder.
+  EXPECT_EQ(impostor->Evict(a_).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(impostor->ReportFailed(a_, 0, "impostor").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(holder->EpochOf(a_), *e1);
+  auto snapshot = watcher->GetSnapshot("demo");
+  ASSERT_TRUE(snapshot.ok());
+  ASSERT_EQ(snapshot->records.size(), 1u);
+  EXPECT_EQ(snapshot->records[0].epoch, *e1);
+  EXPECT_FALSE(log.Has(EventKind::kFailed, a_));
+}
+
+TEST_F(DirectoryTest, ForcedTakeoverFencesTheHolder) {
+  DirectoryServerOptions options;
+  options.admin_token = "operator-secret";
+  StartServer(options);
   auto first = Client();
-  auto second = Client();
+  auto wrong = Client("", "guess");
+  auto op = Client("", "operator-secret");
   std::atomic<int> lost{0};
   std::string why;
   connex::Mutex mu;
@@ -135,14 +166,31 @@ TEST_F(DirectoryTest, AnotherProcessSupersedesTheHolder) {
     if (c.status.code() == absl::StatusCode::kFailedPrecondition) lost++;
   });
   auto e1 = first->Join(a_, {"tcp://127.0.0.1:1"});
-  auto e2 = second->Join(a_, {"tcp://127.0.0.1:2"});
-  ASSERT_TRUE(e1.ok() && e2.ok());
+  ASSERT_TRUE(e1.ok());
+  EXPECT_EQ(wrong->ForceJoin(a_, {"tcp://127.0.0.1:2"}).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto e2 = op->ForceJoin(a_, {"tcp://127.0.0.1:2"});
+  ASSERT_TRUE(e2.ok()) << e2.status();
   EXPECT_GT(*e2, *e1);
   ASSERT_TRUE(WaitUntil([&] { return lost.load() == 1; }, 3000));
   EXPECT_FALSE(first->EpochOf(a_).has_value());
-  EXPECT_EQ(second->EpochOf(a_), *e2);
+  EXPECT_EQ(op->EpochOf(a_), *e2);
   connex::MutexLock lock(&mu);
   EXPECT_THAT(why, HasSubstr("superseded by " + std::to_string(*e2)));
+}
+
+// A restarted process (new client) with the LID of its dead previous incarnation gets it as soon
+// as the old lease runs out: Join waits for that instead of failing.
+TEST_F(DirectoryTest, JoinWaitsForADeadHoldersLease) {
+  StartServer();
+  auto dead = Client();
+  auto e1 = dead->Join(a_, {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(e1.ok());
+  dead.reset();  // no LEAVE
+  auto restarted = Client();
+  auto e2 = restarted->Join(a_, {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(e2.ok()) << e2.status();
+  EXPECT_GT(*e2, *e1);
 }
 
 TEST_F(DirectoryTest, MigrationKeepsTheLidUnderANewEpoch) {
@@ -190,6 +238,8 @@ TEST_F(DirectoryTest, ReportFailedEvictsForEveryoneAndTheLiveHolderRejoins) {
   StartServer();
   EventLog log;
   auto watcher = Watcher(&log);
+  // Only a member of the model may report: the watcher holds a LID of it.
+  ASSERT_TRUE(watcher->Join(b_, {"tcp://127.0.0.1:2"}).ok());
   auto holder = Client();
   std::atomic<uint64_t> rejoined{0};
   holder->OnRegistrationChange([&](const RegistrationChange& c) {
