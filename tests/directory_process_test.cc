@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 
+#include "connex/directory/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -39,8 +41,9 @@ class DirectoryProcessTest : public ::testing::Test {
     }
     std::filesystem::permissions(
         admin_file_, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-    StartDirectory({"--admin-token-file", admin_file_});
+    StartDirectory(Flags());
   }
+  virtual std::vector<std::string> Flags() const { return {"--admin-token-file", admin_file_}; }
   void TearDown() override { std::filesystem::remove_all(state_); }
 
   // The environment of an operator's connexctl.
@@ -48,12 +51,13 @@ class DirectoryProcessTest : public ::testing::Test {
     return {"CONNEX_DIRECTORY_ADMIN_TOKEN_FILE=" + admin_file_};
   }
 
+  // Starts connex-directory; a restart reuses the ports of the first start.
   void StartDirectory(std::vector<std::string> extra) {
     std::vector<std::string> argv = {BinDir() + "/connex-directory",
                                      "--bind",
-                                     "tcp://127.0.0.1:0",
+                                     bind_.empty() ? "tcp://127.0.0.1:0" : bind_,
                                      "--pub",
-                                     "tcp://127.0.0.1:0",
+                                     pub_.empty() ? "tcp://127.0.0.1:0" : pub_,
                                      "--lease-ttl-ms",
                                      std::to_string(kLeaseTtlMs),
                                      "--heartbeat-ms",
@@ -316,6 +320,54 @@ TEST_F(DirectoryProcessTest, NoDirectoryIsAClearError) {
   }
   EXPECT_EQ(p->Wait(5000), 1);
   EXPECT_THAT(p->transcript(), HasSubstr("no answer within 300 ms"));
+}
+
+// A directory with a state dir, restarted by kill -9.
+class StateDirectoryTest : public DirectoryProcessTest {
+ protected:
+  std::vector<std::string> Flags() const override {
+    return {"--admin-token-file", admin_file_, "--state-dir", state_ + "/state"};
+  }
+  void KillAndRestart() {
+    directory_->Signal(SIGKILL);
+    ASSERT_EQ(directory_->Wait(5000), 128 + SIGKILL);
+    StartDirectory(Flags());
+  }
+  std::unique_ptr<directory::DirectoryClient> Client() {
+    directory::DirectoryClientOptions options;
+    options.directory = bind_;
+    options.request_timeout_ms = 1000;
+    auto client = directory::DirectoryClient::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+};
+
+// Finding 3 of issue 12: epochs were seeded from the wall clock in milliseconds, so a restart
+// after more migrations than milliseconds handed out epochs a second time (397 178 of 400 000).
+// Here each round migrates faster than one epoch per millisecond, then the directory is killed.
+TEST_F(StateDirectoryTest, EpochsNeverRepeatAcrossKillAndRestart) {
+  auto holder = Client();
+  ASSERT_NE(holder, nullptr);
+  const Lid lid{"demo", 1, 0, 0};
+  std::set<uint64_t> seen;
+  uint64_t last = 0;
+  for (int round = 0; round < 5; ++round) {
+    for (int i = 0; i < 400; ++i) {
+      absl::StatusOr<uint64_t> e;
+      // Right after a restart a request may time out while the client reconnects.
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      do {
+        e = holder->Join(lid, {"tcp://127.0.0.1:" + std::to_string(1 + i % 2)});
+      } while (!e.ok() && std::chrono::steady_clock::now() < deadline);
+      ASSERT_TRUE(e.ok()) << e.status();
+      ASSERT_GT(*e, last) << "round " << round << ", migration " << i;
+      ASSERT_TRUE(seen.insert(*e).second);
+      last = *e;
+    }
+    KillAndRestart();
+  }
+  RecordProperty("epochs", std::to_string(seen.size()));
 }
 
 class TokenDirectoryTest : public DirectoryProcessTest {

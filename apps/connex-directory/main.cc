@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
   app.add_option("--admin-token-file", admin_token_file,
                  "file whose first line is the operator's admin token (forced JOINs, drains)")
       ->envname("CONNEX_DIRECTORY_ADMIN_TOKEN_FILE");
+  app.add_option("--state-dir", options.state_dir,
+                 "directory for the durable state (epoch counter, table): epochs never repeat and "
+                 "a restart is invisible; empty: in memory only")
+      ->envname("CONNEX_DIRECTORY_STATE_DIR");
   std::string log_level;
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->envname("CONNEX_LOG_LEVEL");
@@ -81,6 +85,11 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   CONNEX_LOG_INFO("directory: serving (lease TTL {} ms{})", options.lease_ttl_ms,
                   options.token.empty() ? "" : ", token required");
+  if (options.state_dir.empty()) {
+    CONNEX_LOG_WARN(
+        "directory: no --state-dir: the table lives in memory only; a restart loses every route "
+        "and epochs may repeat after one");
+  }
   int signal = 0;
   sigwait(&signals, &signal);
   CONNEX_LOG_INFO("directory: signal {}, stopping", signal);

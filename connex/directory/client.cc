@@ -569,6 +569,7 @@ class DirectoryClient::Impl {
       body.Str("lid", lid.ToString())
           .StrList("addresses", it->second.addresses)
           .StrMap("metadata", it->second.metadata)
+          .Str("credential", it->second.credential)
           .Bool("exclusive", true);
     }
     Send(kJoin, body, [this, lid, old_epoch](absl::StatusOr<wire::Frame> reply) {

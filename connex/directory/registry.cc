@@ -119,6 +119,10 @@ absl::StatusOr<Registry::JoinResult> Registry::Join(
   entry.record.addresses = addresses;
   entry.record.metadata = metadata;
   entry.credential = options_.new_credential();
+  // A caller that presents a credential of the free LID held it before (a rejoin after eviction
+  // or a restart of the directory): should this reply be lost, its heartbeat of the old epoch
+  // still finds the new incarnation.
+  entry.previous_credential = auth.credential;
   entry.deadline_ms = now + options_.lease_ttl_ms;
   JoinResult result{entry.record.epoch, entry.credential, true};
   Emit(EventKind::kJoined, WithLease(entry), 0, "");
@@ -135,7 +139,8 @@ absl::StatusOr<Registry::HeartbeatResult> Registry::Heartbeat(const Lid& lid, ui
       entry.deadline_ms = clock_->NowMs() + options_.lease_ttl_ms;
       return HeartbeatResult{entry.record.epoch, ""};
     }
-    if (epoch == entry.previous_epoch && SecretsEqual(credential, entry.previous_credential)) {
+    if ((entry.previous_epoch == 0 || epoch == entry.previous_epoch) &&
+        SecretsEqual(credential, entry.previous_credential)) {
       // The holder migrated but never heard the reply: it adopts the current incarnation.
       entry.deadline_ms = clock_->NowMs() + options_.lease_ttl_ms;
       return HeartbeatResult{entry.record.epoch, entry.credential};
@@ -263,6 +268,16 @@ Snapshot Registry::Snap(uint64_t incarnation, std::optional<std::string> model,
     s.records.push_back(WithLease(entry));
   }
   return s;
+}
+
+RegistryState Registry::Export() const {
+  RegistryState state;
+  state.next_epoch = next_epoch_;
+  return state;
+}
+
+void Registry::Restore(const RegistryState& state) {
+  next_epoch_ = std::max(next_epoch_, state.next_epoch);
 }
 
 std::vector<Event> Registry::TakeEvents() {

@@ -35,6 +35,11 @@ struct RegistryOptions {
   std::function<std::string()> new_credential;
 };
 
+// What a registry keeps across a restart of its process (state_file.h stores it).
+struct RegistryState {
+  uint64_t next_epoch = 1;  // every epoch handed out so far is below it
+};
+
 // What a JOIN proves and asks for beyond the registration itself.
 struct JoinAuth {
   std::string credential;   // the caller's credential of the LID: a migration or a retry
@@ -110,6 +115,12 @@ class Registry {
   // Events produced since the last call, in revision order.
   std::vector<Event> TakeEvents();
 
+  // The durable part of the state, and its restoration into a fresh registry: epochs continue
+  // from `state.next_epoch` (never below the options' first_epoch).
+  RegistryState Export() const;
+  void Restore(const RegistryState& state);
+
+  uint64_t next_epoch() const { return next_epoch_; }
   uint64_t revision() const { return revision_; }
   size_t size() const { return records_.size(); }
   int64_t lease_ttl_ms() const { return options_.lease_ttl_ms; }
@@ -118,8 +129,10 @@ class Registry {
   struct Entry {
     Record record;
     std::string credential;
-    uint64_t previous_epoch = 0;      // the incarnation before the last migration, and its
-    std::string previous_credential;  // credential (answers a heartbeat whose JOIN reply was lost)
+    // The incarnation before the last migration (0: any) and its credential: answers the
+    // heartbeat of a holder whose JOIN was applied but whose reply was lost.
+    uint64_t previous_epoch = 0;
+    std::string previous_credential;
     int64_t deadline_ms = 0;
   };
   enum class Ended { kLeft, kFailed, kSuperseded };

@@ -313,6 +313,35 @@ TEST_F(RegistryTest, WithoutAnAdminTokenNothingIsAnOperators) {
   EXPECT_THAT(std::string(refused.message()), HasSubstr("this directory has none"));
 }
 
+// A holder whose JOIN of a free LID (a rejoin, or a JOIN after a directory restart) was applied
+// but whose reply was lost still finds its new incarnation from its next heartbeat; before, it
+// was told "superseded" and gave its LID up (found by
+// EpochsNeverRepeatAcrossRestartsAndClockSteps).
+TEST_F(RegistryTest, HeartbeatAfterALostJoinReplyOfAFreeLidAdoptsIt) {
+  auto j1 = registry_.Join(a_, {"tcp://h:1"}, {});
+  ASSERT_TRUE(j1.ok());
+  ASSERT_TRUE(*registry_.ReportFailed(a_, 0, Admin()));
+  auto j2 = registry_.Join(a_, {"tcp://h:1"}, {}, As(j1));  // its reply is lost
+  ASSERT_TRUE(j2.ok());
+  auto adopted = registry_.Heartbeat(a_, j1->epoch, j1->credential);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ(adopted->epoch, j2->epoch);
+  EXPECT_EQ(adopted->credential, j2->credential);
+}
+
+TEST_F(RegistryTest, EpochsDoNotFollowTheClockAndSurviveARestore) {
+  auto j1 = registry_.Join(a_, {"tcp://h:1"}, {});
+  clock_.AdvanceMs(-500'000);  // stepped back
+  auto j2 = registry_.Join(a_, {"tcp://h:2"}, {}, As(j1));
+  ASSERT_TRUE(j1.ok() && j2.ok());
+  EXPECT_GT(j2->epoch, j1->epoch);
+  Registry restarted(&clock_, TestOptions());  // first_epoch 100 again
+  restarted.Restore(registry_.Export());
+  auto j3 = restarted.Join(b_, {"tcp://h:3"}, {});
+  ASSERT_TRUE(j3.ok());
+  EXPECT_GT(j3->epoch, j2->epoch);
+}
+
 TEST_F(RegistryTest, RejectsBadRegistrations) {
   EXPECT_EQ(registry_.Join(a_, {"no-scheme"}, {}).status().code(),
             absl::StatusCode::kInvalidArgument);

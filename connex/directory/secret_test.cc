@@ -42,9 +42,7 @@ TEST(SecretTest, SecretFilesMustBePrivateAndNonEmpty) {
   EXPECT_THAT(std::string(open.status().message()), HasSubstr("may be read by others"));
   chmod(path.c_str(), 0600);
   EXPECT_EQ(*ReadSecretFile(path), "s3cret");
-  {
-    std::ofstream out(path);
-  }
+  { std::ofstream out(path); }
   EXPECT_THAT(std::string(ReadSecretFile(path).status().message()), HasSubstr("is empty"));
   unlink(path.c_str());
   EXPECT_EQ(ReadSecretFile(path).status().code(), absl::StatusCode::kInvalidArgument);

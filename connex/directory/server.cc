@@ -13,6 +13,7 @@
 #include "connex/directory/protocol.h"
 #include "connex/directory/registry.h"
 #include "connex/directory/secret.h"
+#include "connex/directory/state_file.h"
 
 namespace connex::directory {
 namespace {
@@ -35,6 +36,7 @@ absl::StatusOr<DirectoryServerOptions> DirectoryServerOptions::FromEnv() {
                           EnvInt("CONNEX_HEARTBEAT_MS", o.heartbeat_ms, 1, 3'600'000));
   CONNEX_ASSIGN_OR_RETURN(o.tick_ms, EnvInt("CONNEX_DIRECTORY_TICK_MS", o.tick_ms, 1, 60'000));
   o.token = EnvString("CONNEX_DIRECTORY_TOKEN", "");
+  o.state_dir = EnvString("CONNEX_DIRECTORY_STATE_DIR", "");
   CONNEX_ASSIGN_OR_RETURN(o.admin_token, AdminTokenFromEnv());
   return o;
 }
@@ -42,12 +44,28 @@ absl::StatusOr<DirectoryServerOptions> DirectoryServerOptions::FromEnv() {
 // Owned by the loop thread: the sockets, the registry and request handling.
 class DirectoryServer::Loop {
  public:
-  Loop(DirectoryServer* server, zmq::socket_t router, zmq::socket_t pub, uint64_t first_epoch)
+  Loop(DirectoryServer* server, zmq::socket_t router, zmq::socket_t pub, uint64_t first_epoch,
+       std::unique_ptr<StateFile> state, const std::optional<RegistryState>& saved)
       : server_(server),
         options_(server->options_),
         router_(std::move(router)),
         pub_(std::move(pub)),
-        registry_(options_.clock, MakeRegistryOptions(options_, first_epoch)) {}
+        registry_(options_.clock, MakeRegistryOptions(options_, first_epoch)),
+        state_(std::move(state)) {
+    if (saved) registry_.Restore(*saved);
+  }
+
+  // Writes the state file when the table or the epoch counter changed since the last write.
+  // Called before replies and events go out, so nothing anyone saw is ever lost or handed out
+  // again by a restart.
+  absl::Status Persist() {
+    if (state_ == nullptr) return absl::OkStatus();
+    if (saved_ && registry_.next_epoch() == saved_next_epoch_) return absl::OkStatus();
+    CONNEX_RETURN_IF_ERROR(state_->Save(registry_.Export()));
+    saved_ = true;
+    saved_next_epoch_ = registry_.next_epoch();
+    return absl::OkStatus();
+  }
 
   static RegistryOptions MakeRegistryOptions(const DirectoryServerOptions& o,
                                              uint64_t first_epoch) {
@@ -81,6 +99,13 @@ class DirectoryServer::Loop {
         HandleMessage(parts);
       }
       registry_.ExpireLeases();
+      if (absl::Status saved = Persist(); !saved.ok()) {
+        // Replying now could hand out an epoch that a restart hands out again. Stop: a restart
+        // resumes from the last state written, and clients retry what got no reply.
+        CONNEX_LOG_ERROR("directory: {}; stopping", AsStd(saved.message()));
+        std::abort();
+      }
+      SendReplies();
       Publish();
       now = options_.clock->NowMs();
       if (now >= next_tick) {
@@ -130,13 +155,20 @@ class DirectoryServer::Loop {
         }
       }
     }
-    try {
-      for (zmq::message_t& e : envelope)
-        router_.send(e, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-      router_.send(zmq::buffer(reply), zmq::send_flags::dontwait);
-    } catch (const zmq::error_t& e) {
-      CONNEX_LOG_DEBUG("directory: reply dropped: {}", e.what());
+    replies_.push_back(Reply{std::move(envelope), std::move(reply)});
+  }
+
+  void SendReplies() {
+    for (Reply& r : replies_) {
+      try {
+        for (zmq::message_t& e : r.envelope)
+          router_.send(e, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+        router_.send(zmq::buffer(r.frame), zmq::send_flags::dontwait);
+      } catch (const zmq::error_t& e) {
+        CONNEX_LOG_DEBUG("directory: reply dropped: {}", e.what());
+      }
     }
+    replies_.clear();
   }
 
   absl::Status CheckToken(const wire::MapView& body) {
@@ -294,11 +326,20 @@ class DirectoryServer::Loop {
     }
   }
 
+  struct Reply {
+    std::vector<zmq::message_t> envelope;
+    std::string frame;
+  };
+
   DirectoryServer* server_;
   const DirectoryServerOptions& options_;
   zmq::socket_t router_;
   zmq::socket_t pub_;
   Registry registry_;
+  std::unique_ptr<StateFile> state_;  // null: in memory only
+  bool saved_ = false;
+  uint64_t saved_next_epoch_ = 0;
+  std::vector<Reply> replies_;  // answers of one batch, sent once its state is durable
 };
 
 DirectoryServer::DirectoryServer(DirectoryServerOptions options)
@@ -322,12 +363,27 @@ absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
   bound = BindZmq(pub, server->options_.pub);
   if (!bound.ok()) return Annotate(bound.status(), "directory: --pub");
   server->pub_address_ = *bound;
-  // Epochs and the incarnation come from the wall clock, so that both keep growing across a
-  // restart of this in-memory directory.
+  // The incarnation only has to differ from the previous one's: the wall clock and a random
+  // byte. Epochs must never repeat: with a state dir they continue from the saved counter (a
+  // first start seeds it from the wall clock, so that epochs keep growing from an in-memory
+  // past); in memory only, they are seeded from the wall clock and may repeat after a restart.
   uint64_t now_ms = WallClockMillis();
   std::random_device rd;
   server->incarnation_ = (now_ms << 8) ^ (rd() & 0xff);
-  server->loop_ = std::make_unique<Loop>(server.get(), std::move(router), std::move(pub), now_ms);
+  std::unique_ptr<StateFile> state;
+  std::optional<RegistryState> saved;
+  if (!server->options_.state_dir.empty()) {
+    CONNEX_ASSIGN_OR_RETURN(state, StateFile::Open(server->options_.state_dir));
+    CONNEX_ASSIGN_OR_RETURN(saved, state->Load());
+  }
+  server->loop_ = std::make_unique<Loop>(server.get(), std::move(router), std::move(pub), now_ms,
+                                         std::move(state), saved);
+  // The first write proves the state dir writable before anyone is served.
+  absl::Status persisted = server->loop_->Persist();
+  if (!persisted.ok()) {
+    return absl::InvalidArgumentError(
+        StrCat("directory: --state-dir '", server->options_.state_dir, "': ", persisted.message()));
+  }
   server->thread_ = std::thread([s = server.get()] { s->loop_->Run(); });
   return server;
 }

@@ -27,18 +27,23 @@ struct DirectoryServerOptions {
   // CONNEX_DIRECTORY_ADMIN_TOKEN, or the first line of CONNEX_DIRECTORY_ADMIN_TOKEN_FILE.
   std::string admin_token;
   int64_t tick_ms = 250;  // CONNEX_DIRECTORY_TICK_MS: revision ticks on PUB
+  // CONNEX_DIRECTORY_STATE_DIR: where the directory keeps its durable state (state_file.h), so
+  // that epochs never repeat and a restart is invisible. Empty: in memory only.
+  std::string state_dir;
   Clock* clock = RealClock::Get();
 
   // Defaults overridden by CONNEX_DIRECTORY_BIND, CONNEX_DIRECTORY_PUB, CONNEX_LEASE_TTL_MS,
   // CONNEX_HEARTBEAT_MS, CONNEX_DIRECTORY_TOKEN, CONNEX_DIRECTORY_TICK_MS,
-  // CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE).
+  // CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE), CONNEX_DIRECTORY_STATE_DIR.
   static absl::StatusOr<DirectoryServerOptions> FromEnv();
 };
 
 class DirectoryServer {
  public:
-  // Binds both sockets and starts the loop. Unavailable when an address is taken;
-  // InvalidArgument for a malformed endpoint or setting.
+  // Binds both sockets, loads the state dir (if any) and starts the loop. Unavailable when an
+  // address is taken; InvalidArgument for a malformed endpoint or setting or an unwritable state
+  // dir; FailedPrecondition when another directory uses the state dir; DataLoss for a corrupt
+  // state file.
   static absl::StatusOr<std::unique_ptr<DirectoryServer>> Start(DirectoryServerOptions options);
   ~DirectoryServer();
 

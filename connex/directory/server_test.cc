@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 
 #include "connex/base/mutex.h"
 #include "connex/base/wait.h"
@@ -331,6 +332,41 @@ TEST_F(DirectoryTest, DirectoryRestartIsRecovered) {
       },
       5000));
   EXPECT_GT(*holder->EpochOf(a_), *epoch);
+}
+
+// Finding 3 of issue 12: epochs were seeded from the wall clock, so a restart after more
+// migrations than milliseconds (or after the clock stepped back) handed out epochs again. With a
+// state dir they continue from the saved counter, whatever the clock says.
+TEST_F(DirectoryTest, EpochsNeverRepeatAcrossRestartsAndClockSteps) {
+  std::string dir = ::testing::TempDir() + "/server-test-state-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  FakeClock clock(1'000'000'000);
+  DirectoryServerOptions options;
+  options.state_dir = dir;
+  options.clock = &clock;
+  StartServer(options);
+  auto holder = Client();
+  uint64_t last = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 300; ++i) {
+      absl::StatusOr<uint64_t> e;
+      // Right after a restart the first request may time out while the client reconnects.
+      ASSERT_TRUE(WaitUntil(
+          [&] {
+            e = holder->Join(a_, {"tcp://127.0.0.1:" + std::to_string(1 + i % 2)});
+            return e.ok();
+          },
+          10000))
+          << e.status();
+      ASSERT_GT(*e, last) << "round " << round << ", migration " << i;
+      last = *e;
+    }
+    server_.reset();
+    clock.AdvanceMs(-100'000'000);  // the clock steps back across the restart
+    StartServer(options);
+  }
+  server_.reset();
+  std::filesystem::remove_all(dir);
 }
 
 // Sends raw bytes to a TCP port, as a port scanner or a confused client would.
