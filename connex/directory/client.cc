@@ -113,11 +113,14 @@ class DirectoryClient::Impl {
 
   // ---- requests from any thread ----
 
-  void Send(std::string_view type, wire::MapBuilder& body, ReplyCallback done) {
+  // `timeout_ms` 0: the request timeout.
+  void Send(std::string_view type, wire::MapBuilder& body, ReplyCallback done,
+            int64_t timeout_ms = 0) {
     uint64_t id = next_id_.fetch_add(1);
     body.Uint("id", id);
     if (!options_.token.empty()) body.Str("token", options_.token);
-    Outgoing out{id, wire::EncodeFrame(type, body), std::move(done), std::string(type)};
+    Outgoing out{id, wire::EncodeFrame(type, body), std::move(done), std::string(type),
+                 timeout_ms > 0 ? timeout_ms : options_.request_timeout_ms};
     {
       connex::MutexLock lock(&mu_);
       outbox_.push_back(std::move(out));
@@ -334,6 +337,7 @@ class DirectoryClient::Impl {
     std::string frame;
     ReplyCallback done;
     std::string type;
+    int64_t timeout_ms;
   };
   struct Pending {
     int64_t deadline_ms;
@@ -452,7 +456,7 @@ class DirectoryClient::Impl {
         o.done(absl::UnavailableError(StrCat("directory ", options_.directory, ": ", e.what())));
         continue;
       }
-      pending_.emplace(o.id, Pending{now + options_.request_timeout_ms, std::move(o.done), o.type});
+      pending_.emplace(o.id, Pending{now + o.timeout_ms, std::move(o.done), o.type});
     }
   }
 
@@ -506,17 +510,22 @@ class DirectoryClient::Impl {
     for (const Due& d : due) {
       wire::MapBuilder body;
       body.Str("lid", d.lid.ToString()).Uint("epoch", d.epoch).Str("credential", d.credential);
-      Send(kHeartbeat, body, [this, lid = d.lid, epoch = d.epoch](absl::StatusOr<wire::Frame> r) {
-        uint64_t held = epoch;
-        std::string credential;
-        if (r.ok()) {
-          absl::StatusOr<uint64_t> e = r->body.UintOr("epoch", epoch);
-          if (e.ok()) held = *e;
-          absl::StatusOr<std::string> c = r->body.StrOr("credential", "");
-          if (c.ok()) credential = *c;
-        }
-        OnHeartbeatReply(lid, epoch, r.status(), held, credential);
-      });
+      Send(
+          kHeartbeat, body,
+          [this, lid = d.lid, epoch = d.epoch](absl::StatusOr<wire::Frame> r) {
+            uint64_t held = epoch;
+            std::string credential;
+            if (r.ok()) {
+              absl::StatusOr<uint64_t> e = r->body.UintOr("epoch", epoch);
+              if (e.ok()) held = *e;
+              absl::StatusOr<std::string> c = r->body.StrOr("credential", "");
+              if (c.ok()) credential = *c;
+            }
+            OnHeartbeatReply(lid, epoch, r.status(), held, credential);
+          },
+          // A heartbeat lost with a dead connection (a directory restart) must not hold the
+          // next ones back for a whole request timeout, which may exceed the lease.
+          std::min(options_.request_timeout_ms, std::max<int64_t>(heartbeat_ms_, 50)));
     }
     if (!due.empty()) SendOutbox();
   }

@@ -273,11 +273,34 @@ Snapshot Registry::Snap(uint64_t incarnation, std::optional<std::string> model,
 RegistryState Registry::Export() const {
   RegistryState state;
   state.next_epoch = next_epoch_;
+  state.revision = revision_;
+  state.entries.reserve(records_.size());
+  for (const auto& [lid, entry] : records_) {
+    RegistryState::Entry e;
+    e.record = entry.record;
+    e.record.lease_left_ms = 0;
+    e.credential = entry.credential;
+    e.previous_epoch = entry.previous_epoch;
+    e.previous_credential = entry.previous_credential;
+    state.entries.push_back(std::move(e));
+  }
   return state;
 }
 
 void Registry::Restore(const RegistryState& state) {
   next_epoch_ = std::max(next_epoch_, state.next_epoch);
+  revision_ = std::max(revision_, state.revision);
+  const int64_t deadline = clock_->NowMs() + options_.lease_ttl_ms;
+  for (const RegistryState::Entry& e : state.entries) {
+    next_epoch_ = std::max(next_epoch_, e.record.epoch + 1);
+    Entry entry;
+    entry.record = e.record;
+    entry.credential = e.credential;
+    entry.previous_epoch = e.previous_epoch;
+    entry.previous_credential = e.previous_credential;
+    entry.deadline_ms = deadline;
+    records_.insert_or_assign(e.record.lid, std::move(entry));
+  }
 }
 
 std::vector<Event> Registry::TakeEvents() {

@@ -38,6 +38,14 @@ struct RegistryOptions {
 // What a registry keeps across a restart of its process (state_file.h stores it).
 struct RegistryState {
   uint64_t next_epoch = 1;  // every epoch handed out so far is below it
+  uint64_t revision = 0;
+  struct Entry {
+    Record record;  // lease_left_ms is not kept: a restored lease starts afresh
+    std::string credential;
+    uint64_t previous_epoch = 0;
+    std::string previous_credential;
+  };
+  std::vector<Entry> entries;
 };
 
 // What a JOIN proves and asks for beyond the registration itself.
@@ -116,7 +124,9 @@ class Registry {
   std::vector<Event> TakeEvents();
 
   // The durable part of the state, and its restoration into a fresh registry: epochs continue
-  // from `state.next_epoch` (never below the options' first_epoch).
+  // from `state.next_epoch` (never below the options' first_epoch), revisions from
+  // `state.revision`, and every record comes back with a full lease (the holder had no way to
+  // renew it while the directory was down), emitting no event.
   RegistryState Export() const;
   void Restore(const RegistryState& state);
 

@@ -342,6 +342,34 @@ TEST_F(RegistryTest, EpochsDoNotFollowTheClockAndSurviveARestore) {
   EXPECT_GT(j3->epoch, j2->epoch);
 }
 
+TEST_F(RegistryTest, RestoreBringsRecordsBackWithFullLeasesAndNoEvents) {
+  auto j1 = registry_.Join(a_, {"tcp://h:1"}, {{"k", "v"}});
+  auto j2 = registry_.Join(b_, {"tcp://h:2"}, {});
+  auto j3 = registry_.Join(b_, {"tcp://h:3"}, {}, As(j2));  // migrated
+  ASSERT_TRUE(j1.ok() && j2.ok() && j3.ok());
+  clock_.AdvanceMs(2500);
+  RegistryState saved = registry_.Export();
+  Registry restarted(&clock_, TestOptions());
+  restarted.Restore(saved);
+  EXPECT_TRUE(restarted.TakeEvents().empty());
+  EXPECT_EQ(restarted.revision(), registry_.revision());
+  Snapshot s = restarted.Snap(1);
+  ASSERT_THAT(s.records, SizeIs(2));
+  EXPECT_EQ(s.records[0].epoch, j1->epoch);
+  EXPECT_EQ(s.records[0].metadata.at("k"), "v");
+  EXPECT_EQ(s.records[0].lease_left_ms, 3000);  // the downtime is not held against holders
+  EXPECT_EQ(s.records[1].epoch, j3->epoch);
+  // Holders carry on with their credentials: heartbeats, a lost migration reply, leaving.
+  EXPECT_TRUE(restarted.Heartbeat(a_, j1->epoch, j1->credential).ok());
+  EXPECT_EQ(restarted.Heartbeat(b_, j2->epoch, j2->credential)->epoch, j3->epoch);
+  EXPECT_EQ(restarted.Join(a_, {"tcp://h:9"}, {}).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(restarted.Leave(b_, j3->epoch, Holder(j3)).ok());
+  auto events = restarted.TakeEvents();
+  ASSERT_THAT(events, SizeIs(1));
+  EXPECT_EQ(events[0].revision, registry_.revision() + 1);
+}
+
 TEST_F(RegistryTest, RejectsBadRegistrations) {
   EXPECT_EQ(registry_.Join(a_, {"no-scheme"}, {}).status().code(),
             absl::StatusCode::kInvalidArgument);

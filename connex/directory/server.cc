@@ -52,7 +52,12 @@ class DirectoryServer::Loop {
         pub_(std::move(pub)),
         registry_(options_.clock, MakeRegistryOptions(options_, first_epoch)),
         state_(std::move(state)) {
-    if (saved) registry_.Restore(*saved);
+    if (saved) {
+      registry_.Restore(*saved);
+      CONNEX_LOG_INFO("directory: restored {} records at revision {} from {} (next epoch {})",
+                      registry_.size(), registry_.revision(), state_->path(),
+                      registry_.next_epoch());
+    }
   }
 
   // Writes the state file when the table or the epoch counter changed since the last write.
@@ -60,10 +65,14 @@ class DirectoryServer::Loop {
   // again by a restart.
   absl::Status Persist() {
     if (state_ == nullptr) return absl::OkStatus();
-    if (saved_ && registry_.next_epoch() == saved_next_epoch_) return absl::OkStatus();
+    if (saved_ && registry_.next_epoch() == saved_next_epoch_ &&
+        registry_.revision() == saved_revision_) {
+      return absl::OkStatus();  // heartbeats and idempotent JOINs change neither
+    }
     CONNEX_RETURN_IF_ERROR(state_->Save(registry_.Export()));
     saved_ = true;
     saved_next_epoch_ = registry_.next_epoch();
+    saved_revision_ = registry_.revision();
     return absl::OkStatus();
   }
 
@@ -339,6 +348,7 @@ class DirectoryServer::Loop {
   std::unique_ptr<StateFile> state_;  // null: in memory only
   bool saved_ = false;
   uint64_t saved_next_epoch_ = 0;
+  uint64_t saved_revision_ = 0;
   std::vector<Reply> replies_;  // answers of one batch, sent once its state is durable
 };
 
@@ -376,8 +386,10 @@ absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
     CONNEX_ASSIGN_OR_RETURN(state, StateFile::Open(server->options_.state_dir));
     CONNEX_ASSIGN_OR_RETURN(saved, state->Load());
   }
-  server->loop_ = std::make_unique<Loop>(server.get(), std::move(router), std::move(pub), now_ms,
-                                         std::move(state), saved);
+  // A saved counter wins over the clock; only a first start seeds from it.
+  uint64_t first_epoch = saved ? 1 : now_ms;
+  server->loop_ = std::make_unique<Loop>(server.get(), std::move(router), std::move(pub),
+                                         first_epoch, std::move(state), saved);
   // The first write proves the state dir writable before anyone is served.
   absl::Status persisted = server->loop_->Persist();
   if (!persisted.ok()) {

@@ -369,6 +369,39 @@ TEST_F(DirectoryTest, EpochsNeverRepeatAcrossRestartsAndClockSteps) {
   std::filesystem::remove_all(dir);
 }
 
+// Finding 3 of issue 12: after a restart every watcher saw every endpoint FAIL and every epoch
+// changed. With a state dir the restart is invisible.
+TEST_F(DirectoryTest, RestartWithAStateDirIsInvisible) {
+  std::string dir = ::testing::TempDir() + "/server-test-invisible-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  DirectoryServerOptions options;
+  options.state_dir = dir;
+  StartServer(options);
+  EventLog log;
+  auto watcher = Watcher(&log);
+  auto holder = Client();
+  auto epoch = holder->Join(a_, {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(epoch.ok());
+  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kJoined, a_, *epoch); }, 3000));
+  uint64_t incarnation = server_->incarnation();
+  server_.reset();
+  StartServer(options);
+  ASSERT_NE(server_->incarnation(), incarnation);
+  // The watcher resynchronises with the new incarnation (a marker's JOIN reaches it) ...
+  auto marker = Client();
+  ASSERT_TRUE(marker->Join(b_, {"tcp://127.0.0.1:2"}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kJoined, b_); }, 5000));
+  EXPECT_GE(watcher->resnapshots(), 1u);
+  // ... and over two leases nobody sees the holder fail or change epoch.
+  EXPECT_FALSE(WaitUntil([&] { return log.Has(EventKind::kFailed, a_); }, 2000));
+  EXPECT_EQ(holder->EpochOf(a_), *epoch);
+  std::vector<Record> view = watcher->View("demo", 1);
+  ASSERT_EQ(view.size(), 2u);
+  EXPECT_EQ(view[0].epoch, *epoch);
+  server_.reset();
+  std::filesystem::remove_all(dir);
+}
+
 // Sends raw bytes to a TCP port, as a port scanner or a confused client would.
 void SendGarbage(const std::string& endpoint, const std::string& bytes) {
   auto ep = ParseTcpEndpoint(endpoint);

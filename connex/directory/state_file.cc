@@ -83,6 +83,19 @@ absl::StatusOr<std::optional<RegistryState>> StateFile::Load() const {
   RegistryState state;
   absl::Status ok = [&]() -> absl::Status {
     CONNEX_ASSIGN_OR_RETURN(state.next_epoch, body.Uint("next_epoch"));
+    CONNEX_ASSIGN_OR_RETURN(state.revision, body.UintOr("revision", 0));
+    if (!body.Has("entries")) return absl::OkStatus();
+    CONNEX_ASSIGN_OR_RETURN(wire::ListView entries, body.List("entries"));
+    for (size_t i = 0; i < entries.size(); ++i) {
+      CONNEX_ASSIGN_OR_RETURN(wire::MapView m, entries.MapAt(i));
+      RegistryState::Entry e;
+      CONNEX_ASSIGN_OR_RETURN(wire::MapView record, m.Map("record"));
+      CONNEX_ASSIGN_OR_RETURN(e.record, DecodeRecord(record));
+      CONNEX_ASSIGN_OR_RETURN(e.credential, m.Str("credential"));
+      CONNEX_ASSIGN_OR_RETURN(e.previous_epoch, m.UintOr("previous_epoch", 0));
+      CONNEX_ASSIGN_OR_RETURN(e.previous_credential, m.StrOr("previous_credential", ""));
+      state.entries.push_back(std::move(e));
+    }
     return absl::OkStatus();
   }();
   if (!ok.ok()) {
@@ -92,8 +105,21 @@ absl::StatusOr<std::optional<RegistryState>> StateFile::Load() const {
 }
 
 absl::Status StateFile::Save(const RegistryState& state) {
+  wire::ListBuilder entries;
+  for (const RegistryState::Entry& e : state.entries) {
+    wire::MapBuilder record;
+    EncodeRecord(e.record, &record);
+    wire::MapBuilder m;
+    m.Map("record", record)
+        .Str("credential", e.credential)
+        .Uint("previous_epoch", e.previous_epoch)
+        .Str("previous_credential", e.previous_credential);
+    entries.AddMap(m);
+  }
   wire::MapBuilder body;
-  body.Uint("next_epoch", state.next_epoch);
+  body.Uint("next_epoch", state.next_epoch)
+      .Uint("revision", state.revision)
+      .List("entries", entries);
   std::string bytes = wire::EncodeFrame(kStateType, body);
   std::string tmp = path_ + ".tmp";
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);

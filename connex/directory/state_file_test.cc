@@ -33,6 +33,16 @@ TEST_F(StateFileTest, SavesAndLoadsAndLocksTheDirectory) {
   EXPECT_FALSE(empty->has_value());
   RegistryState state;
   state.next_epoch = 4242;
+  state.revision = 17;
+  RegistryState::Entry e;
+  e.record.lid = Lid{"demo", 1, 0, 2};
+  e.record.epoch = 4241;
+  e.record.addresses = {"tcp://h:1", "shm://x"};
+  e.record.metadata = {{"stage", "1"}};
+  e.credential = "c1";
+  e.previous_epoch = 4000;
+  e.previous_credential = "c0";
+  state.entries.push_back(e);
   ASSERT_TRUE((*file)->Save(state).ok());
   struct stat st;
   ASSERT_EQ(stat((*file)->path().c_str(), &st), 0);
@@ -47,6 +57,13 @@ TEST_F(StateFileTest, SavesAndLoadsAndLocksTheDirectory) {
   auto loaded = (*again)->Load();
   ASSERT_TRUE(loaded.ok() && loaded->has_value());
   EXPECT_EQ((*loaded)->next_epoch, 4242u);
+  EXPECT_EQ((*loaded)->revision, 17u);
+  ASSERT_EQ((*loaded)->entries.size(), 1u);
+  const RegistryState::Entry& got = (*loaded)->entries[0];
+  EXPECT_EQ(got.record, e.record);
+  EXPECT_EQ(got.credential, "c1");
+  EXPECT_EQ(got.previous_epoch, 4000u);
+  EXPECT_EQ(got.previous_credential, "c0");
 }
 
 TEST_F(StateFileTest, ACorruptFileIsDataLoss) {
