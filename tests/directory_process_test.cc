@@ -311,6 +311,21 @@ TEST_F(DirectoryProcessTest, BadInputGetsClearErrorsAndTheDirectoryKeepsServing)
   EXPECT_FALSE(directory_->Wait(0).has_value());  // still running
 }
 
+// Finding 4 of issue 12: a heartbeat period above the lease TTL was accepted.
+TEST_F(DirectoryProcessTest, HeartbeatAboveTheLeaseIsRefusedAtStart) {
+  auto p =
+      Subprocess::Start({BinDir() + "/connex-directory", "--bind", "tcp://127.0.0.1:0", "--pub",
+                         "tcp://127.0.0.1:0", "--lease-ttl-ms", "500", "--heartbeat-ms", "2000"},
+                        {}, /*capture_stderr=*/true);
+  ASSERT_TRUE(p.has_value());
+  while (p->ReadLine(5000)) {
+  }
+  EXPECT_EQ(p->Wait(5000), 2);
+  EXPECT_THAT(p->transcript(), HasSubstr("--heartbeat-ms 2000"));
+  EXPECT_THAT(p->transcript(), HasSubstr("--lease-ttl-ms 500"));
+  EXPECT_THAT(p->transcript(), ::testing::Not(HasSubstr("listening")));
+}
+
 TEST_F(DirectoryProcessTest, NoDirectoryIsAClearError) {
   std::vector<std::string> argv = {BinDir() + "/connexctl", "--directory", "tcp://127.0.0.1:1",
                                    "--timeout-ms",          "300",         "status"};

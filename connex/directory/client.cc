@@ -91,6 +91,12 @@ class DirectoryClient::Impl {
       CONNEX_ASSIGN_OR_RETURN(int64_t advised, hello->body.Int("heartbeat_ms"));
       heartbeat_ms_ = options_.heartbeat_ms > 0 ? options_.heartbeat_ms : advised;
       if (heartbeat_ms_ <= 0) heartbeat_ms_ = 1000;
+      if (options_.heartbeat_ms > 0) {
+        absl::Status ok = ValidateLeaseSettings(lease_ttl_ms_, options_.heartbeat_ms);
+        if (!ok.ok()) {
+          return Annotate(ok, StrCat("directory ", options_.directory, " (its lease TTL)"));
+        }
+      }
       // A directory bound to a wildcard host is reached at the host we dialled.
       absl::StatusOr<TcpEndpoint> pub = ParseTcpEndpoint(pub_address_);
       if (!pub.ok()) return Annotate(pub.status(), "directory HELLO.pub");

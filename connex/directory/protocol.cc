@@ -105,6 +105,10 @@ absl::StatusOr<Snapshot> DecodeSnapshot(const wire::MapView& in) {
 
 absl::Status ValidateRegistration(const std::vector<std::string>& addresses,
                                   const std::map<std::string, std::string>& metadata) {
+  if (addresses.empty()) {
+    return absl::InvalidArgumentError(
+        "addresses: none given (a JOIN publishes at least one SCHEME://... address)");
+  }
   if (addresses.size() > kMaxAddresses) {
     return absl::InvalidArgumentError(
         StrCat("addresses: ", addresses.size(), " given, at most ", kMaxAddresses, " allowed"));
@@ -128,6 +132,18 @@ absl::Status ValidateRegistration(const std::vector<std::string>& addresses,
       return absl::InvalidArgumentError(
           StrCat("metadata: entry '", k.substr(0, 64), "' is too long or empty"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLeaseSettings(int64_t lease_ttl_ms, int64_t heartbeat_ms) {
+  if (heartbeat_ms * 2 > lease_ttl_ms) {
+    return absl::InvalidArgumentError(
+        StrCat("--heartbeat-ms ", heartbeat_ms,
+               " (CONNEX_HEARTBEAT_MS) must be at most half of "
+               "--lease-ttl-ms ",
+               lease_ttl_ms, " (CONNEX_LEASE_TTL_MS): with ", heartbeat_ms,
+               " ms between heartbeats a ", lease_ttl_ms, " ms lease expires between two of them"));
   }
   return absl::OkStatus();
 }

@@ -83,6 +83,10 @@ absl::StatusOr<Snapshot> DecodeSnapshot(const wire::MapView& in);
 absl::Status ValidateRegistration(const std::vector<std::string>& addresses,
                                   const std::map<std::string, std::string>& metadata);
 
+// The heartbeat period must be at most half the lease TTL, so that a lease survives one lost
+// heartbeat. InvalidArgument naming both values (and their flags) otherwise.
+absl::Status ValidateLeaseSettings(int64_t lease_ttl_ms, int64_t heartbeat_ms);
+
 // An ERROR reply carries an absl status code and message.
 std::string EncodeError(uint64_t request_id, const absl::Status& status);
 absl::Status DecodeError(const wire::MapView& body);

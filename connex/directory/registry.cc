@@ -230,12 +230,16 @@ absl::StatusOr<bool> Registry::ReportFailed(const Lid& lid, uint64_t epoch, cons
   }
   if (epoch != 0 && it->second.record.epoch != epoch) return false;
   Record old = WithLease(it->second);
+  // The reporter's own name, unless it only repeats the member's LID.
+  std::string name =
+      caller.name.empty() || (caller.member && caller.name == caller.member->ToString())
+          ? ""
+          : StrCat(" (", caller.name, ")");
   CONNEX_LOG_WARN("directory: {} epoch {} reported failed by {}{}", lid.ToString(), old.epoch, who,
-                  caller.name.empty() ? "" : StrCat(" ('", caller.name, "')"));
+                  name);
   Tombstone(lid, old.epoch, Ended::kFailed);
   records_.erase(it);
-  Emit(EventKind::kFailed, old, 0,
-       StrCat("reported by ", who, caller.name.empty() ? "" : StrCat(" (", caller.name, ")")));
+  Emit(EventKind::kFailed, old, 0, StrCat("reported by ", who, name));
   return true;
 }
 

@@ -375,6 +375,10 @@ TEST_F(RegistryTest, RejectsBadRegistrations) {
             absl::StatusCode::kInvalidArgument);
   std::vector<std::string> many(kMaxAddresses + 1, "tcp://h:1");
   EXPECT_EQ(registry_.Join(a_, many, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  // Finding 4 of issue 12: a JOIN with no address was accepted (a record nobody can reach).
+  absl::Status none = registry_.Join(a_, {}, {}).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(none.message()), HasSubstr("addresses: none given"));
   EXPECT_EQ(registry_.size(), 0u);
   EXPECT_EQ(registry_.revision(), 0u);
 }

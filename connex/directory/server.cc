@@ -134,8 +134,20 @@ class DirectoryServer::Loop {
     } else if (parts.size() == 3 && parts[1].size() == 0) {
       payload = &parts[2];
     } else {
+      // Answered, not dropped: the sender learns what it did wrong. The ERROR goes back with the
+      // envelope the sender's socket type expects (identity, plus the empty delimiter of REQ).
       server_->requests_rejected_.fetch_add(1);
-      CONNEX_LOG_DEBUG("directory: dropped a message of {} parts", parts.size());
+      if (parts.empty()) return;
+      bool req = parts.size() >= 2 && parts[1].size() == 0;
+      size_t frames = parts.size() - (req ? 2 : 1);
+      envelope.emplace_back(parts[0].data(), parts[0].size());
+      if (req) envelope.emplace_back();
+      replies_.push_back(Reply{
+          std::move(envelope),
+          EncodeError(0, absl::InvalidArgumentError(StrCat(
+                             "directory: malformed request: ", frames,
+                             " frames; a request is one frame (DEALER: [request], REQ: an empty "
+                             "delimiter, then [request])")))});
       return;
     }
     for (size_t i = 0; i + 1 < parts.size(); ++i)
@@ -360,6 +372,7 @@ absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
   if (options.lease_ttl_ms <= 0 || options.heartbeat_ms <= 0 || options.tick_ms <= 0) {
     return absl::InvalidArgumentError("directory: lease TTL, heartbeat and tick must be positive");
   }
+  CONNEX_RETURN_IF_ERROR(ValidateLeaseSettings(options.lease_ttl_ms, options.heartbeat_ms));
   std::unique_ptr<DirectoryServer> server(new DirectoryServer(std::move(options)));
   zmq::socket_t router(server->context_, zmq::socket_type::router);
   zmq::socket_t pub(server->context_, zmq::socket_type::pub);

@@ -461,6 +461,30 @@ TEST_F(DirectoryTest, SurvivesGarbageOnBothPorts) {
               HasSubstr("JOIN.addresses: expected array, found string"));
   wire::MapBuilder no_id;
   EXPECT_THAT(ask(wire::EncodeFrame("SNAPSHOT", no_id)), HasSubstr("SNAPSHOT.id: missing"));
+  // Finding 4 of issue 12: a JOIN with no address was accepted, and multipart messages of the
+  // wrong shape were dropped without the ERROR this protocol promises.
+  wire::MapBuilder no_address;
+  no_address.Uint("id", 6).Str("lid", "demo/g1/s0/r9").StrList("addresses", {});
+  EXPECT_THAT(ask(wire::EncodeFrame("JOIN", no_address)), HasSubstr("addresses: none given"));
+  wire::MapBuilder hello;
+  hello.Uint("id", 7);
+  std::string frame = wire::EncodeFrame("HELLO", hello);
+  dealer.send(zmq::buffer(frame), zmq::send_flags::sndmore);
+  EXPECT_THAT(ask(frame), HasSubstr("malformed request: 2 frames; a request is one frame"));
+  zmq::socket_t req(ctx, zmq::socket_type::req);
+  req.set(zmq::sockopt::linger, 0);
+  req.connect(bind_);
+  req.send(zmq::buffer(frame), zmq::send_flags::sndmore);
+  req.send(zmq::buffer(frame), zmq::send_flags::none);
+  zmq::pollitem_t req_item{req.handle(), 0, ZMQ_POLLIN, 0};
+  zmq::poll(&req_item, 1, std::chrono::milliseconds(3000));
+  ASSERT_TRUE(req_item.revents & ZMQ_POLLIN) << "no ERROR for a REQ's 2-frame request";
+  zmq::message_t req_reply;
+  (void)req.recv(req_reply);
+  auto req_frame = wire::DecodeFrame(AsView(req_reply));
+  ASSERT_TRUE(req_frame.ok());
+  EXPECT_EQ(req_frame->type, kError);
+  EXPECT_THAT(std::string(DecodeError(req_frame->body).message()), HasSubstr("2 frames"));
   // Larger than the request limit: the connection is dropped, the server carries on.
   zmq::socket_t big(ctx, zmq::socket_type::dealer);
   big.set(zmq::sockopt::linger, 0);
@@ -487,6 +511,32 @@ TEST(DirectoryClientTest, NoDirectoryIsAClearError) {
   options.directory = "127.0.0.1:7000";
   client = DirectoryClient::Connect(options);
   EXPECT_THAT(std::string(client.status().message()), HasSubstr("must look like tcp://HOST:PORT"));
+}
+
+// Finding 4 of issue 12: --lease-ttl-ms 500 --heartbeat-ms 2000 was accepted and flapped
+// FAILED/JOINED for ever.
+TEST(DirectoryServerTest, HeartbeatsMustBeWellBelowTheLease) {
+  DirectoryServerOptions options;
+  options.bind = "tcp://127.0.0.1:0";
+  options.pub = "tcp://127.0.0.1:0";
+  options.lease_ttl_ms = 500;
+  options.heartbeat_ms = 2000;
+  auto server = DirectoryServer::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr("--heartbeat-ms 2000 (CONNEX_HEARTBEAT_MS) must be at most half of "
+                        "--lease-ttl-ms 500"));
+  options.heartbeat_ms = 250;
+  server = DirectoryServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  // A client that would heartbeat too rarely for this directory's lease is refused too.
+  DirectoryClientOptions client;
+  client.directory = (*server)->bind_address();
+  client.heartbeat_ms = 400;
+  auto c = DirectoryClient::Connect(client);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("--heartbeat-ms 400"));
 }
 
 TEST(DirectoryServerTest, TakenPortIsAClearError) {
