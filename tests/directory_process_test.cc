@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -412,6 +413,49 @@ TEST_F(StateDirectoryTest, KillAndRestartIsInvisibleToWatchersAndHolders) {
   EXPECT_THAT(holder.transcript(), ::testing::Not(HasSubstr("lost")));
   EXPECT_FALSE(holder.Wait(0).has_value());  // still running, still holding
   RecordProperty("watcher", watcher.transcript());
+}
+
+// A directory with a small per-model limit.
+class LimitedDirectoryTest : public StateDirectoryTest {
+ protected:
+  std::vector<std::string> Flags() const override {
+    return {"--admin-token-file", admin_file_, "--max-records-per-model", "20"};
+  }
+};
+
+// Finding 2 of issue 12: 520 maximal records in model `junk` made `Watch("prod")` and
+// `GetSnapshot(prod)` fail. Now `junk` hits its own limit and `prod` carries on.
+TEST_F(LimitedDirectoryTest, AFloodOfOneModelLeavesAnotherWorking) {
+  auto flooder = Client();
+  ASSERT_NE(flooder, nullptr);
+  std::map<std::string, std::string> large = {{"blob", std::string(4000, 'j')}};
+  for (uint32_t r = 0; r < 20; ++r) {
+    ASSERT_TRUE(flooder->Join(Lid{"junk", 0, 0, r}, {"tcp://127.0.0.1:1"}, large).ok());
+  }
+  absl::StatusOr<uint64_t> refused = flooder->Join(Lid{"junk", 0, 0, 20}, {"tcp://127.0.0.1:1"});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("JOIN for junk/g0/s0/r20: model 'junk' has 20 records, the limit"));
+  auto [holder, epoch] = Join("prod/g0/s0/r0", "tcp://127.0.0.1:5555");
+  EXPECT_GT(epoch, 0u);
+  auto [code, out] = Run({"resolve", "prod", "0"});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("prod/g0/s0/r0 epoch=" + std::to_string(epoch)));
+  auto watcher = Client();
+  ASSERT_TRUE(watcher->Watch("prod").ok());
+  EXPECT_EQ(watcher->View("prod").size(), 1u);
+}
+
+TEST_F(DirectoryProcessTest, OversizedTableLimitsAreRefusedAtStart) {
+  auto p = Subprocess::Start({BinDir() + "/connex-directory", "--bind", "tcp://127.0.0.1:0",
+                              "--pub", "tcp://127.0.0.1:0", "--max-records", "100000"},
+                             {}, /*capture_stderr=*/true);
+  ASSERT_TRUE(p.has_value());
+  while (p->ReadLine(5000)) {
+  }
+  EXPECT_EQ(p->Wait(5000), 2);
+  EXPECT_THAT(p->transcript(), HasSubstr("--max-records 100000"));
+  EXPECT_THAT(p->transcript(), HasSubstr("--max-record-bytes 8192"));
 }
 
 class TokenDirectoryTest : public DirectoryProcessTest {

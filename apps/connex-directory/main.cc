@@ -50,6 +50,21 @@ int main(int argc, char** argv) {
                  "directory for the durable state (epoch counter, table): epochs never repeat and "
                  "a restart is invisible; empty: in memory only")
       ->envname("CONNEX_DIRECTORY_STATE_DIR");
+  app.add_option("--max-records", options.max_records,
+                 "records in the whole table; a JOIN over it is refused")
+      ->envname("CONNEX_DIRECTORY_MAX_RECORDS")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--max-records-per-model", options.max_records_per_model,
+                 "records of one model; a JOIN over it is refused")
+      ->envname("CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--max-record-bytes", options.max_record_bytes,
+                 "encoded size of one record (addresses and metadata)")
+      ->envname("CONNEX_DIRECTORY_MAX_RECORD_BYTES")
+      ->check(CLI::Range(size_t{256}, size_t{1} << 24))
+      ->capture_default_str();
   std::string log_level;
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->envname("CONNEX_LOG_LEVEL");

@@ -79,6 +79,23 @@ absl::StatusOr<Event> DecodeEvent(const wire::MapView& in);
 void EncodeSnapshot(const Snapshot& snapshot, wire::MapBuilder* out);
 absl::StatusOr<Snapshot> DecodeSnapshot(const wire::MapView& in);
 
+// Default limits of a directory's table (DirectoryServerOptions, RegistryOptions). Chosen so
+// that a snapshot of every record (at most kDefaultMaxRecords * kDefaultMaxRecordBytes, 8 MiB)
+// fits the 16 MiB frame that clients accept.
+inline constexpr size_t kDefaultMaxRecords = 1024;
+inline constexpr size_t kDefaultMaxRecordsPerModel = 256;
+inline constexpr size_t kDefaultMaxRecordBytes = 8192;
+// A snapshot of max_records records of max_record_bytes each must stay below this.
+inline constexpr size_t kMaxSnapshotBytes = 12 << 20;
+
+// An upper bound of the encoded size of `record` (msgpack), for the record-size limit.
+size_t RecordBytes(const Record& record);
+
+// Validates the table limits: InvalidArgument naming the values (and their flags) when a
+// snapshot of every record could exceed kMaxSnapshotBytes or a limit is zero.
+absl::Status ValidateTableLimits(size_t max_records, size_t max_records_per_model,
+                                 size_t max_record_bytes);
+
 // Validates what a JOIN registers; InvalidArgument names the bad field.
 absl::Status ValidateRegistration(const std::vector<std::string>& addresses,
                                   const std::map<std::string, std::string>& metadata);

@@ -58,10 +58,16 @@ absl::Status Registry::CheckAdmin(std::string_view token, std::string_view what)
   return absl::OkStatus();
 }
 
+std::map<Lid, Registry::Entry>::iterator Registry::Erase(std::map<Lid, Entry>::iterator it) {
+  auto count = records_per_model_.find(it->first.model);
+  if (count != records_per_model_.end() && --count->second == 0) records_per_model_.erase(count);
+  return records_.erase(it);
+}
+
 std::map<Lid, Registry::Entry>::iterator Registry::Expire(std::map<Lid, Entry>::iterator it) {
   Record old = WithLease(it->second);
   Tombstone(old.lid, old.epoch, Ended::kFailed);
-  it = records_.erase(it);
+  it = Erase(it);
   Emit(EventKind::kFailed, old, 0, "lease-expired");
   return it;
 }
@@ -71,6 +77,18 @@ absl::StatusOr<Registry::JoinResult> Registry::Join(
     const std::map<std::string, std::string>& metadata, const JoinAuth& auth) {
   CONNEX_RETURN_IF_ERROR(Lid::ValidateModel(lid.model));
   CONNEX_RETURN_IF_ERROR(ValidateRegistration(addresses, metadata));
+  {
+    Record candidate;
+    candidate.lid = lid;
+    candidate.addresses = addresses;
+    candidate.metadata = metadata;
+    size_t bytes = RecordBytes(candidate);
+    if (bytes > options_.max_record_bytes) {
+      return absl::InvalidArgumentError(StrCat(
+          "the record takes ", bytes, " bytes, over the limit of ", options_.max_record_bytes,
+          " (--max-record-bytes, CONNEX_DIRECTORY_MAX_RECORD_BYTES): shorten its metadata"));
+    }
+  }
   const int64_t now = clock_->NowMs();
   auto it = records_.find(lid);
   // A lease that ran out since the last sweep is over: the LID is free.
@@ -101,7 +119,7 @@ absl::StatusOr<Registry::JoinResult> Registry::Join(
       // The operator takes the LID over: the earlier holder is fenced.
       Record old = WithLease(held);
       Tombstone(lid, old.epoch, Ended::kSuperseded);
-      records_.erase(it);
+      Erase(it);
       Emit(EventKind::kFailed, old, 0, StrCat("superseded by epoch ", next_epoch_));
     } else if (auth.exclusive) {
       return absl::FailedPreconditionError(
@@ -112,6 +130,19 @@ absl::StatusOr<Registry::JoinResult> Registry::Join(
                                              " ms left; only its holder may change it, or an "
                                              "operator with `connexctl join --force`)"));
     }
+  }
+  // A new record: within the limits? (A migration or a takeover replaces one.)
+  auto in_model = records_per_model_.find(lid.model);
+  size_t model_count = in_model == records_per_model_.end() ? 0 : in_model->second;
+  if (model_count >= options_.max_records_per_model) {
+    return absl::ResourceExhaustedError(
+        StrCat("model '", lid.model, "' has ", model_count, " records, the limit (",
+               "--max-records-per-model, CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL)"));
+  }
+  if (records_.size() >= options_.max_records) {
+    return absl::ResourceExhaustedError(StrCat("the directory has ", records_.size(),
+                                               " records, the limit (--max-records, ",
+                                               "CONNEX_DIRECTORY_MAX_RECORDS)"));
   }
   Entry entry;
   entry.record.lid = lid;
@@ -127,6 +158,7 @@ absl::StatusOr<Registry::JoinResult> Registry::Join(
   JoinResult result{entry.record.epoch, entry.credential, true};
   Emit(EventKind::kJoined, WithLease(entry), 0, "");
   records_.emplace(lid, std::move(entry));
+  ++records_per_model_[lid.model];
   return result;
 }
 
@@ -194,7 +226,7 @@ absl::Status Registry::Leave(const Lid& lid, uint64_t epoch, const Caller& calle
   }
   Record old = WithLease(entry);
   Tombstone(lid, old.epoch, Ended::kLeft);
-  records_.erase(it);
+  Erase(it);
   Emit(EventKind::kLeft, old, 0, "");
   return absl::OkStatus();
 }
@@ -238,7 +270,7 @@ absl::StatusOr<bool> Registry::ReportFailed(const Lid& lid, uint64_t epoch, cons
   CONNEX_LOG_WARN("directory: {} epoch {} reported failed by {}{}", lid.ToString(), old.epoch, who,
                   name);
   Tombstone(lid, old.epoch, Ended::kFailed);
-  records_.erase(it);
+  Erase(it);
   Emit(EventKind::kFailed, old, 0, StrCat("reported by ", who, name));
   return true;
 }
@@ -303,7 +335,9 @@ void Registry::Restore(const RegistryState& state) {
     entry.previous_epoch = e.previous_epoch;
     entry.previous_credential = e.previous_credential;
     entry.deadline_ms = deadline;
-    records_.insert_or_assign(e.record.lid, std::move(entry));
+    if (records_.insert_or_assign(e.record.lid, std::move(entry)).second) {
+      ++records_per_model_[e.record.lid.model];
+    }
   }
 }
 

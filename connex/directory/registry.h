@@ -27,6 +27,11 @@ struct RegistryOptions {
   uint64_t first_epoch = 1;
   // How many ended (lid, epoch) pairs are remembered to explain a refused heartbeat.
   size_t max_tombstones = 65536;
+  // Limits of the table (protocol.h explains the defaults): a JOIN over them is refused with
+  // ResourceExhausted (records) or InvalidArgument (size), naming the limit.
+  size_t max_records = kDefaultMaxRecords;
+  size_t max_records_per_model = kDefaultMaxRecordsPerModel;
+  size_t max_record_bytes = kDefaultMaxRecordBytes;
   // The operator's secret: forced JOINs, drains (LEAVE of another's LID), reports from outside
   // the model. Empty: no request is an operator's.
   std::string admin_token;
@@ -153,6 +158,8 @@ class Registry {
   // OK when `token` is the admin token; PermissionDenied naming `what` otherwise.
   absl::Status CheckAdmin(std::string_view token, std::string_view what) const;
   bool IsAdmin(std::string_view token) const;
+  // Removes `it` from the table (and from the per-model count); returns the next iterator.
+  std::map<Lid, Entry>::iterator Erase(std::map<Lid, Entry>::iterator it);
   // Ends an entry whose lease ran out (FAILED lease-expired); returns the next iterator.
   std::map<Lid, Entry>::iterator Expire(std::map<Lid, Entry>::iterator it);
 
@@ -161,6 +168,7 @@ class Registry {
   uint64_t next_epoch_;
   uint64_t revision_ = 0;
   std::map<Lid, Entry> records_;
+  std::map<std::string, size_t, std::less<>> records_per_model_;
   std::map<std::pair<Lid, uint64_t>, Ended> tombstones_;
   std::deque<std::pair<Lid, uint64_t>> tombstone_order_;
   std::vector<Event> pending_;

@@ -370,6 +370,51 @@ TEST_F(RegistryTest, RestoreBringsRecordsBackWithFullLeasesAndNoEvents) {
   EXPECT_EQ(events[0].revision, registry_.revision() + 1);
 }
 
+// Finding 2 of issue 12: records per model and in total were unbounded (520 maximal records in
+// model `junk` starved `prod`; 130 large records made a snapshot no client accepts).
+TEST_F(RegistryTest, TableLimitsAreEnforcedAndNamed) {
+  RegistryOptions o = TestOptions();
+  o.max_records = 5;
+  o.max_records_per_model = 3;
+  o.max_record_bytes = 512;
+  Registry limited(&clock_, o);
+  std::vector<Registry::JoinResult> junk;
+  for (uint32_t r = 0; r < 3; ++r) {
+    auto j = limited.Join(Lid{"junk", 0, 0, r}, {"tcp://h:1"}, {});
+    ASSERT_TRUE(j.ok()) << j.status();
+    junk.push_back(*j);
+  }
+  absl::Status full = limited.Join(Lid{"junk", 0, 0, 3}, {"tcp://h:1"}, {}).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.message()),
+              HasSubstr("model 'junk' has 3 records, the limit (--max-records-per-model"));
+  // Another model is not affected; a migration replaces a record and needs no room.
+  ASSERT_TRUE(limited.Join(Lid{"prod", 0, 0, 0}, {"tcp://h:1"}, {}).ok());
+  JoinAuth holder;
+  holder.credential = junk[0].credential;
+  ASSERT_TRUE(limited.Join(Lid{"junk", 0, 0, 0}, {"tcp://h:2"}, {}, holder).ok());
+  ASSERT_TRUE(limited.Join(Lid{"prod", 0, 0, 1}, {"tcp://h:1"}, {}).ok());
+  absl::Status total = limited.Join(Lid{"prod", 0, 0, 2}, {"tcp://h:1"}, {}).status();
+  EXPECT_EQ(total.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(total.message()), HasSubstr("5 records, the limit (--max-records"));
+  // Room comes back when a record goes.
+  Caller c;
+  c.credential = junk[1].credential;
+  ASSERT_TRUE(limited.Leave(Lid{"junk", 0, 0, 1}, 0, c).ok());
+  EXPECT_TRUE(limited.Join(Lid{"prod", 0, 0, 2}, {"tcp://h:1"}, {}).ok());
+  // A record too large for the limit.
+  absl::Status big =
+      limited.Join(Lid{"prod", 0, 0, 3}, {"tcp://h:1"}, {{"blob", std::string(600, 'x')}}).status();
+  EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(big.message()), HasSubstr("over the limit of 512 (--max-record-bytes"));
+  // The defaults keep a snapshot of every record within what clients accept.
+  EXPECT_TRUE(
+      ValidateTableLimits(kDefaultMaxRecords, kDefaultMaxRecordsPerModel, kDefaultMaxRecordBytes)
+          .ok());
+  EXPECT_THAT(std::string(ValidateTableLimits(100000, 256, 8192).message()),
+              HasSubstr("--max-records 100000 (CONNEX_DIRECTORY_MAX_RECORDS) times"));
+}
+
 TEST_F(RegistryTest, RejectsBadRegistrations) {
   EXPECT_EQ(registry_.Join(a_, {"no-scheme"}, {}).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -37,6 +37,16 @@ absl::StatusOr<DirectoryServerOptions> DirectoryServerOptions::FromEnv() {
   CONNEX_ASSIGN_OR_RETURN(o.tick_ms, EnvInt("CONNEX_DIRECTORY_TICK_MS", o.tick_ms, 1, 60'000));
   o.token = EnvString("CONNEX_DIRECTORY_TOKEN", "");
   o.state_dir = EnvString("CONNEX_DIRECTORY_STATE_DIR", "");
+  int64_t limit = 0;
+  CONNEX_ASSIGN_OR_RETURN(limit, EnvInt("CONNEX_DIRECTORY_MAX_RECORDS",
+                                        static_cast<int64_t>(o.max_records), 1, 1 << 24));
+  o.max_records = static_cast<size_t>(limit);
+  CONNEX_ASSIGN_OR_RETURN(limit, EnvInt("CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL",
+                                        static_cast<int64_t>(o.max_records_per_model), 1, 1 << 24));
+  o.max_records_per_model = static_cast<size_t>(limit);
+  CONNEX_ASSIGN_OR_RETURN(limit, EnvInt("CONNEX_DIRECTORY_MAX_RECORD_BYTES",
+                                        static_cast<int64_t>(o.max_record_bytes), 256, 1 << 24));
+  o.max_record_bytes = static_cast<size_t>(limit);
   CONNEX_ASSIGN_OR_RETURN(o.admin_token, AdminTokenFromEnv());
   return o;
 }
@@ -82,6 +92,9 @@ class DirectoryServer::Loop {
     r.lease_ttl_ms = o.lease_ttl_ms;
     r.first_epoch = first_epoch;
     r.admin_token = o.admin_token;
+    r.max_records = o.max_records;
+    r.max_records_per_model = o.max_records_per_model;
+    r.max_record_bytes = o.max_record_bytes;
     return r;
   }
 
@@ -373,6 +386,10 @@ absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
     return absl::InvalidArgumentError("directory: lease TTL, heartbeat and tick must be positive");
   }
   CONNEX_RETURN_IF_ERROR(ValidateLeaseSettings(options.lease_ttl_ms, options.heartbeat_ms));
+  CONNEX_RETURN_IF_ERROR(
+      Annotate(ValidateTableLimits(options.max_records, options.max_records_per_model,
+                                   options.max_record_bytes),
+               "directory"));
   std::unique_ptr<DirectoryServer> server(new DirectoryServer(std::move(options)));
   zmq::socket_t router(server->context_, zmq::socket_type::router);
   zmq::socket_t pub(server->context_, zmq::socket_type::pub);

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "connex/base/clock.h"
+#include "connex/directory/protocol.h"
 #include "zmq.hpp"
 
 namespace connex::directory {
@@ -30,11 +31,16 @@ struct DirectoryServerOptions {
   // CONNEX_DIRECTORY_STATE_DIR: where the directory keeps its durable state (state_file.h), so
   // that epochs never repeat and a restart is invisible. Empty: in memory only.
   std::string state_dir;
+  // Limits of the table (protocol.h): CONNEX_DIRECTORY_MAX_RECORDS,
+  // CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL, CONNEX_DIRECTORY_MAX_RECORD_BYTES.
+  size_t max_records = kDefaultMaxRecords;
+  size_t max_records_per_model = kDefaultMaxRecordsPerModel;
+  size_t max_record_bytes = kDefaultMaxRecordBytes;
   Clock* clock = RealClock::Get();
 
   // Defaults overridden by CONNEX_DIRECTORY_BIND, CONNEX_DIRECTORY_PUB, CONNEX_LEASE_TTL_MS,
   // CONNEX_HEARTBEAT_MS, CONNEX_DIRECTORY_TOKEN, CONNEX_DIRECTORY_TICK_MS,
-  // CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE), CONNEX_DIRECTORY_STATE_DIR.
+  // CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE), CONNEX_DIRECTORY_STATE_DIR and the table limits.
   static absl::StatusOr<DirectoryServerOptions> FromEnv();
 };
 
