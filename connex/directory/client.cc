@@ -349,6 +349,7 @@ class DirectoryClient::Impl {
     int64_t deadline_ms;
     ReplyCallback done;
     std::string type;
+    int64_t timeout_ms = 0;
   };
   struct Registration {
     uint64_t epoch = 0;
@@ -435,7 +436,8 @@ class DirectoryClient::Impl {
     // Fail whatever is still waiting.
     {
       connex::MutexLock lock(&mu_);
-      for (Outgoing& o : outbox_) pending_.emplace(o.id, Pending{0, std::move(o.done), o.type});
+      for (Outgoing& o : outbox_)
+        pending_.emplace(o.id, Pending{0, std::move(o.done), o.type, o.timeout_ms});
       outbox_.clear();
     }
     for (auto& [id, p] : pending_)
@@ -462,7 +464,7 @@ class DirectoryClient::Impl {
         o.done(absl::UnavailableError(StrCat("directory ", options_.directory, ": ", e.what())));
         continue;
       }
-      pending_.emplace(o.id, Pending{now + o.timeout_ms, std::move(o.done), o.type});
+      pending_.emplace(o.id, Pending{now + o.timeout_ms, std::move(o.done), o.type, o.timeout_ms});
     }
   }
 
@@ -487,10 +489,10 @@ class DirectoryClient::Impl {
       if (it->second.deadline_ms <= now) {
         ReplyCallback done = std::move(it->second.done);
         std::string type = it->second.type;
+        int64_t timeout_ms = it->second.timeout_ms;
         it = pending_.erase(it);
         done(absl::DeadlineExceededError(StrCat("directory ", options_.directory, ": no reply to ",
-                                                type, " within ", options_.request_timeout_ms,
-                                                " ms")));
+                                                type, " within ", timeout_ms, " ms")));
       } else {
         ++it;
       }
