@@ -473,9 +473,13 @@ TEST_F(TokenDirectoryTest, WrongTokenIsRefusedAndRightTokenWorks) {
   Subprocess j = Ctl({"join", "demo/g1/s0/r0", "--address", "tcp://127.0.0.1:1"},
                      {"CONNEX_DIRECTORY_TOKEN=s3cret"});
   ASSERT_TRUE(j.WaitForLine("joined demo/g1/s0/r0", 5000)) << j.transcript();
-  auto [c3, o3] = Run({"status"});  // reads need no token
-  EXPECT_EQ(c3, 0);
-  EXPECT_THAT(o3, HasSubstr("demo/g1/s0/r0"));
+  // Reading the table needs the token too.
+  auto [c3, o3] = Run({"status"});
+  EXPECT_EQ(c3, 1);
+  EXPECT_THAT(o3, HasSubstr("SNAPSHOT: this directory requires a token"));
+  auto [c4, o4] = Run({"status"}, {"CONNEX_DIRECTORY_TOKEN=s3cret"});
+  EXPECT_EQ(c4, 0);
+  EXPECT_THAT(o4, HasSubstr("demo/g1/s0/r0"));
 }
 
 }  // namespace

@@ -240,6 +240,8 @@ class DirectoryServer::Loop {
       return wire::EncodeFrame(kOk, out);
     }
     if (type == kSnapshot) {
+      // The table (addresses of every endpoint) is for members of the deployment only.
+      CONNEX_RETURN_IF_ERROR(Annotate(CheckToken(body), "directory: SNAPSHOT"));
       std::optional<std::string> model;
       std::optional<uint32_t> group;
       if (body.Has("model")) {
