@@ -106,7 +106,7 @@ class DirectoryClient::Impl {
       }
       sub_ = zmq::socket_t(context_, zmq::socket_type::sub);
       ConfigureZmqSocket(sub_, 64 << 20);
-      sub_.set(zmq::sockopt::rcvhwm, 100000);
+      sub_.set(zmq::sockopt::rcvhwm, kPubHighWaterMark);
       sub_.set(zmq::sockopt::subscribe, "");
       sub_.connect(pub_address_);
     } catch (const zmq::error_t& e) {

@@ -34,6 +34,11 @@ inline constexpr std::string_view kTick = "TICK";
 // PUB topic of TICK frames (events use `<model>/`); subscribers to a model subscribe to both.
 inline constexpr std::string_view kTickTopic = "~";
 
+// Events the PUB socket queues per subscriber before it drops that subscriber's events (which
+// then resynchronises from a snapshot: it sees the gap in the next tick). With records of at most
+// kDefaultMaxRecordBytes this bounds a slow or stopped subscriber's backlog to about 8 MiB.
+inline constexpr int kPubHighWaterMark = 1000;
+
 // Largest request the server accepts (ZMQ_MAXMSGSIZE on its ROUTER socket).
 inline constexpr int64_t kMaxRequestBytes = 1 << 20;
 // Limits on fields of a record.

@@ -398,7 +398,7 @@ absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
   ConfigureZmqSocket(router, kMaxRequestBytes);
   ConfigureZmqSocket(pub, kMaxRequestBytes);
   router.set(zmq::sockopt::router_mandatory, 0);
-  pub.set(zmq::sockopt::sndhwm, 100000);
+  pub.set(zmq::sockopt::sndhwm, kPubHighWaterMark);
   absl::StatusOr<std::string> bound = BindZmq(router, server->options_.bind);
   if (!bound.ok()) return Annotate(bound.status(), "directory: --bind");
   server->bind_address_ = *bound;
