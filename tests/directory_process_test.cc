@@ -502,9 +502,19 @@ TEST_F(LimitedDirectoryTest, AStoppedWatcherLeavesTheDirectoryMemoryBounded) {
   EXPECT_TRUE(stopped.WaitForLine("epoch=" + std::to_string(last), 10000).has_value());
 }
 
+// A directory that requires a token, read from a file (as connexctl may read it too).
 class TokenDirectoryTest : public DirectoryProcessTest {
  protected:
-  void SetUp() override { StartDirectory({"--token", "s3cret"}); }
+  std::vector<std::string> Flags() const override {
+    std::string token_file = state_ + "/token";
+    {
+      std::ofstream out(token_file);
+      out << "s3cret\n";
+    }
+    std::filesystem::permissions(
+        token_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    return {"--token-file", token_file};
+  }
 };
 
 TEST_F(TokenDirectoryTest, WrongTokenIsRefusedAndRightTokenWorks) {
@@ -517,6 +527,10 @@ TEST_F(TokenDirectoryTest, WrongTokenIsRefusedAndRightTokenWorks) {
   Subprocess j = Ctl({"join", "demo/g1/s0/r0", "--address", "tcp://127.0.0.1:1"},
                      {"CONNEX_DIRECTORY_TOKEN=s3cret"});
   ASSERT_TRUE(j.WaitForLine("joined demo/g1/s0/r0", 5000)) << j.transcript();
+  // The secret may come from a file instead of argv (where ps shows it).
+  auto [c5, o5] = Run({"--token-file", state_ + "/token", "status"});
+  EXPECT_EQ(c5, 0) << o5;
+  EXPECT_THAT(o5, HasSubstr("demo/g1/s0/r0"));
   // Reading the table needs the token too.
   auto [c3, o3] = Run({"status"});
   EXPECT_EQ(c3, 1);

@@ -41,6 +41,10 @@ int main(int argc, char** argv) {
   app.add_option("--token", options.token,
                  "shared secret required for JOIN, LEAVE and REPORT_FAILED (empty: none)")
       ->envname("CONNEX_DIRECTORY_TOKEN");
+  std::string token_file;
+  app.add_option("--token-file", token_file,
+                 "file whose first line is the shared secret (unlike --token, not visible in ps)")
+      ->envname("CONNEX_DIRECTORY_TOKEN_FILE");
   // Never from argv: a file (or CONNEX_DIRECTORY_ADMIN_TOKEN, read by FromEnv).
   std::string admin_token_file;
   app.add_option("--admin-token-file", admin_token_file,
@@ -74,6 +78,14 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (!log_level.empty()) connex::Log().set_level(spdlog::level::from_str(log_level));
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(token_file);
+    if (!token.ok()) {
+      std::cerr << "connex-directory: --token-file: " << token.status().message() << "\n";
+      return 2;
+    }
+    options.token = *token;
+  }
   if (!admin_token_file.empty()) {
     absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(admin_token_file);
     if (!token.ok()) {

@@ -109,6 +109,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--token", options.token, "directory shared secret")
       ->envname("CONNEX_DIRECTORY_TOKEN");
+  std::string token_file;
+  app.add_option("--token-file", token_file,
+                 "file whose first line is the directory shared secret (unlike --token, not "
+                 "visible in ps)")
+      ->envname("CONNEX_DIRECTORY_TOKEN_FILE");
   // The admin token comes from a file or the environment, never from argv (ps shows argv).
   std::string admin_token_file;
   app.add_option("--admin-token-file", admin_token_file,
@@ -184,6 +189,11 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   connex::Log().set_level(spdlog::level::from_str(log_level));
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(token_file);
+    if (!token.ok()) return Fail(Annotate(token.status(), "--token-file"));
+    options.token = *token;
+  }
   if (!admin_token_file.empty()) {
     absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(admin_token_file);
     if (!token.ok()) return Fail(Annotate(token.status(), "--admin-token-file"));

@@ -25,7 +25,7 @@ namespace connex::directory {
 
 struct DirectoryClientOptions {
   std::string directory = "tcp://127.0.0.1:7000";  // CONNEX_DIRECTORY
-  std::string token;                               // CONNEX_DIRECTORY_TOKEN
+  std::string token;  // CONNEX_DIRECTORY_TOKEN, or the first line of CONNEX_DIRECTORY_TOKEN_FILE
   // The operator's secret, for ForceJoin, Evict and reports from outside a model.
   // CONNEX_DIRECTORY_ADMIN_TOKEN, or the first line of CONNEX_DIRECTORY_ADMIN_TOKEN_FILE.
   std::string admin_token;

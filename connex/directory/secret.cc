@@ -72,14 +72,25 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   return line.substr(begin, end - begin + 1);
 }
 
-absl::StatusOr<std::string> AdminTokenFromEnv() {
-  std::string file = EnvString("CONNEX_DIRECTORY_ADMIN_TOKEN_FILE", "");
+namespace {
+
+absl::StatusOr<std::string> SecretFromEnv(const std::string& name) {
+  std::string file_variable = name + "_FILE";
+  std::string file = EnvString(file_variable, "");
   if (!file.empty()) {
     absl::StatusOr<std::string> token = ReadSecretFile(file);
-    if (!token.ok()) return Annotate(token.status(), "CONNEX_DIRECTORY_ADMIN_TOKEN_FILE");
+    if (!token.ok()) return Annotate(token.status(), file_variable);
     return token;
   }
-  return EnvString("CONNEX_DIRECTORY_ADMIN_TOKEN", "");
+  return EnvString(name, "");
 }
+
+}  // namespace
+
+absl::StatusOr<std::string> AdminTokenFromEnv() {
+  return SecretFromEnv("CONNEX_DIRECTORY_ADMIN_TOKEN");
+}
+
+absl::StatusOr<std::string> TokenFromEnv() { return SecretFromEnv("CONNEX_DIRECTORY_TOKEN"); }
 
 }  // namespace connex::directory

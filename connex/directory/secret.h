@@ -23,6 +23,8 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
 // The admin token from the environment: the first line of CONNEX_DIRECTORY_ADMIN_TOKEN_FILE when
 // set, else CONNEX_DIRECTORY_ADMIN_TOKEN, else empty.
 absl::StatusOr<std::string> AdminTokenFromEnv();
+// The shared token likewise: CONNEX_DIRECTORY_TOKEN_FILE, else CONNEX_DIRECTORY_TOKEN.
+absl::StatusOr<std::string> TokenFromEnv();
 
 }  // namespace connex::directory
 

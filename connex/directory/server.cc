@@ -35,7 +35,7 @@ absl::StatusOr<DirectoryServerOptions> DirectoryServerOptions::FromEnv() {
   CONNEX_ASSIGN_OR_RETURN(o.heartbeat_ms,
                           EnvInt("CONNEX_HEARTBEAT_MS", o.heartbeat_ms, 1, 3'600'000));
   CONNEX_ASSIGN_OR_RETURN(o.tick_ms, EnvInt("CONNEX_DIRECTORY_TICK_MS", o.tick_ms, 1, 60'000));
-  o.token = EnvString("CONNEX_DIRECTORY_TOKEN", "");
+  CONNEX_ASSIGN_OR_RETURN(o.token, TokenFromEnv());
   o.state_dir = EnvString("CONNEX_DIRECTORY_STATE_DIR", "");
   int64_t limit = 0;
   CONNEX_ASSIGN_OR_RETURN(limit, EnvInt("CONNEX_DIRECTORY_MAX_RECORDS",
