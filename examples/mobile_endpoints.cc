@@ -142,6 +142,9 @@ int main(int argc, char** argv) {
   connex::directory::DirectoryClientOptions owner_options;
   owner_options.directory = directory;
   auto owner = Check(DirectoryClient::Connect(owner_options), "connect owner");
+  // The sender is a member of the model (stage 0, the owner): only members may report failures.
+  auto owner_inbox = Check(MessageInbox::Start(), "owner inbox");
+  Check(owner->Join(Lid{"demo", 0, 0, 0}, {owner_inbox->address()}), "join owner");
   connex::transport::TransferEnginePtr owner_transport = transport.Create(Lid{"demo", 0, 0, 0});
   ElasticPeerSet peers(*owner, owner_transport.get(),
                        {"demo", 1, /*own_replica=*/0, /*send_timeout_ms=*/200, "owner"});

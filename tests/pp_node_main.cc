@@ -63,9 +63,12 @@ int main(int argc, char** argv) {
     std::cerr << "pp_test_node: " << s.message() << "\n";
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   };
-  connex::directory::DirectoryClientOptions dopts;
-  dopts.directory = directory;
-  auto client = connex::directory::DirectoryClient::Connect(dopts);
+  // Every setting a directory client honours (token, admin token, timeouts) from the
+  // environment, as for every other client; the flag names the directory.
+  auto dopts = connex::directory::DirectoryClientOptions::FromEnv();
+  if (!dopts.ok()) return fail(dopts.status());
+  dopts->directory = directory;
+  auto client = connex::directory::DirectoryClient::Connect(*dopts);
   if (!client.ok()) return fail(client.status());
   connex::Lid lid{model, stage, 0, replica};
   auto topts = connex::transport::TransportOptions::FromEnv(lid);

@@ -8,6 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "connex/base/logging.h"
+#include "connex/directory/secret.h"
 #include "connex/directory/server.h"
 
 int main(int argc, char** argv) {
@@ -40,6 +41,34 @@ int main(int argc, char** argv) {
   app.add_option("--token", options.token,
                  "shared secret required for JOIN, LEAVE and REPORT_FAILED (empty: none)")
       ->envname("CONNEX_DIRECTORY_TOKEN");
+  std::string token_file;
+  app.add_option("--token-file", token_file,
+                 "file whose first line is the shared secret (unlike --token, not visible in ps)")
+      ->envname("CONNEX_DIRECTORY_TOKEN_FILE");
+  // Never from argv: a file (or CONNEX_DIRECTORY_ADMIN_TOKEN, read by FromEnv).
+  std::string admin_token_file;
+  app.add_option("--admin-token-file", admin_token_file,
+                 "file whose first line is the operator's admin token (forced JOINs, drains)")
+      ->envname("CONNEX_DIRECTORY_ADMIN_TOKEN_FILE");
+  app.add_option("--state-dir", options.state_dir,
+                 "directory for the durable state (epoch counter, table): epochs never repeat and "
+                 "a restart is invisible; empty: in memory only")
+      ->envname("CONNEX_DIRECTORY_STATE_DIR");
+  app.add_option("--max-records", options.max_records,
+                 "records in the whole table; a JOIN over it is refused")
+      ->envname("CONNEX_DIRECTORY_MAX_RECORDS")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--max-records-per-model", options.max_records_per_model,
+                 "records of one model; a JOIN over it is refused")
+      ->envname("CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--max-record-bytes", options.max_record_bytes,
+                 "encoded size of one record (addresses and metadata)")
+      ->envname("CONNEX_DIRECTORY_MAX_RECORD_BYTES")
+      ->check(CLI::Range(size_t{256}, size_t{1} << 24))
+      ->capture_default_str();
   std::string log_level;
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->envname("CONNEX_LOG_LEVEL");
@@ -49,6 +78,22 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (!log_level.empty()) connex::Log().set_level(spdlog::level::from_str(log_level));
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(token_file);
+    if (!token.ok()) {
+      std::cerr << "connex-directory: --token-file: " << token.status().message() << "\n";
+      return 2;
+    }
+    options.token = *token;
+  }
+  if (!admin_token_file.empty()) {
+    absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(admin_token_file);
+    if (!token.ok()) {
+      std::cerr << "connex-directory: --admin-token-file: " << token.status().message() << "\n";
+      return 2;
+    }
+    options.admin_token = *token;
+  }
 
   // Signals are taken synchronously by this thread; block them before any thread starts.
   sigset_t signals;
@@ -67,6 +112,11 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   CONNEX_LOG_INFO("directory: serving (lease TTL {} ms{})", options.lease_ttl_ms,
                   options.token.empty() ? "" : ", token required");
+  if (options.state_dir.empty()) {
+    CONNEX_LOG_WARN(
+        "directory: no --state-dir: the table lives in memory only; a restart loses every route "
+        "and epochs may repeat after one");
+  }
   int signal = 0;
   sigwait(&signals, &signal);
   CONNEX_LOG_INFO("directory: signal {}, stopping", signal);

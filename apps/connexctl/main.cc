@@ -12,13 +12,17 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_join.h"
+#include "connex/base/config.h"
 #include "connex/base/logging.h"
+#include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/directory/client.h"
+#include "connex/directory/secret.h"
 #include "nlohmann/json.hpp"
 
 namespace {
 
+using connex::Annotate;
 using connex::Lid;
 using connex::directory::DirectoryClient;
 using connex::directory::DirectoryClientOptions;
@@ -105,6 +109,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--token", options.token, "directory shared secret")
       ->envname("CONNEX_DIRECTORY_TOKEN");
+  std::string token_file;
+  app.add_option("--token-file", token_file,
+                 "file whose first line is the directory shared secret (unlike --token, not "
+                 "visible in ps)")
+      ->envname("CONNEX_DIRECTORY_TOKEN_FILE");
+  // The admin token comes from a file or the environment, never from argv (ps shows argv).
+  std::string admin_token_file;
+  app.add_option("--admin-token-file", admin_token_file,
+                 "file whose first line is the admin token (join --force, leave, report-failed of "
+                 "any LID); or set CONNEX_DIRECTORY_ADMIN_TOKEN")
+      ->envname("CONNEX_DIRECTORY_ADMIN_TOKEN_FILE");
   app.add_option("--timeout-ms", options.request_timeout_ms, "request timeout")
       ->envname("CONNEX_DIRECTORY_TIMEOUT_MS")
       ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
@@ -139,6 +154,9 @@ int main(int argc, char** argv) {
   join->add_option("lid", lid_text, "model/g<group>/s<shard>/r<replica>")->required();
   join->add_option("--address", addresses, "address to publish (repeatable)")->required();
   join->add_option("--metadata", metadata_items, "KEY=VALUE (repeatable)");
+  bool force = false;
+  join->add_flag("--force", force,
+                 "take LID over from a live holder (needs the admin token; the holder is fenced)");
   CLI::App* leave = app.add_subcommand("leave", "drain LID: LEFT for every watcher");
   leave->add_option("lid", lid_text, "model/g<group>/s<shard>/r<replica>")->required();
   CLI::App* report = app.add_subcommand("report-failed", "evict LID for every sender (FAILED)");
@@ -171,6 +189,18 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   connex::Log().set_level(spdlog::level::from_str(log_level));
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(token_file);
+    if (!token.ok()) return Fail(Annotate(token.status(), "--token-file"));
+    options.token = *token;
+  }
+  if (!admin_token_file.empty()) {
+    absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(admin_token_file);
+    if (!token.ok()) return Fail(Annotate(token.status(), "--admin-token-file"));
+    options.admin_token = *token;
+  } else {
+    options.admin_token = connex::EnvString("CONNEX_DIRECTORY_ADMIN_TOKEN", "");
+  }
 
   std::optional<Lid> lid;
   if (!lid_text.empty()) {
@@ -261,7 +291,8 @@ int main(int argc, char** argv) {
       }
       std::fflush(stdout);
     });
-    auto joined = client.Join(*lid, addresses, metadata);
+    auto joined = force ? client.ForceJoin(*lid, addresses, metadata)
+                        : client.Join(*lid, addresses, metadata);
     if (!joined.ok()) return Fail(joined.status());
     std::printf("joined %s epoch=%llu\n", lid->ToString().c_str(),
                 static_cast<unsigned long long>(*joined));

@@ -20,13 +20,15 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/base/zmq_util.h"
+#include "connex/directory/secret.h"
 
 namespace connex::directory {
 
 absl::StatusOr<DirectoryClientOptions> DirectoryClientOptions::FromEnv() {
   DirectoryClientOptions o;
   o.directory = EnvString("CONNEX_DIRECTORY", o.directory);
-  o.token = EnvString("CONNEX_DIRECTORY_TOKEN", "");
+  CONNEX_ASSIGN_OR_RETURN(o.token, TokenFromEnv());
+  CONNEX_ASSIGN_OR_RETURN(o.admin_token, AdminTokenFromEnv());
   CONNEX_ASSIGN_OR_RETURN(o.heartbeat_ms, EnvInt("CONNEX_HEARTBEAT_MS", 0, 0, 3'600'000));
   CONNEX_ASSIGN_OR_RETURN(o.request_timeout_ms, EnvInt("CONNEX_DIRECTORY_TIMEOUT_MS",
                                                        o.request_timeout_ms, 1, 3'600'000));
@@ -51,10 +53,7 @@ absl::StatusOr<wire::Frame> CheckReply(absl::StatusOr<wire::Frame> frame) {
 
 class DirectoryClient::Impl {
  public:
-  explicit Impl(DirectoryClientOptions options) : options_(std::move(options)), context_(1) {
-    std::random_device rd;
-    instance_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
-  }
+  explicit Impl(DirectoryClientOptions options) : options_(std::move(options)), context_(1) {}
 
   ~Impl() {
     stop_.store(true);
@@ -92,6 +91,12 @@ class DirectoryClient::Impl {
       CONNEX_ASSIGN_OR_RETURN(int64_t advised, hello->body.Int("heartbeat_ms"));
       heartbeat_ms_ = options_.heartbeat_ms > 0 ? options_.heartbeat_ms : advised;
       if (heartbeat_ms_ <= 0) heartbeat_ms_ = 1000;
+      if (options_.heartbeat_ms > 0) {
+        absl::Status ok = ValidateLeaseSettings(lease_ttl_ms_, options_.heartbeat_ms);
+        if (!ok.ok()) {
+          return Annotate(ok, StrCat("directory ", options_.directory, " (its lease TTL)"));
+        }
+      }
       // A directory bound to a wildcard host is reached at the host we dialled.
       absl::StatusOr<TcpEndpoint> pub = ParseTcpEndpoint(pub_address_);
       if (!pub.ok()) return Annotate(pub.status(), "directory HELLO.pub");
@@ -101,7 +106,7 @@ class DirectoryClient::Impl {
       }
       sub_ = zmq::socket_t(context_, zmq::socket_type::sub);
       ConfigureZmqSocket(sub_, 64 << 20);
-      sub_.set(zmq::sockopt::rcvhwm, 100000);
+      sub_.set(zmq::sockopt::rcvhwm, kPubHighWaterMark);
       sub_.set(zmq::sockopt::subscribe, "");
       sub_.connect(pub_address_);
     } catch (const zmq::error_t& e) {
@@ -114,11 +119,14 @@ class DirectoryClient::Impl {
 
   // ---- requests from any thread ----
 
-  void Send(std::string_view type, wire::MapBuilder& body, ReplyCallback done) {
+  // `timeout_ms` 0: the request timeout.
+  void Send(std::string_view type, wire::MapBuilder& body, ReplyCallback done,
+            int64_t timeout_ms = 0) {
     uint64_t id = next_id_.fetch_add(1);
     body.Uint("id", id);
     if (!options_.token.empty()) body.Str("token", options_.token);
-    Outgoing out{id, wire::EncodeFrame(type, body), std::move(done), std::string(type)};
+    Outgoing out{id, wire::EncodeFrame(type, body), std::move(done), std::string(type),
+                 timeout_ms > 0 ? timeout_ms : options_.request_timeout_ms};
     {
       connex::MutexLock lock(&mu_);
       outbox_.push_back(std::move(out));
@@ -139,31 +147,53 @@ class DirectoryClient::Impl {
   }
 
   absl::StatusOr<uint64_t> Join(const Lid& lid, std::vector<std::string> addresses,
-                                std::map<std::string, std::string> metadata) {
+                                std::map<std::string, std::string> metadata, bool force) {
     CONNEX_RETURN_IF_ERROR(ValidateRegistration(addresses, metadata));
-    wire::MapBuilder body;
-    body.Str("lid", lid.ToString())
-        .StrList("addresses", addresses)
-        .StrMap("metadata", metadata)
-        .Uint("instance", instance_);
-    CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kJoin, body));
-    CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, reply.body.Uint("epoch"));
-    {
+    if (force && options_.admin_token.empty()) {
+      return absl::PermissionDeniedError(
+          StrCat("a forced JOIN of ", lid.ToString(),
+                 " needs the admin token (CONNEX_DIRECTORY_ADMIN_TOKEN or _FILE)"));
+    }
+    // A previous holder that died keeps the LID until its lease runs out: wait that long.
+    const int64_t give_up_ms = RealClock::Get()->NowMs() +
+                               (options_.join_waits_for_lease ? lease_ttl_ms_ + heartbeat_ms_ : 0);
+    while (true) {
+      wire::MapBuilder body;
+      body.Str("lid", lid.ToString()).StrList("addresses", addresses).StrMap("metadata", metadata);
+      {
+        connex::MutexLock lock(&mu_);
+        auto it = registrations_.find(lid);
+        if (it != registrations_.end()) body.Str("credential", it->second.credential);
+      }
+      if (force) body.Bool("force", true).Str("admin", options_.admin_token);
+      absl::StatusOr<wire::Frame> reply = Call(kJoin, body);
+      int64_t now = RealClock::Get()->NowMs();
+      if (!reply.ok() && reply.status().code() == absl::StatusCode::kAlreadyExists &&
+          now < give_up_ms) {
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(std::min<int64_t>(give_up_ms - now, heartbeat_ms_)));
+        continue;
+      }
+      if (!reply.ok()) return reply.status();
+      CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, reply->body.Uint("epoch"));
+      CONNEX_ASSIGN_OR_RETURN(std::string credential, reply->body.Str("credential"));
       connex::MutexLock lock(&mu_);
       Registration& r = registrations_[lid];
       r.epoch = epoch;
+      r.credential = std::move(credential);
       r.addresses = std::move(addresses);
       r.metadata = std::move(metadata);
-      r.next_heartbeat_ms = RealClock::Get()->NowMs() + heartbeat_ms_;
+      r.next_heartbeat_ms = now + heartbeat_ms_;
       // A heartbeat (or rejoin) of the previous epoch may still be in flight (a migration);
       // its reply is ignored as stale, so it must not hold the next heartbeats back.
       r.heartbeat_in_flight = false;
+      return epoch;
     }
-    return epoch;
   }
 
   absl::Status Leave(const Lid& lid) {
     uint64_t epoch = 0;
+    std::string credential;
     {
       connex::MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
@@ -171,10 +201,11 @@ class DirectoryClient::Impl {
         return absl::NotFoundError(StrCat("this client does not hold ", lid.ToString()));
       }
       epoch = it->second.epoch;
+      credential = it->second.credential;
       registrations_.erase(it);  // stop heartbeating first
     }
     wire::MapBuilder body;
-    body.Str("lid", lid.ToString()).Uint("epoch", epoch);
+    body.Str("lid", lid.ToString()).Uint("epoch", epoch).Str("credential", credential);
     return Call(kLeave, body).status();
   }
 
@@ -213,6 +244,16 @@ class DirectoryClient::Impl {
   absl::StatusOr<bool> ReportFailed(const Lid& lid, uint64_t epoch, std::string_view reporter) {
     wire::MapBuilder body;
     body.Str("lid", lid.ToString()).Uint("epoch", epoch).Str("reporter", reporter);
+    {
+      // A member of the model vouches with the credential of a LID it holds there.
+      connex::MutexLock lock(&mu_);
+      for (const auto& [held, r] : registrations_) {
+        if (held.model != lid.model || held == lid) continue;
+        body.Str("member", held.ToString()).Str("member_credential", r.credential);
+        break;
+      }
+    }
+    if (!options_.admin_token.empty()) body.Str("admin", options_.admin_token);
     CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kReportFailed, body));
     return reply.body.Bool("evicted");
   }
@@ -220,6 +261,7 @@ class DirectoryClient::Impl {
   absl::Status Evict(const Lid& lid) {
     wire::MapBuilder body;
     body.Str("lid", lid.ToString());
+    if (!options_.admin_token.empty()) body.Str("admin", options_.admin_token);
     return Call(kLeave, body).status();
   }
 
@@ -301,14 +343,17 @@ class DirectoryClient::Impl {
     std::string frame;
     ReplyCallback done;
     std::string type;
+    int64_t timeout_ms;
   };
   struct Pending {
     int64_t deadline_ms;
     ReplyCallback done;
     std::string type;
+    int64_t timeout_ms = 0;
   };
   struct Registration {
     uint64_t epoch = 0;
+    std::string credential;  // of `epoch`; never leaves this client except to the directory
     std::vector<std::string> addresses;
     std::map<std::string, std::string> metadata;
     int64_t next_heartbeat_ms = 0;
@@ -391,7 +436,8 @@ class DirectoryClient::Impl {
     // Fail whatever is still waiting.
     {
       connex::MutexLock lock(&mu_);
-      for (Outgoing& o : outbox_) pending_.emplace(o.id, Pending{0, std::move(o.done), o.type});
+      for (Outgoing& o : outbox_)
+        pending_.emplace(o.id, Pending{0, std::move(o.done), o.type, o.timeout_ms});
       outbox_.clear();
     }
     for (auto& [id, p] : pending_)
@@ -418,7 +464,7 @@ class DirectoryClient::Impl {
         o.done(absl::UnavailableError(StrCat("directory ", options_.directory, ": ", e.what())));
         continue;
       }
-      pending_.emplace(o.id, Pending{now + options_.request_timeout_ms, std::move(o.done), o.type});
+      pending_.emplace(o.id, Pending{now + o.timeout_ms, std::move(o.done), o.type, o.timeout_ms});
     }
   }
 
@@ -443,10 +489,10 @@ class DirectoryClient::Impl {
       if (it->second.deadline_ms <= now) {
         ReplyCallback done = std::move(it->second.done);
         std::string type = it->second.type;
+        int64_t timeout_ms = it->second.timeout_ms;
         it = pending_.erase(it);
         done(absl::DeadlineExceededError(StrCat("directory ", options_.directory, ": no reply to ",
-                                                type, " within ", options_.request_timeout_ms,
-                                                " ms")));
+                                                type, " within ", timeout_ms, " ms")));
       } else {
         ++it;
       }
@@ -454,47 +500,62 @@ class DirectoryClient::Impl {
   }
 
   void SendHeartbeats(int64_t now) {
-    std::vector<std::pair<Lid, uint64_t>> due;
+    struct Due {
+      Lid lid;
+      uint64_t epoch;
+      std::string credential;
+    };
+    std::vector<Due> due;
     {
       connex::MutexLock lock(&mu_);
       for (auto& [lid, r] : registrations_) {
         if (r.heartbeat_in_flight || r.next_heartbeat_ms > now) continue;
         r.heartbeat_in_flight = true;
         r.next_heartbeat_ms = now + heartbeat_ms_;
-        due.emplace_back(lid, r.epoch);
+        due.push_back(Due{lid, r.epoch, r.credential});
       }
     }
-    for (const auto& [lid, epoch] : due) {
+    for (const Due& d : due) {
       wire::MapBuilder body;
-      body.Str("lid", lid.ToString()).Uint("epoch", epoch).Uint("instance", instance_);
-      Send(kHeartbeat, body, [this, lid = lid, epoch = epoch](absl::StatusOr<wire::Frame> r) {
-        uint64_t held = epoch;
-        if (r.ok()) {
-          absl::StatusOr<uint64_t> e = r->body.UintOr("epoch", epoch);
-          if (e.ok()) held = *e;
-        }
-        OnHeartbeatReply(lid, epoch, r.status(), held);
-      });
+      body.Str("lid", d.lid.ToString()).Uint("epoch", d.epoch).Str("credential", d.credential);
+      Send(
+          kHeartbeat, body,
+          [this, lid = d.lid, epoch = d.epoch](absl::StatusOr<wire::Frame> r) {
+            uint64_t held = epoch;
+            std::string credential;
+            if (r.ok()) {
+              absl::StatusOr<uint64_t> e = r->body.UintOr("epoch", epoch);
+              if (e.ok()) held = *e;
+              absl::StatusOr<std::string> c = r->body.StrOr("credential", "");
+              if (c.ok()) credential = *c;
+            }
+            OnHeartbeatReply(lid, epoch, r.status(), held, credential);
+          },
+          // A heartbeat lost with a dead connection (a directory restart) must not hold the
+          // next ones back for a whole request timeout, which may exceed the lease.
+          std::min(options_.request_timeout_ms, std::max<int64_t>(heartbeat_ms_, 50)));
     }
     if (!due.empty()) SendOutbox();
   }
 
-  void OnHeartbeatReply(const Lid& lid, uint64_t epoch, const absl::Status& status, uint64_t held) {
+  void OnHeartbeatReply(const Lid& lid, uint64_t epoch, const absl::Status& status, uint64_t held,
+                        std::string credential) {
     {
       connex::MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
       if (it == registrations_.end() || it->second.epoch != epoch) return;  // left or migrated
       it->second.heartbeat_in_flight = false;
-      if (status.ok() && held != epoch) {
+      if (status.ok() && held != epoch && !credential.empty()) {
         // A JOIN of ours was applied but its reply was lost: the directory knows better.
         it->second.epoch = held;
+        it->second.credential = std::move(credential);
       } else if (status.ok() || status.code() == absl::StatusCode::kDeadlineExceeded ||
                  status.code() == absl::StatusCode::kUnavailable) {
         return;  // renewed, or the directory is unreachable: keep trying
       }
     }
     if (status.ok()) {
-      Notify(RegistrationChange{lid, epoch, held, absl::OkStatus()});
+      if (held != epoch) Notify(RegistrationChange{lid, epoch, held, absl::OkStatus()});
       return;
     }
     if (status.code() == absl::StatusCode::kNotFound && options_.rejoin_after_eviction) {
@@ -525,12 +586,15 @@ class DirectoryClient::Impl {
       body.Str("lid", lid.ToString())
           .StrList("addresses", it->second.addresses)
           .StrMap("metadata", it->second.metadata)
-          .Uint("instance", instance_)
+          .Str("credential", it->second.credential)
           .Bool("exclusive", true);
     }
     Send(kJoin, body, [this, lid, old_epoch](absl::StatusOr<wire::Frame> reply) {
       absl::StatusOr<uint64_t> epoch =
           reply.ok() ? reply->body.Uint("epoch") : absl::StatusOr<uint64_t>(reply.status());
+      absl::StatusOr<std::string> credential =
+          reply.ok() ? reply->body.Str("credential") : absl::StatusOr<std::string>("");
+      if (epoch.ok() && !credential.ok()) epoch = credential.status();
       bool retry_later =
           !epoch.ok() && (epoch.status().code() == absl::StatusCode::kDeadlineExceeded ||
                           epoch.status().code() == absl::StatusCode::kUnavailable);
@@ -540,6 +604,7 @@ class DirectoryClient::Impl {
         if (it == registrations_.end() || it->second.epoch != old_epoch) return;
         if (epoch.ok()) {
           it->second.epoch = *epoch;
+          it->second.credential = *std::move(credential);
           it->second.heartbeat_in_flight = false;
           it->second.next_heartbeat_ms = RealClock::Get()->NowMs() + heartbeat_ms_;
         } else if (retry_later) {
@@ -751,7 +816,6 @@ class DirectoryClient::Impl {
   }
 
   DirectoryClientOptions options_;
-  uint64_t instance_ = 0;
   zmq::context_t context_;
   zmq::socket_t dealer_;  // loop thread (after Start)
   zmq::socket_t sub_;     // loop thread
@@ -803,7 +867,12 @@ absl::StatusOr<std::unique_ptr<DirectoryClient>> DirectoryClient::Connect(
 
 absl::StatusOr<uint64_t> DirectoryClient::Join(const Lid& lid, std::vector<std::string> addresses,
                                                std::map<std::string, std::string> metadata) {
-  return impl_->Join(lid, std::move(addresses), std::move(metadata));
+  return impl_->Join(lid, std::move(addresses), std::move(metadata), /*force=*/false);
+}
+absl::StatusOr<uint64_t> DirectoryClient::ForceJoin(const Lid& lid,
+                                                    std::vector<std::string> addresses,
+                                                    std::map<std::string, std::string> metadata) {
+  return impl_->Join(lid, std::move(addresses), std::move(metadata), /*force=*/true);
 }
 absl::Status DirectoryClient::Leave(const Lid& lid) { return impl_->Leave(lid); }
 absl::Status DirectoryClient::LeaveAll() { return impl_->LeaveAll(); }

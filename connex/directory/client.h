@@ -25,13 +25,19 @@ namespace connex::directory {
 
 struct DirectoryClientOptions {
   std::string directory = "tcp://127.0.0.1:7000";  // CONNEX_DIRECTORY
-  std::string token;                               // CONNEX_DIRECTORY_TOKEN
+  std::string token;  // CONNEX_DIRECTORY_TOKEN, or the first line of CONNEX_DIRECTORY_TOKEN_FILE
+  // The operator's secret, for ForceJoin, Evict and reports from outside a model.
+  // CONNEX_DIRECTORY_ADMIN_TOKEN, or the first line of CONNEX_DIRECTORY_ADMIN_TOKEN_FILE.
+  std::string admin_token;
   int64_t heartbeat_ms = 0;           // CONNEX_HEARTBEAT_MS; 0 = what the directory advises
   int64_t request_timeout_ms = 3000;  // CONNEX_DIRECTORY_TIMEOUT_MS
   bool rejoin_after_eviction = true;  // join again (new epoch) when a heartbeat finds us evicted
+  // Join of a LID held by a live lease waits up to one lease TTL (plus a heartbeat) for it to
+  // run out — a restarted process whose previous incarnation died — before AlreadyExists.
+  bool join_waits_for_lease = true;
 
   // Defaults overridden by CONNEX_DIRECTORY, CONNEX_DIRECTORY_TOKEN, CONNEX_HEARTBEAT_MS,
-  // CONNEX_DIRECTORY_TIMEOUT_MS.
+  // CONNEX_DIRECTORY_TIMEOUT_MS, CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE).
   static absl::StatusOr<DirectoryClientOptions> FromEnv();
 };
 
@@ -56,9 +62,16 @@ class DirectoryClient {
 
   // ---- holder side ----
   // Registers `lid` at `addresses` and keeps its lease alive. Joining a LID this client already
-  // holds with other addresses is a migration (new epoch). Returns the epoch.
+  // holds with other addresses is a migration (new epoch). Returns the epoch; the incarnation's
+  // credential stays inside this client, which presents it with heartbeats, Leave and
+  // migrations. AlreadyExists (naming the holder's epoch) when another process holds `lid` and
+  // its lease stays live for a whole lease TTL (see `join_waits_for_lease`).
   absl::StatusOr<uint64_t> Join(const Lid& lid, std::vector<std::string> addresses,
                                 std::map<std::string, std::string> metadata = {});
+  // An operator's takeover: Join that displaces a live holder (FAILED superseded; its next
+  // heartbeat is refused). PermissionDenied without the right `admin_token`.
+  absl::StatusOr<uint64_t> ForceJoin(const Lid& lid, std::vector<std::string> addresses,
+                                     std::map<std::string, std::string> metadata = {});
   // Leaves gracefully (LEFT). NotFound if this client does not hold `lid`.
   absl::Status Leave(const Lid& lid);
   absl::Status LeaveAll();
@@ -71,8 +84,10 @@ class DirectoryClient {
                                        std::optional<uint32_t> group = std::nullopt);
   // Evicts (lid, epoch) for everyone (epoch 0: the current one). Returns whether it was evicted
   // (false: that epoch was already gone). `reporter` is recorded in the FAILED event.
+  // Accepted from a member: this client must hold a live LID of `lid`'s model (its credential
+  // vouches for the report), or have the admin token; PermissionDenied otherwise.
   absl::StatusOr<bool> ReportFailed(const Lid& lid, uint64_t epoch, std::string_view reporter = "");
-  // An operator's drain of a LID held by anyone (LEFT).
+  // An operator's drain of a LID held by anyone (LEFT). Needs the admin token (PermissionDenied).
   absl::Status Evict(const Lid& lid);
 
   // ---- watcher side ----

@@ -105,6 +105,10 @@ absl::StatusOr<Snapshot> DecodeSnapshot(const wire::MapView& in) {
 
 absl::Status ValidateRegistration(const std::vector<std::string>& addresses,
                                   const std::map<std::string, std::string>& metadata) {
+  if (addresses.empty()) {
+    return absl::InvalidArgumentError(
+        "addresses: none given (a JOIN publishes at least one SCHEME://... address)");
+  }
   if (addresses.size() > kMaxAddresses) {
     return absl::InvalidArgumentError(
         StrCat("addresses: ", addresses.size(), " given, at most ", kMaxAddresses, " allowed"));
@@ -128,6 +132,44 @@ absl::Status ValidateRegistration(const std::vector<std::string>& addresses,
       return absl::InvalidArgumentError(
           StrCat("metadata: entry '", k.substr(0, 64), "' is too long or empty"));
     }
+  }
+  return absl::OkStatus();
+}
+
+size_t RecordBytes(const Record& record) {
+  // Field names, msgpack headers and the integers: at most 64 bytes; each string at most 5
+  // bytes of header.
+  size_t bytes = 64 + record.lid.ToString().size() + 5;
+  for (const std::string& a : record.addresses) bytes += a.size() + 5;
+  for (const auto& [k, v] : record.metadata) bytes += k.size() + v.size() + 10;
+  return bytes;
+}
+
+absl::Status ValidateTableLimits(size_t max_records, size_t max_records_per_model,
+                                 size_t max_record_bytes) {
+  if (max_records == 0 || max_records_per_model == 0 || max_record_bytes < 256) {
+    return absl::InvalidArgumentError(StrCat(
+        "--max-records ", max_records, " and --max-records-per-model ", max_records_per_model,
+        " must be at least 1, --max-record-bytes ", max_record_bytes, " at least 256"));
+  }
+  if (max_records * max_record_bytes > kMaxSnapshotBytes) {
+    return absl::InvalidArgumentError(StrCat(
+        "--max-records ", max_records, " (CONNEX_DIRECTORY_MAX_RECORDS) times --max-record-bytes ",
+        max_record_bytes, " (CONNEX_DIRECTORY_MAX_RECORD_BYTES) is ",
+        max_records * max_record_bytes, " bytes, over the ", kMaxSnapshotBytes,
+        " that a snapshot of every record may take (clients accept 16 MiB frames)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLeaseSettings(int64_t lease_ttl_ms, int64_t heartbeat_ms) {
+  if (heartbeat_ms * 2 > lease_ttl_ms) {
+    return absl::InvalidArgumentError(
+        StrCat("--heartbeat-ms ", heartbeat_ms,
+               " (CONNEX_HEARTBEAT_MS) must be at most half of "
+               "--lease-ttl-ms ",
+               lease_ttl_ms, " (CONNEX_LEASE_TTL_MS): with ", heartbeat_ms,
+               " ms between heartbeats a ", lease_ttl_ms, " ms lease expires between two of them"));
   }
   return absl::OkStatus();
 }

@@ -34,6 +34,11 @@ inline constexpr std::string_view kTick = "TICK";
 // PUB topic of TICK frames (events use `<model>/`); subscribers to a model subscribe to both.
 inline constexpr std::string_view kTickTopic = "~";
 
+// Events the PUB socket queues per subscriber before it drops that subscriber's events (which
+// then resynchronises from a snapshot: it sees the gap in the next tick). With records of at most
+// kDefaultMaxRecordBytes this bounds a slow or stopped subscriber's backlog to about 8 MiB.
+inline constexpr int kPubHighWaterMark = 1000;
+
 // Largest request the server accepts (ZMQ_MAXMSGSIZE on its ROUTER socket).
 inline constexpr int64_t kMaxRequestBytes = 1 << 20;
 // Limits on fields of a record.
@@ -79,9 +84,30 @@ absl::StatusOr<Event> DecodeEvent(const wire::MapView& in);
 void EncodeSnapshot(const Snapshot& snapshot, wire::MapBuilder* out);
 absl::StatusOr<Snapshot> DecodeSnapshot(const wire::MapView& in);
 
+// Default limits of a directory's table (DirectoryServerOptions, RegistryOptions). Chosen so
+// that a snapshot of every record (at most kDefaultMaxRecords * kDefaultMaxRecordBytes, 8 MiB)
+// fits the 16 MiB frame that clients accept.
+inline constexpr size_t kDefaultMaxRecords = 1024;
+inline constexpr size_t kDefaultMaxRecordsPerModel = 256;
+inline constexpr size_t kDefaultMaxRecordBytes = 8192;
+// A snapshot of max_records records of max_record_bytes each must stay below this.
+inline constexpr size_t kMaxSnapshotBytes = 12 << 20;
+
+// An upper bound of the encoded size of `record` (msgpack), for the record-size limit.
+size_t RecordBytes(const Record& record);
+
+// Validates the table limits: InvalidArgument naming the values (and their flags) when a
+// snapshot of every record could exceed kMaxSnapshotBytes or a limit is zero.
+absl::Status ValidateTableLimits(size_t max_records, size_t max_records_per_model,
+                                 size_t max_record_bytes);
+
 // Validates what a JOIN registers; InvalidArgument names the bad field.
 absl::Status ValidateRegistration(const std::vector<std::string>& addresses,
                                   const std::map<std::string, std::string>& metadata);
+
+// The heartbeat period must be at most half the lease TTL, so that a lease survives one lost
+// heartbeat. InvalidArgument naming both values (and their flags) otherwise.
+absl::Status ValidateLeaseSettings(int64_t lease_ttl_ms, int64_t heartbeat_ms);
 
 // An ERROR reply carries an absl status code and message.
 std::string EncodeError(uint64_t request_id, const absl::Status& status);

@@ -12,21 +12,11 @@
 #include "connex/base/zmq_util.h"
 #include "connex/directory/protocol.h"
 #include "connex/directory/registry.h"
+#include "connex/directory/secret.h"
+#include "connex/directory/state_file.h"
 
 namespace connex::directory {
 namespace {
-
-// Compares secrets in time independent of where they differ.
-bool TokensEqual(std::string_view a, std::string_view b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    unsigned char x = i < a.size() ? a[i] : 0;
-    unsigned char y = i < b.size() ? b[i] : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
-}
 
 uint64_t WallClockMillis() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -45,19 +35,68 @@ absl::StatusOr<DirectoryServerOptions> DirectoryServerOptions::FromEnv() {
   CONNEX_ASSIGN_OR_RETURN(o.heartbeat_ms,
                           EnvInt("CONNEX_HEARTBEAT_MS", o.heartbeat_ms, 1, 3'600'000));
   CONNEX_ASSIGN_OR_RETURN(o.tick_ms, EnvInt("CONNEX_DIRECTORY_TICK_MS", o.tick_ms, 1, 60'000));
-  o.token = EnvString("CONNEX_DIRECTORY_TOKEN", "");
+  CONNEX_ASSIGN_OR_RETURN(o.token, TokenFromEnv());
+  o.state_dir = EnvString("CONNEX_DIRECTORY_STATE_DIR", "");
+  int64_t limit = 0;
+  CONNEX_ASSIGN_OR_RETURN(limit, EnvInt("CONNEX_DIRECTORY_MAX_RECORDS",
+                                        static_cast<int64_t>(o.max_records), 1, 1 << 24));
+  o.max_records = static_cast<size_t>(limit);
+  CONNEX_ASSIGN_OR_RETURN(limit, EnvInt("CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL",
+                                        static_cast<int64_t>(o.max_records_per_model), 1, 1 << 24));
+  o.max_records_per_model = static_cast<size_t>(limit);
+  CONNEX_ASSIGN_OR_RETURN(limit, EnvInt("CONNEX_DIRECTORY_MAX_RECORD_BYTES",
+                                        static_cast<int64_t>(o.max_record_bytes), 256, 1 << 24));
+  o.max_record_bytes = static_cast<size_t>(limit);
+  CONNEX_ASSIGN_OR_RETURN(o.admin_token, AdminTokenFromEnv());
   return o;
 }
 
 // Owned by the loop thread: the sockets, the registry and request handling.
 class DirectoryServer::Loop {
  public:
-  Loop(DirectoryServer* server, zmq::socket_t router, zmq::socket_t pub, uint64_t first_epoch)
+  Loop(DirectoryServer* server, zmq::socket_t router, zmq::socket_t pub, uint64_t first_epoch,
+       std::unique_ptr<StateFile> state, const std::optional<RegistryState>& saved)
       : server_(server),
         options_(server->options_),
         router_(std::move(router)),
         pub_(std::move(pub)),
-        registry_(options_.clock, RegistryOptions{options_.lease_ttl_ms, first_epoch, 65536}) {}
+        registry_(options_.clock, MakeRegistryOptions(options_, first_epoch)),
+        state_(std::move(state)) {
+    if (saved) {
+      registry_.Restore(*saved);
+      CONNEX_LOG_INFO("directory: restored {} records at revision {} from {} (next epoch {})",
+                      registry_.size(), registry_.revision(), state_->path(),
+                      registry_.next_epoch());
+    }
+  }
+
+  // Writes the state file when the table or the epoch counter changed since the last write.
+  // Called before replies and events go out, so nothing anyone saw is ever lost or handed out
+  // again by a restart.
+  absl::Status Persist() {
+    if (state_ == nullptr) return absl::OkStatus();
+    if (saved_ && registry_.next_epoch() == saved_next_epoch_ &&
+        registry_.revision() == saved_revision_) {
+      return absl::OkStatus();  // heartbeats and idempotent JOINs change neither
+    }
+    CONNEX_RETURN_IF_ERROR(state_->Save(registry_.Export()));
+    saved_ = true;
+    saved_next_epoch_ = registry_.next_epoch();
+    saved_revision_ = registry_.revision();
+    return absl::OkStatus();
+  }
+
+  static RegistryOptions MakeRegistryOptions(const DirectoryServerOptions& o,
+                                             uint64_t first_epoch) {
+    RegistryOptions r;
+    r.lease_ttl_ms = o.lease_ttl_ms;
+    r.first_epoch = first_epoch;
+    r.admin_token = o.admin_token;
+    r.max_records = o.max_records;
+    r.max_records_per_model = o.max_records_per_model;
+    r.max_record_bytes = o.max_record_bytes;
+    return r;
+  }
 
   void Run() {
     int64_t next_tick = options_.clock->NowMs();
@@ -82,6 +121,13 @@ class DirectoryServer::Loop {
         HandleMessage(parts);
       }
       registry_.ExpireLeases();
+      if (absl::Status saved = Persist(); !saved.ok()) {
+        // Replying now could hand out an epoch that a restart hands out again. Stop: a restart
+        // resumes from the last state written, and clients retry what got no reply.
+        CONNEX_LOG_ERROR("directory: {}; stopping", AsStd(saved.message()));
+        std::abort();
+      }
+      SendReplies();
       Publish();
       now = options_.clock->NowMs();
       if (now >= next_tick) {
@@ -101,8 +147,20 @@ class DirectoryServer::Loop {
     } else if (parts.size() == 3 && parts[1].size() == 0) {
       payload = &parts[2];
     } else {
+      // Answered, not dropped: the sender learns what it did wrong. The ERROR goes back with the
+      // envelope the sender's socket type expects (identity, plus the empty delimiter of REQ).
       server_->requests_rejected_.fetch_add(1);
-      CONNEX_LOG_DEBUG("directory: dropped a message of {} parts", parts.size());
+      if (parts.empty()) return;
+      bool req = parts.size() >= 2 && parts[1].size() == 0;
+      size_t frames = parts.size() - (req ? 2 : 1);
+      envelope.emplace_back(parts[0].data(), parts[0].size());
+      if (req) envelope.emplace_back();
+      replies_.push_back(Reply{
+          std::move(envelope),
+          EncodeError(0, absl::InvalidArgumentError(StrCat(
+                             "directory: malformed request: ", frames,
+                             " frames; a request is one frame (DEALER: [request], REQ: an empty "
+                             "delimiter, then [request])")))});
       return;
     }
     for (size_t i = 0; i + 1 < parts.size(); ++i)
@@ -131,13 +189,20 @@ class DirectoryServer::Loop {
         }
       }
     }
-    try {
-      for (zmq::message_t& e : envelope)
-        router_.send(e, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-      router_.send(zmq::buffer(reply), zmq::send_flags::dontwait);
-    } catch (const zmq::error_t& e) {
-      CONNEX_LOG_DEBUG("directory: reply dropped: {}", e.what());
+    replies_.push_back(Reply{std::move(envelope), std::move(reply)});
+  }
+
+  void SendReplies() {
+    for (Reply& r : replies_) {
+      try {
+        for (zmq::message_t& e : r.envelope)
+          router_.send(e, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+        router_.send(zmq::buffer(r.frame), zmq::send_flags::dontwait);
+      } catch (const zmq::error_t& e) {
+        CONNEX_LOG_DEBUG("directory: reply dropped: {}", e.what());
+      }
     }
+    replies_.clear();
   }
 
   absl::Status CheckToken(const wire::MapView& body) {
@@ -148,7 +213,7 @@ class DirectoryServer::Loop {
       return absl::PermissionDeniedError(
           "this directory requires a token (set CONNEX_DIRECTORY_TOKEN or --token)");
     }
-    if (!TokensEqual(*token, options_.token)) {
+    if (!SecretsEqual(*token, options_.token)) {
       return absl::PermissionDeniedError("wrong directory token");
     }
     return absl::OkStatus();
@@ -175,6 +240,8 @@ class DirectoryServer::Loop {
       return wire::EncodeFrame(kOk, out);
     }
     if (type == kSnapshot) {
+      // The table (addresses of every endpoint) is for members of the deployment only.
+      CONNEX_RETURN_IF_ERROR(Annotate(CheckToken(body), "directory: SNAPSHOT"));
       std::optional<std::string> model;
       std::optional<uint32_t> group;
       if (body.Has("model")) {
@@ -208,9 +275,11 @@ class DirectoryServer::Loop {
     out.Uint("id", id);
     if (type == kHeartbeat) {
       CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, body.Uint("epoch"));
-      CONNEX_ASSIGN_OR_RETURN(uint64_t instance, body.Uint("instance"));
-      CONNEX_ASSIGN_OR_RETURN(uint64_t held, registry_.Heartbeat(lid, epoch, instance));
-      out.Int("lease_ttl_ms", options_.lease_ttl_ms).Uint("epoch", held);
+      CONNEX_ASSIGN_OR_RETURN(std::string credential, body.StrOr("credential", ""));
+      CONNEX_ASSIGN_OR_RETURN(Registry::HeartbeatResult held,
+                              registry_.Heartbeat(lid, epoch, credential));
+      out.Int("lease_ttl_ms", options_.lease_ttl_ms).Uint("epoch", held.epoch);
+      if (!held.credential.empty()) out.Str("credential", held.credential);
       return wire::EncodeFrame(kOk, out);
     }
     CONNEX_RETURN_IF_ERROR(CheckToken(body));
@@ -220,23 +289,42 @@ class DirectoryServer::Loop {
       if (body.Has("metadata")) {
         CONNEX_ASSIGN_OR_RETURN(metadata, body.StrMap("metadata"));
       }
-      CONNEX_ASSIGN_OR_RETURN(uint64_t instance, body.Uint("instance"));
-      CONNEX_ASSIGN_OR_RETURN(bool exclusive, body.BoolOr("exclusive", false));
+      JoinAuth auth;
+      CONNEX_ASSIGN_OR_RETURN(auth.credential, body.StrOr("credential", ""));
+      CONNEX_ASSIGN_OR_RETURN(auth.exclusive, body.BoolOr("exclusive", false));
+      CONNEX_ASSIGN_OR_RETURN(auth.force, body.BoolOr("force", false));
+      CONNEX_ASSIGN_OR_RETURN(auth.admin_token, body.StrOr("admin", ""));
       CONNEX_ASSIGN_OR_RETURN(Registry::JoinResult joined,
-                              registry_.Join(lid, addresses, metadata, instance, exclusive));
-      out.Uint("epoch", joined.epoch).Int("lease_ttl_ms", options_.lease_ttl_ms);
+                              registry_.Join(lid, addresses, metadata, auth));
+      if (auth.force && joined.changed) {
+        CONNEX_LOG_WARN("directory: {} taken over by the operator (forced JOIN), epoch {}",
+                        lid.ToString(), joined.epoch);
+      }
+      out.Uint("epoch", joined.epoch)
+          .Str("credential", joined.credential)
+          .Int("lease_ttl_ms", options_.lease_ttl_ms);
       return wire::EncodeFrame(kOk, out);
     }
+    Caller caller;
+    CONNEX_ASSIGN_OR_RETURN(caller.credential, body.StrOr("credential", ""));
+    CONNEX_ASSIGN_OR_RETURN(caller.admin_token, body.StrOr("admin", ""));
+    CONNEX_ASSIGN_OR_RETURN(caller.name, body.StrOr("reporter", ""));
+    if (caller.name.size() > 256) caller.name.resize(256);
     if (type == kLeave) {
       CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, body.UintOr("epoch", 0));
-      CONNEX_RETURN_IF_ERROR(registry_.Leave(lid, epoch));
+      CONNEX_RETURN_IF_ERROR(registry_.Leave(lid, epoch, caller));
       return wire::EncodeFrame(kOk, out);
     }
     // REPORT_FAILED
     CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, body.UintOr("epoch", 0));
-    CONNEX_ASSIGN_OR_RETURN(std::string reporter, body.StrOr("reporter", ""));
-    if (reporter.size() > 256) reporter.resize(256);
-    CONNEX_ASSIGN_OR_RETURN(bool evicted, registry_.ReportFailed(lid, epoch, reporter));
+    if (body.Has("member")) {
+      CONNEX_ASSIGN_OR_RETURN(std::string member, body.Str("member"));
+      absl::StatusOr<Lid> parsed = Lid::Parse(member);
+      if (!parsed.ok()) return Annotate(parsed.status(), "REPORT_FAILED.member");
+      caller.member = *parsed;
+      CONNEX_ASSIGN_OR_RETURN(caller.member_credential, body.StrOr("member_credential", ""));
+    }
+    CONNEX_ASSIGN_OR_RETURN(bool evicted, registry_.ReportFailed(lid, epoch, caller));
     out.Bool("evicted", evicted);
     return wire::EncodeFrame(kOk, out);
   }
@@ -274,11 +362,21 @@ class DirectoryServer::Loop {
     }
   }
 
+  struct Reply {
+    std::vector<zmq::message_t> envelope;
+    std::string frame;
+  };
+
   DirectoryServer* server_;
   const DirectoryServerOptions& options_;
   zmq::socket_t router_;
   zmq::socket_t pub_;
   Registry registry_;
+  std::unique_ptr<StateFile> state_;  // null: in memory only
+  bool saved_ = false;
+  uint64_t saved_next_epoch_ = 0;
+  uint64_t saved_revision_ = 0;
+  std::vector<Reply> replies_;  // answers of one batch, sent once its state is durable
 };
 
 DirectoryServer::DirectoryServer(DirectoryServerOptions options)
@@ -289,25 +387,47 @@ absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
   if (options.lease_ttl_ms <= 0 || options.heartbeat_ms <= 0 || options.tick_ms <= 0) {
     return absl::InvalidArgumentError("directory: lease TTL, heartbeat and tick must be positive");
   }
+  CONNEX_RETURN_IF_ERROR(ValidateLeaseSettings(options.lease_ttl_ms, options.heartbeat_ms));
+  CONNEX_RETURN_IF_ERROR(
+      Annotate(ValidateTableLimits(options.max_records, options.max_records_per_model,
+                                   options.max_record_bytes),
+               "directory"));
   std::unique_ptr<DirectoryServer> server(new DirectoryServer(std::move(options)));
   zmq::socket_t router(server->context_, zmq::socket_type::router);
   zmq::socket_t pub(server->context_, zmq::socket_type::pub);
   ConfigureZmqSocket(router, kMaxRequestBytes);
   ConfigureZmqSocket(pub, kMaxRequestBytes);
   router.set(zmq::sockopt::router_mandatory, 0);
-  pub.set(zmq::sockopt::sndhwm, 100000);
+  pub.set(zmq::sockopt::sndhwm, kPubHighWaterMark);
   absl::StatusOr<std::string> bound = BindZmq(router, server->options_.bind);
   if (!bound.ok()) return Annotate(bound.status(), "directory: --bind");
   server->bind_address_ = *bound;
   bound = BindZmq(pub, server->options_.pub);
   if (!bound.ok()) return Annotate(bound.status(), "directory: --pub");
   server->pub_address_ = *bound;
-  // Epochs and the incarnation come from the wall clock, so that both keep growing across a
-  // restart of this in-memory directory.
+  // The incarnation only has to differ from the previous one's: the wall clock and a random
+  // byte. Epochs must never repeat: with a state dir they continue from the saved counter (a
+  // first start seeds it from the wall clock, so that epochs keep growing from an in-memory
+  // past); in memory only, they are seeded from the wall clock and may repeat after a restart.
   uint64_t now_ms = WallClockMillis();
   std::random_device rd;
   server->incarnation_ = (now_ms << 8) ^ (rd() & 0xff);
-  server->loop_ = std::make_unique<Loop>(server.get(), std::move(router), std::move(pub), now_ms);
+  std::unique_ptr<StateFile> state;
+  std::optional<RegistryState> saved;
+  if (!server->options_.state_dir.empty()) {
+    CONNEX_ASSIGN_OR_RETURN(state, StateFile::Open(server->options_.state_dir));
+    CONNEX_ASSIGN_OR_RETURN(saved, state->Load());
+  }
+  // A saved counter wins over the clock; only a first start seeds from it.
+  uint64_t first_epoch = saved ? 1 : now_ms;
+  server->loop_ = std::make_unique<Loop>(server.get(), std::move(router), std::move(pub),
+                                         first_epoch, std::move(state), saved);
+  // The first write proves the state dir writable before anyone is served.
+  absl::Status persisted = server->loop_->Persist();
+  if (!persisted.ok()) {
+    return absl::InvalidArgumentError(
+        StrCat("directory: --state-dir '", server->options_.state_dir, "': ", persisted.message()));
+  }
   server->thread_ = std::thread([s = server.get()] { s->loop_->Run(); });
   return server;
 }

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "connex/base/clock.h"
+#include "connex/directory/protocol.h"
 #include "zmq.hpp"
 
 namespace connex::directory {
@@ -23,18 +24,32 @@ struct DirectoryServerOptions {
   int64_t lease_ttl_ms = 3000;                // CONNEX_LEASE_TTL_MS
   int64_t heartbeat_ms = 1000;                // CONNEX_HEARTBEAT_MS: advised to clients
   std::string token;                          // CONNEX_DIRECTORY_TOKEN: empty = no auth
-  int64_t tick_ms = 250;                      // CONNEX_DIRECTORY_TICK_MS: revision ticks on PUB
+  // The operator's secret (forced JOINs, drains, reports from outside a model); empty = none.
+  // CONNEX_DIRECTORY_ADMIN_TOKEN, or the first line of CONNEX_DIRECTORY_ADMIN_TOKEN_FILE.
+  std::string admin_token;
+  int64_t tick_ms = 250;  // CONNEX_DIRECTORY_TICK_MS: revision ticks on PUB
+  // CONNEX_DIRECTORY_STATE_DIR: where the directory keeps its durable state (state_file.h), so
+  // that epochs never repeat and a restart is invisible. Empty: in memory only.
+  std::string state_dir;
+  // Limits of the table (protocol.h): CONNEX_DIRECTORY_MAX_RECORDS,
+  // CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL, CONNEX_DIRECTORY_MAX_RECORD_BYTES.
+  size_t max_records = kDefaultMaxRecords;
+  size_t max_records_per_model = kDefaultMaxRecordsPerModel;
+  size_t max_record_bytes = kDefaultMaxRecordBytes;
   Clock* clock = RealClock::Get();
 
   // Defaults overridden by CONNEX_DIRECTORY_BIND, CONNEX_DIRECTORY_PUB, CONNEX_LEASE_TTL_MS,
-  // CONNEX_HEARTBEAT_MS, CONNEX_DIRECTORY_TOKEN, CONNEX_DIRECTORY_TICK_MS.
+  // CONNEX_HEARTBEAT_MS, CONNEX_DIRECTORY_TOKEN, CONNEX_DIRECTORY_TICK_MS,
+  // CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE), CONNEX_DIRECTORY_STATE_DIR and the table limits.
   static absl::StatusOr<DirectoryServerOptions> FromEnv();
 };
 
 class DirectoryServer {
  public:
-  // Binds both sockets and starts the loop. Unavailable when an address is taken;
-  // InvalidArgument for a malformed endpoint or setting.
+  // Binds both sockets, loads the state dir (if any) and starts the loop. Unavailable when an
+  // address is taken; InvalidArgument for a malformed endpoint or setting or an unwritable state
+  // dir; FailedPrecondition when another directory uses the state dir; DataLoss for a corrupt
+  // state file.
   static absl::StatusOr<std::unique_ptr<DirectoryServer>> Start(DirectoryServerOptions options);
   ~DirectoryServer();
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 
 #include "connex/base/mutex.h"
 #include "connex/base/wait.h"
@@ -59,10 +60,11 @@ class DirectoryTest : public ::testing::Test {
     pub_ = server_->pub_address();
   }
 
-  std::unique_ptr<DirectoryClient> Client(std::string token = "") {
+  std::unique_ptr<DirectoryClient> Client(std::string token = "", std::string admin_token = "") {
     DirectoryClientOptions options;
     options.directory = bind_;
     options.token = std::move(token);
+    options.admin_token = std::move(admin_token);
     options.request_timeout_ms = 2000;
     auto client = DirectoryClient::Connect(options);
     EXPECT_TRUE(client.ok()) << client.status();
@@ -122,10 +124,40 @@ TEST_F(DirectoryTest, HeartbeatsKeepTheLeaseAndACrashEndsIt) {
   EXPECT_EQ(log.All().back().reason, "lease-expired");
 }
 
-TEST_F(DirectoryTest, AnotherProcessSupersedesTheHolder) {
+// Finding 1 of issue 12: another process's JOIN took a live holder's LID.
+TEST_F(DirectoryTest, AnotherProcessCannotTakeALiveHoldersLid) {
   StartServer();
+  EventLog log;
+  auto watcher = Watcher(&log);
+  auto holder = Client();
+  auto impostor = Client();
+  auto e1 = holder->Join(a_, {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  // It waits one lease for the holder to die; the holder heartbeats, so it is refused.
+  auto e2 = impostor->Join(a_, {"tcp://6.6.6.6:666"});
+  ASSERT_EQ(e2.status().code(), absl::StatusCode::kAlreadyExists) << e2.status();
+  EXPECT_THAT(
+      std::string(e2.status().message()),
+      HasSubstr("JOIN for demo/g1/s0/r0: held by epoch " + std::to_string(*e1) + " (lease live"));
+  // Nor can it drain or evict the holder.
+  EXPECT_EQ(impostor->Evict(a_).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(impostor->ReportFailed(a_, 0, "impostor").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(holder->EpochOf(a_), *e1);
+  auto snapshot = watcher->GetSnapshot("demo");
+  ASSERT_TRUE(snapshot.ok());
+  ASSERT_EQ(snapshot->records.size(), 1u);
+  EXPECT_EQ(snapshot->records[0].epoch, *e1);
+  EXPECT_FALSE(log.Has(EventKind::kFailed, a_));
+}
+
+TEST_F(DirectoryTest, ForcedTakeoverFencesTheHolder) {
+  DirectoryServerOptions options;
+  options.admin_token = "operator-secret";
+  StartServer(options);
   auto first = Client();
-  auto second = Client();
+  auto wrong = Client("", "guess");
+  auto op = Client("", "operator-secret");
   std::atomic<int> lost{0};
   std::string why;
   connex::Mutex mu;
@@ -135,14 +167,31 @@ TEST_F(DirectoryTest, AnotherProcessSupersedesTheHolder) {
     if (c.status.code() == absl::StatusCode::kFailedPrecondition) lost++;
   });
   auto e1 = first->Join(a_, {"tcp://127.0.0.1:1"});
-  auto e2 = second->Join(a_, {"tcp://127.0.0.1:2"});
-  ASSERT_TRUE(e1.ok() && e2.ok());
+  ASSERT_TRUE(e1.ok());
+  EXPECT_EQ(wrong->ForceJoin(a_, {"tcp://127.0.0.1:2"}).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto e2 = op->ForceJoin(a_, {"tcp://127.0.0.1:2"});
+  ASSERT_TRUE(e2.ok()) << e2.status();
   EXPECT_GT(*e2, *e1);
   ASSERT_TRUE(WaitUntil([&] { return lost.load() == 1; }, 3000));
   EXPECT_FALSE(first->EpochOf(a_).has_value());
-  EXPECT_EQ(second->EpochOf(a_), *e2);
+  EXPECT_EQ(op->EpochOf(a_), *e2);
   connex::MutexLock lock(&mu);
   EXPECT_THAT(why, HasSubstr("superseded by " + std::to_string(*e2)));
+}
+
+// A restarted process (new client) with the LID of its dead previous incarnation gets it as soon
+// as the old lease runs out: Join waits for that instead of failing.
+TEST_F(DirectoryTest, JoinWaitsForADeadHoldersLease) {
+  StartServer();
+  auto dead = Client();
+  auto e1 = dead->Join(a_, {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(e1.ok());
+  dead.reset();  // no LEAVE
+  auto restarted = Client();
+  auto e2 = restarted->Join(a_, {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(e2.ok()) << e2.status();
+  EXPECT_GT(*e2, *e1);
 }
 
 TEST_F(DirectoryTest, MigrationKeepsTheLidUnderANewEpoch) {
@@ -190,6 +239,8 @@ TEST_F(DirectoryTest, ReportFailedEvictsForEveryoneAndTheLiveHolderRejoins) {
   StartServer();
   EventLog log;
   auto watcher = Watcher(&log);
+  // Only a member of the model may report: the watcher holds a LID of it.
+  ASSERT_TRUE(watcher->Join(b_, {"tcp://127.0.0.1:2"}).ok());
   auto holder = Client();
   std::atomic<uint64_t> rejoined{0};
   holder->OnRegistrationChange([&](const RegistrationChange& c) {
@@ -226,12 +277,13 @@ TEST_F(DirectoryTest, TokenIsRequiredForChangesWhenConfigured) {
   EXPECT_EQ(wrong->ReportFailed(a_, 0).status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(wrong->Evict(a_).code(), absl::StatusCode::kPermissionDenied);
   ASSERT_TRUE(right->Join(a_, {"tcp://127.0.0.1:1"}).ok());
-  // Reads need no token.
-  auto snapshot = anonymous->GetSnapshot();
-  ASSERT_TRUE(snapshot.ok());
+  // Finding 1 of issue 12: SNAPSHOT needed no token. Now reading the table needs it too.
+  EXPECT_EQ(anonymous->GetSnapshot().status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(wrong->GetSnapshot().status().code(), absl::StatusCode::kPermissionDenied);
+  auto snapshot = right->GetSnapshot();
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
   EXPECT_EQ(snapshot->records.size(), 1u);
   EXPECT_EQ(wrong->ReportFailed(a_, 0).status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(anonymous->GetSnapshot()->records.size(), 1u);
 }
 
 TEST_F(DirectoryTest, ViewConvergesWhenPublishedEventsAreDropped) {
@@ -281,6 +333,74 @@ TEST_F(DirectoryTest, DirectoryRestartIsRecovered) {
       },
       5000));
   EXPECT_GT(*holder->EpochOf(a_), *epoch);
+}
+
+// Finding 3 of issue 12: epochs were seeded from the wall clock, so a restart after more
+// migrations than milliseconds (or after the clock stepped back) handed out epochs again. With a
+// state dir they continue from the saved counter, whatever the clock says.
+TEST_F(DirectoryTest, EpochsNeverRepeatAcrossRestartsAndClockSteps) {
+  std::string dir = ::testing::TempDir() + "/server-test-state-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  FakeClock clock(1'000'000'000);
+  DirectoryServerOptions options;
+  options.state_dir = dir;
+  options.clock = &clock;
+  StartServer(options);
+  auto holder = Client();
+  uint64_t last = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 300; ++i) {
+      absl::StatusOr<uint64_t> e;
+      // Right after a restart the first request may time out while the client reconnects.
+      ASSERT_TRUE(WaitUntil(
+          [&] {
+            e = holder->Join(a_, {"tcp://127.0.0.1:" + std::to_string(1 + i % 2)});
+            return e.ok();
+          },
+          10000))
+          << e.status();
+      ASSERT_GT(*e, last) << "round " << round << ", migration " << i;
+      last = *e;
+    }
+    server_.reset();
+    clock.AdvanceMs(-100'000'000);  // the clock steps back across the restart
+    StartServer(options);
+  }
+  server_.reset();
+  std::filesystem::remove_all(dir);
+}
+
+// Finding 3 of issue 12: after a restart every watcher saw every endpoint FAIL and every epoch
+// changed. With a state dir the restart is invisible.
+TEST_F(DirectoryTest, RestartWithAStateDirIsInvisible) {
+  std::string dir = ::testing::TempDir() + "/server-test-invisible-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  DirectoryServerOptions options;
+  options.state_dir = dir;
+  StartServer(options);
+  EventLog log;
+  auto watcher = Watcher(&log);
+  auto holder = Client();
+  auto epoch = holder->Join(a_, {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(epoch.ok());
+  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kJoined, a_, *epoch); }, 3000));
+  uint64_t incarnation = server_->incarnation();
+  server_.reset();
+  StartServer(options);
+  ASSERT_NE(server_->incarnation(), incarnation);
+  // The watcher resynchronises with the new incarnation (a marker's JOIN reaches it) ...
+  auto marker = Client();
+  ASSERT_TRUE(marker->Join(b_, {"tcp://127.0.0.1:2"}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return log.Has(EventKind::kJoined, b_); }, 5000));
+  EXPECT_GE(watcher->resnapshots(), 1u);
+  // ... and over two leases nobody sees the holder fail or change epoch.
+  EXPECT_FALSE(WaitUntil([&] { return log.Has(EventKind::kFailed, a_); }, 2000));
+  EXPECT_EQ(holder->EpochOf(a_), *epoch);
+  std::vector<Record> view = watcher->View("demo", 1);
+  ASSERT_EQ(view.size(), 2u);
+  EXPECT_EQ(view[0].epoch, *epoch);
+  server_.reset();
+  std::filesystem::remove_all(dir);
 }
 
 // Sends raw bytes to a TCP port, as a port scanner or a confused client would.
@@ -342,6 +462,30 @@ TEST_F(DirectoryTest, SurvivesGarbageOnBothPorts) {
               HasSubstr("JOIN.addresses: expected array, found string"));
   wire::MapBuilder no_id;
   EXPECT_THAT(ask(wire::EncodeFrame("SNAPSHOT", no_id)), HasSubstr("SNAPSHOT.id: missing"));
+  // Finding 4 of issue 12: a JOIN with no address was accepted, and multipart messages of the
+  // wrong shape were dropped without the ERROR this protocol promises.
+  wire::MapBuilder no_address;
+  no_address.Uint("id", 6).Str("lid", "demo/g1/s0/r9").StrList("addresses", {});
+  EXPECT_THAT(ask(wire::EncodeFrame("JOIN", no_address)), HasSubstr("addresses: none given"));
+  wire::MapBuilder hello;
+  hello.Uint("id", 7);
+  std::string frame = wire::EncodeFrame("HELLO", hello);
+  dealer.send(zmq::buffer(frame), zmq::send_flags::sndmore);
+  EXPECT_THAT(ask(frame), HasSubstr("malformed request: 2 frames; a request is one frame"));
+  zmq::socket_t req(ctx, zmq::socket_type::req);
+  req.set(zmq::sockopt::linger, 0);
+  req.connect(bind_);
+  req.send(zmq::buffer(frame), zmq::send_flags::sndmore);
+  req.send(zmq::buffer(frame), zmq::send_flags::none);
+  zmq::pollitem_t req_item{req.handle(), 0, ZMQ_POLLIN, 0};
+  zmq::poll(&req_item, 1, std::chrono::milliseconds(3000));
+  ASSERT_TRUE(req_item.revents & ZMQ_POLLIN) << "no ERROR for a REQ's 2-frame request";
+  zmq::message_t req_reply;
+  (void)req.recv(req_reply);
+  auto req_frame = wire::DecodeFrame(AsView(req_reply));
+  ASSERT_TRUE(req_frame.ok());
+  EXPECT_EQ(req_frame->type, kError);
+  EXPECT_THAT(std::string(DecodeError(req_frame->body).message()), HasSubstr("2 frames"));
   // Larger than the request limit: the connection is dropped, the server carries on.
   zmq::socket_t big(ctx, zmq::socket_type::dealer);
   big.set(zmq::sockopt::linger, 0);
@@ -368,6 +512,32 @@ TEST(DirectoryClientTest, NoDirectoryIsAClearError) {
   options.directory = "127.0.0.1:7000";
   client = DirectoryClient::Connect(options);
   EXPECT_THAT(std::string(client.status().message()), HasSubstr("must look like tcp://HOST:PORT"));
+}
+
+// Finding 4 of issue 12: --lease-ttl-ms 500 --heartbeat-ms 2000 was accepted and flapped
+// FAILED/JOINED for ever.
+TEST(DirectoryServerTest, HeartbeatsMustBeWellBelowTheLease) {
+  DirectoryServerOptions options;
+  options.bind = "tcp://127.0.0.1:0";
+  options.pub = "tcp://127.0.0.1:0";
+  options.lease_ttl_ms = 500;
+  options.heartbeat_ms = 2000;
+  auto server = DirectoryServer::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr("--heartbeat-ms 2000 (CONNEX_HEARTBEAT_MS) must be at most half of "
+                        "--lease-ttl-ms 500"));
+  options.heartbeat_ms = 250;
+  server = DirectoryServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  // A client that would heartbeat too rarely for this directory's lease is refused too.
+  DirectoryClientOptions client;
+  client.directory = (*server)->bind_address();
+  client.heartbeat_ms = 400;
+  auto c = DirectoryClient::Connect(client);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("--heartbeat-ms 400"));
 }
 
 TEST(DirectoryServerTest, TakenPortIsAClearError) {

@@ -218,7 +218,8 @@ TEST_F(RobustnessTest, ANodeThatLostItsLidSaysSoAndRefusesWork) {
   auto c = Make(2, 1);
   auto impostor = directory::testing::ConnectTo(*server_);
   ASSERT_TRUE(impostor.ok());
-  ASSERT_TRUE((*impostor)->Join(Lid{c->model(), 0, 0, 0}, {"pp+mem://999999"}).ok());
+  // An operator's takeover (a plain JOIN of a live holder's LID is refused).
+  ASSERT_TRUE((*impostor)->ForceJoin(Lid{c->model(), 0, 0, 0}, {"pp+mem://999999"}).ok());
   StageNode* owner = c->node(0, 0);
   ASSERT_TRUE(WaitUntil([&] { return !owner->health().ok(); }, 10000));
   EXPECT_EQ(owner->health().code(), absl::StatusCode::kFailedPrecondition);

@@ -1,0 +1,31 @@
+// Secrets of the directory: per-incarnation credentials, the admin token, and reading a secret
+// from a file (secrets never come from argv). Thread-safe (stateless).
+#ifndef CONNEX_DIRECTORY_SECRET_H_
+#define CONNEX_DIRECTORY_SECRET_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace connex::directory {
+
+// 128 bits from the kernel's CSPRNG (getrandom), as 32 hex digits.
+std::string NewCredential();
+
+// Compares secrets in time independent of where they differ. An empty secret equals nothing.
+bool SecretsEqual(std::string_view a, std::string_view b);
+
+// The first line of `path`, without surrounding whitespace. InvalidArgument naming the file when
+// it cannot be read or is empty; refuses a file that others may read (mode & 077), as ssh does.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
+
+// The admin token from the environment: the first line of CONNEX_DIRECTORY_ADMIN_TOKEN_FILE when
+// set, else CONNEX_DIRECTORY_ADMIN_TOKEN, else empty.
+absl::StatusOr<std::string> AdminTokenFromEnv();
+// The shared token likewise: CONNEX_DIRECTORY_TOKEN_FILE, else CONNEX_DIRECTORY_TOKEN.
+absl::StatusOr<std::string> TokenFromEnv();
+
+}  // namespace connex::directory
+
+#endif  // CONNEX_DIRECTORY_SECRET_H_
