@@ -86,6 +86,7 @@ class ExampleEngine : public connex::pp::Engine {
   std::vector<uint64_t> MissingRequests(const TensorDict&) const override { return {}; }
   bool HoldsRequest(uint64_t) const override { return true; }
   void Release(uint64_t) override {}
+  size_t NumHeldRequests() const override { return 0; }  // it keeps no state between steps
   uint64_t sent_checksum() const { return sent_checksum_; }
 
  private:
