@@ -65,6 +65,9 @@ class PeerSetTest : public ::testing::Test {
     options.directory = server_->bind_address();
     options.rejoin_after_eviction = rejoin;
     options.request_timeout_ms = request_timeout_ms;
+    // The test's senders hold no LID of the model; the operator's token lets them report (a
+    // production sender is a member: it holds its own LID).
+    options.admin_token = directory::testing::kTestAdminToken;
     auto client = directory::DirectoryClient::Connect(options);
     EXPECT_TRUE(client.ok()) << client.status();
     return *std::move(client);
