@@ -84,6 +84,7 @@ namespace {
 
 constexpr std::string_view kSignalScheme = "pp+";
 constexpr size_t kGonePeers = 4096;
+constexpr int64_t kDrainQuietMs = 100;
 constexpr size_t kRetiredTransports = 2;
 constexpr int64_t kPruneEveryMs = 1000;
 // Bytes a step's payload needs besides its per-token rows: the batch keys and alignment.
@@ -507,7 +508,10 @@ class StageNode::Impl {
         last_prune_ms_ = now;
         Prune();
       }
-      if (drained_ && steps_.empty() && sender_->queued() == 0 && sender_->awaiting_ack() == 0) {
+      // The drain gate opens once nothing of ours is in flight and no step arrived for a short
+      // while (owners that had not yet seen our LEFT may still have routed one here).
+      if (drained_ && steps_.empty() && sender_->queued() == 0 && sender_->awaiting_ack() == 0 &&
+          now - last_step_ms_ >= kDrainQuietMs) {
         drained_->set_value();
         drained_.reset();
       }
@@ -575,7 +579,10 @@ class StageNode::Impl {
 
   // ---- the receiver ----
 
-  void On(StepSignal& s) { receiver_->OnStep(s); }
+  void On(StepSignal& s) {
+    last_step_ms_ = NowMs();
+    receiver_->OnStep(s);
+  }
 
   // Hands a stage's output on: to the next hop, or (last stage) the tokens to the owner.
   void Deliver(const StepSignal& s, const TensorDict& out) {
@@ -1281,6 +1288,7 @@ class StageNode::Impl {
   uint64_t next_step_ = 1;
   bool lost_ = false;
   int64_t last_prune_ms_ = 0;
+  int64_t last_step_ms_ = 0;  // when the last STEP arrived (the drain gate)
   // Sender side.
   internal::RecentSet<std::pair<Lid, uint64_t>> gone_peers_;  // failed over already
   uint64_t owner_steps_executed_ = 0;                         // stage 0's own engine steps
