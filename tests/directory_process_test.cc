@@ -20,6 +20,18 @@
 #include "nlohmann/json.hpp"
 #include "tests/subprocess.h"
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
 namespace connex::testing {
 namespace {
 
@@ -494,7 +506,11 @@ TEST_F(LimitedDirectoryTest, AStoppedWatcherLeavesTheDirectoryMemoryBounded) {
             << " KiB after 8000 MIGRATED events of ~8 KB with a stopped watcher\n";
   RecordProperty("rss_before_kib", std::to_string(before));
   RecordProperty("rss_after_kib", std::to_string(after));
-  EXPECT_LT(after - before, 32 * 1024);
+  // Under a sanitizer, freed memory sits in its quarantine (ASan's is 256 MB): RSS says nothing
+  // about the directory's own bound there, so only the figure is printed.
+  if (!kSanitized) {
+    EXPECT_LT(after - before, 32 * 1024);
+  }
   // Woken up, the watcher catches up from a snapshot.
   stopped.Signal(SIGCONT);
   auto [code, out] = Run({"resolve", "demo", "1"});
