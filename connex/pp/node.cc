@@ -194,13 +194,18 @@ class StageNode::Impl {
       }
     });
     CONNEX_RETURN_IF_ERROR(dir_.Watch(o_.model));
-    // One peer set per other stage: the one place that knows its live, draining and failed
-    // members (directory events and the transport's peer-death events). The owner routes
-    // through stages 1..N-1; every other stage watches the owners (their death drops their
-    // requests' state) and the stages it forwards to.
+    // One peer set per stage this node deals with: the one place that knows its live, draining
+    // and failed members (directory events, and the transport's peer-death events of the peers
+    // it watches). The owner routes through stages 1..N-1 and watches them all. A later stage
+    // watches the next one (it forwards there: a dead target frees its slots at once) and follows
+    // the owners through the directory alone (an owner's death drops its requests' state; that
+    // is not on the critical path, and watching every owner's transport would cost connections
+    // and heartbeats on every stage).
     peers_.resize(o_.stages);
     for (uint32_t g = 0; g < o_.stages; ++g) {
-      if (g == o_.stage) continue;
+      const bool needed = o_.stage == 0 ? g != 0 : (g == 0 || g == o_.stage + 1);
+      if (!needed) continue;
+      transport::TransferEngine* watch = (o_.stage != 0 && g == 0) ? nullptr : transfer_.get();
       elastic::ElasticPeerSetOptions po;
       po.model = o_.model;
       po.group = g;
@@ -208,7 +213,7 @@ class StageNode::Impl {
       po.reporter = lid_.ToString();
       po.shard = 0;
       po.member_address_prefix = std::string(kSignalScheme);
-      auto set = std::make_unique<elastic::ElasticPeerSet>(dir_, transfer_.get(), po);
+      auto set = std::make_unique<elastic::ElasticPeerSet>(dir_, watch, po);
       set->OnChange([this](const elastic::PeerChange& c) { Post(c); });
       CONNEX_RETURN_IF_ERROR(set->Start());
       peers_[g] = std::move(set);
