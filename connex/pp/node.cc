@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <deque>
 #include <future>
 #include <map>
@@ -23,8 +22,6 @@
 #include "connex/pp/internal/recent_set.h"
 #include "connex/pp/messages.h"
 #include "connex/pp/release_queue.h"
-#include "connex/pp/replay_cache.h"
-#include "connex/pp/request_scope.h"
 #include "connex/pp/send_ring.h"
 #include "connex/pp/step_receiver.h"
 #include "connex/pp/step_sender.h"
