@@ -53,7 +53,10 @@ absl::StatusOr<wire::Frame> CheckReply(absl::StatusOr<wire::Frame> frame) {
 
 class DirectoryClient::Impl {
  public:
-  explicit Impl(DirectoryClientOptions options) : options_(std::move(options)), context_(1) {}
+  explicit Impl(DirectoryClientOptions options)
+      : options_(std::move(options)),
+        clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()),
+        context_(1) {}
 
   ~Impl() {
     stop_.store(true);
@@ -75,8 +78,13 @@ class DirectoryClient::Impl {
       body.Uint("id", 0);
       std::string frame = wire::EncodeFrame(kHello, body);
       dealer_.send(zmq::buffer(frame), zmq::send_flags::none);
+      // Waited for in slices, so that the deadline follows the injected clock.
       zmq::pollitem_t item{dealer_.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::chrono::milliseconds(options_.request_timeout_ms));
+      const int64_t deadline_ms = clock_->NowMs() + options_.request_timeout_ms;
+      for (int64_t now = clock_->NowMs(); now < deadline_ms && !(item.revents & ZMQ_POLLIN);
+           now = clock_->NowMs()) {
+        zmq::poll(&item, 1, std::chrono::milliseconds(std::min<int64_t>(deadline_ms - now, 100)));
+      }
       if (!(item.revents & ZMQ_POLLIN)) {
         return absl::UnavailableError(StrCat("directory ", options_.directory,
                                              ": no answer within ", options_.request_timeout_ms,
@@ -155,7 +163,7 @@ class DirectoryClient::Impl {
                  " needs the admin token (CONNEX_DIRECTORY_ADMIN_TOKEN or _FILE)"));
     }
     // A previous holder that died keeps the LID until its lease runs out: wait that long.
-    const int64_t give_up_ms = RealClock::Get()->NowMs() +
+    const int64_t give_up_ms = clock_->NowMs() +
                                (options_.join_waits_for_lease ? lease_ttl_ms_ + heartbeat_ms_ : 0);
     while (true) {
       wire::MapBuilder body;
@@ -167,7 +175,7 @@ class DirectoryClient::Impl {
       }
       if (force) body.Bool("force", true).Str("admin", options_.admin_token);
       absl::StatusOr<wire::Frame> reply = Call(kJoin, body);
-      int64_t now = RealClock::Get()->NowMs();
+      int64_t now = clock_->NowMs();
       if (!reply.ok() && reply.status().code() == absl::StatusCode::kAlreadyExists &&
           now < give_up_ms) {
         std::this_thread::sleep_for(
@@ -301,7 +309,16 @@ class DirectoryClient::Impl {
     auto holds = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return predicate(FilterView(model, std::nullopt));
     };
-    return mu_.AwaitWithTimeout(absl::Condition(&holds), absl::Milliseconds(timeout_ms));
+    // Waited for in slices, so that the deadline follows the injected clock.
+    const int64_t deadline_ms = clock_->NowMs() + timeout_ms;
+    while (true) {
+      int64_t left = deadline_ms - clock_->NowMs();
+      if (left <= 0) return holds();
+      if (mu_.AwaitWithTimeout(absl::Condition(&holds),
+                               absl::Milliseconds(std::min<int64_t>(left, 50)))) {
+        return true;
+      }
+    }
   }
 
   uint64_t Subscribe(std::function<void(const Event&)> cb) {
@@ -383,9 +400,8 @@ class DirectoryClient::Impl {
 
   void Run() {
     std::vector<zmq::message_t> parts;
-    Clock* clock = RealClock::Get();
     while (!stop_.load()) {
-      int64_t now = clock->NowMs();
+      int64_t now = clock_->NowMs();
       int64_t timeout = 100;
       for (const auto& [id, p] : pending_) timeout = std::min(timeout, p.deadline_ms - now);
       {
@@ -422,7 +438,7 @@ class DirectoryClient::Impl {
         if (!got.ok() || !*got) break;
         HandlePublished(parts);
       }
-      now = clock->NowMs();
+      now = clock_->NowMs();
       DeliverDue(now);
       ExpirePending(now);
       SendHeartbeats(now);
@@ -451,7 +467,7 @@ class DirectoryClient::Impl {
       connex::MutexLock lock(&mu_);
       batch.swap(outbox_);
     }
-    int64_t now = RealClock::Get()->NowMs();
+    int64_t now = clock_->NowMs();
     for (Outgoing& o : batch) {
       try {
         zmq::send_result_t sent = dealer_.send(zmq::buffer(o.frame), zmq::send_flags::dontwait);
@@ -606,7 +622,7 @@ class DirectoryClient::Impl {
           it->second.epoch = *epoch;
           it->second.credential = *std::move(credential);
           it->second.heartbeat_in_flight = false;
-          it->second.next_heartbeat_ms = RealClock::Get()->NowMs() + heartbeat_ms_;
+          it->second.next_heartbeat_ms = clock_->NowMs() + heartbeat_ms_;
         } else if (retry_later) {
           it->second.heartbeat_in_flight = false;  // the next heartbeat tells us again
           return;
@@ -788,7 +804,7 @@ class DirectoryClient::Impl {
     if (events.empty()) return;
     if (int delay = delay_events_ms_.load(); delay > 0 || !delayed_.empty()) {
       // Held back (in order) and delivered by the loop when due; heartbeats carry on.
-      delayed_.emplace_back(RealClock::Get()->NowMs() + delay, events);
+      delayed_.emplace_back(clock_->NowMs() + delay, events);
       return;
     }
     DeliverNow(events);
@@ -816,6 +832,7 @@ class DirectoryClient::Impl {
   }
 
   DirectoryClientOptions options_;
+  Clock* const clock_;  // options_.clock, or the real clock
   zmq::context_t context_;
   zmq::socket_t dealer_;  // loop thread (after Start)
   zmq::socket_t sub_;     // loop thread

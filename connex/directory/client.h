@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "connex/base/clock.h"
 #include "connex/base/lid.h"
 #include "connex/directory/protocol.h"
 
@@ -35,6 +36,9 @@ struct DirectoryClientOptions {
   // Join of a LID held by a live lease waits up to one lease TTL (plus a heartbeat) for it to
   // run out — a restarted process whose previous incarnation died — before AlreadyExists.
   bool join_waits_for_lease = true;
+  // Time for request deadlines, heartbeats and the lease wait of Join (not owned; must outlive
+  // the client). nullptr: the real monotonic clock. Tests pass a FakeClock.
+  Clock* clock = nullptr;
 
   // Defaults overridden by CONNEX_DIRECTORY, CONNEX_DIRECTORY_TOKEN, CONNEX_HEARTBEAT_MS,
   // CONNEX_DIRECTORY_TIMEOUT_MS, CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE).
