@@ -2,18 +2,20 @@
 // three-stage pipeline generate while stages are killed, restarted, drained, migrated and added,
 // reads fail or slow down, signals are dropped, delayed and duplicated, and directory events
 // arrive late; owners are killed and restarted under their LID and submit the same request ids
-// again; a share of seeds sends prompts larger than a ring slot. For every seed: every planned
-// action runs; no step runs twice on any stage; every request finishes with exactly the tokens
+// again; the directory is killed and restarted, with or without its state; a share of seeds sends
+// prompts larger than a ring slot. For every seed: every planned action runs; no step runs twice on any stage; every request finishes with exactly the tokens
 // of an undisturbed run, or is aborted after the re-prefill limit; no ring slot leaks; no
 // request outlives a bound; no engine holds any request's state at the end. CONNEX_TEST_SEEDS sets
 // the number of seeds (default 200), CONNEX_TEST_SEED runs one seed.
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "connex/base/config.h"
 #include "connex/base/wait.h"
@@ -100,6 +102,76 @@ class LlamaModel {
   std::string path_;
 };
 
+// The campaign's directory: one server for every seed, with a state dir as in production, at
+// ports outside the ephemeral range (so that no outgoing connection of another test takes them
+// while it is down). A seed restarts it as kill -9 and a restart would: with its state (the
+// restart is invisible to holders and watchers) or without (a fresh machine: every endpoint
+// registers again under a new epoch, every watcher sees the old ones fail).
+class CampaignDirectory {
+ public:
+  CampaignDirectory() {
+    state_dir_ = (std::filesystem::temp_directory_path() /
+                  ("connex-campaign-directory-" + std::to_string(::getpid())))
+                     .string();
+    std::filesystem::remove_all(state_dir_);
+    options_.lease_ttl_ms = 500;
+    options_.heartbeat_ms = 100;
+    options_.tick_ms = 50;
+    options_.admin_token = directory::testing::kTestAdminToken;
+    options_.state_dir = state_dir_;
+  }
+  ~CampaignDirectory() {
+    server_.reset();
+    std::error_code ignored;
+    std::filesystem::remove_all(state_dir_, ignored);
+  }
+
+  absl::Status Start() {
+    std::mt19937_64 rng(static_cast<uint64_t>(::getpid()));
+    absl::Status last = absl::UnavailableError("no port tried");
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      int port = 20000 + static_cast<int>(rng() % 12000);  // below 32768, the ephemeral range
+      options_.bind = "tcp://127.0.0.1:" + std::to_string(port);
+      options_.pub = "tcp://127.0.0.1:" + std::to_string(port + 1);
+      auto server = directory::DirectoryServer::Start(options_);
+      if (server.ok()) {
+        server_ = *std::move(server);
+        return absl::OkStatus();
+      }
+      last = server.status();
+    }
+    return last;
+  }
+
+  // Stops the server (no goodbye to anyone), waits `down_ms`, starts it again at the same ports,
+  // with or without what it had saved.
+  absl::Status Restart(bool keep_state, int down_ms) {
+    server_.reset();
+    if (!keep_state) std::filesystem::remove_all(state_dir_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(down_ms));  // the outage itself
+    absl::Status last;
+    // The ports were ours a moment ago; a bind can still race the old sockets' close.
+    if (WaitUntil(
+            [&] {
+              auto server = directory::DirectoryServer::Start(options_);
+              if (server.ok()) server_ = *std::move(server);
+              last = server.status();
+              return server_ != nullptr;
+            },
+            5000)) {
+      return absl::OkStatus();
+    }
+    return last;
+  }
+
+  directory::DirectoryServer& server() { return *server_; }
+
+ private:
+  std::string state_dir_;
+  directory::DirectoryServerOptions options_;
+  std::unique_ptr<directory::DirectoryServer> server_;
+};
+
 // Tokens streamed so far over every request: the campaign's measure of progress.
 size_t Streamed(const Cluster& c) {
   size_t n = 0;
@@ -115,7 +187,8 @@ bool AllDone(const Cluster& c) {
 }
 
 // Runs one seed; returns a description of what went wrong, or "" when all held.
-std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::string* summary) {
+std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* summary,
+                    std::map<std::string, int>* tally) {
   std::mt19937_64 rng(seed * 7919 + 1);
   StageNodeOptions o;
   o.step_timeout_ms = 120 + static_cast<int64_t>(rng() % 100);
@@ -132,7 +205,7 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
   const bool llama = seed % 8 == 0;
   if (llama && LlamaModel::Get().path().empty())
     return "the campaign's Llama model was not written";
-  Cluster c(server, "c" + std::to_string(seed), kStages, seed, o,
+  Cluster c(directory.server(), "c" + std::to_string(seed), kStages, seed, o,
             llama ? LlamaModel::Get().Factory() : nullptr);
   if (!c.StartAll(2).ok()) return "the cluster did not start";
 
@@ -207,18 +280,19 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
     }
     if (!c.alive(stage, replica)) {
       options.push_back([&] {
-        c.Start(stage, replica);
+        if (c.Start(stage, replica) == nullptr) return "!restart " + tag + " failed";
         return "restart " + tag;
       });
     }
     if (c.alive(stage, replica)) {
       options.push_back([&] {
-        return c.Migrate(stage, replica).ok() ? "migrate " + tag : "migrate " + tag + " (failed)";
+        absl::Status m = c.Migrate(stage, replica);
+        return m.ok() ? "migrate " + tag : "!migrate " + tag + " failed: " + m.ToString();
       });
     }
     if (!c.alive(stage, 2)) {
       options.push_back([&] {
-        c.Start(stage, 2);
+        if (c.Start(stage, 2) == nullptr) return "!join " + std::to_string(stage) + "/2 failed";
         return "join " + std::to_string(stage) + "/2";
       });
     }
@@ -236,16 +310,29 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
     uint32_t owner = static_cast<uint32_t>(rng() % 2);
     options.push_back([&, owner] {
       c.Kill(0, owner);
-      if (c.Start(0, owner) == nullptr) return std::string("restart-owner failed");
+      if (c.Start(0, owner) == nullptr) return std::string("!restart-owner 0/") + std::to_string(owner) + " failed";
       for (auto& [id, r] : owner_of) {
         if (r != owner || c.outcomes()[id].tokens.ok()) continue;
         if (!c.Submit(owner, id, plans[id].prompt, plans[id].max_new).ok()) {
-          return "resubmit " + std::to_string(id) + " failed";
+          return "!resubmit " + std::to_string(id) + " failed";
         }
       }
       return "restart-owner 0/" + std::to_string(owner);
     });
+    // The directory killed and restarted while requests are in flight; the data plane does
+    // not need it, so generation goes on while it is down.
+    options.push_back([&] {
+      const bool keep_state = rng() % 3 != 0;
+      const int down_ms = static_cast<int>(rng() % 400);
+      absl::Status restarted = directory.Restart(keep_state, down_ms);
+      if (!restarted.ok()) return "!restart-directory failed: " + restarted.ToString();
+      return std::string(keep_state ? "restart-directory" : "restart-directory (state lost)") +
+             " after " + std::to_string(down_ms) + " ms";
+    });
     did.push_back(options[rng() % options.size()]());
+    ++(*tally)[did.back().substr(0, did.back().find(' '))];
+    // An action that could not be carried out fails the seed: it did not run.
+    if (did.back().rfind('!', 0) == 0) return did.back().substr(1);
   }
   std::string what;
   for (const std::string& d : did) what += d + ", ";
@@ -285,8 +372,8 @@ std::string RunSeed(directory::DirectoryServer& server, uint64_t seed, std::stri
 }
 
 TEST(PpCampaignTest, EverySeedHoldsTheContract) {
-  auto server = directory::testing::StartTestDirectory(/*lease_ttl_ms=*/500);
-  ASSERT_TRUE(server.ok());
+  CampaignDirectory directory;
+  ASSERT_TRUE(directory.Start().ok());
   int64_t seeds = *EnvInt("CONNEX_TEST_SEEDS", 200, 1, 1'000'000);
   int64_t first = 1;
   if (GetEnv("CONNEX_TEST_SEED")) {
@@ -294,9 +381,10 @@ TEST(PpCampaignTest, EverySeedHoldsTheContract) {
     if (!GetEnv("CONNEX_TEST_SEEDS")) seeds = 1;  // both: SEEDS seeds from SEED
   }
   int failures = 0;
+  std::map<std::string, int> tally;  // actions run, by kind
   for (int64_t seed = first; seed < first + seeds; ++seed) {
     std::string summary;
-    std::string problem = RunSeed(**server, static_cast<uint64_t>(seed), &summary);
+    std::string problem = RunSeed(directory, static_cast<uint64_t>(seed), &summary, &tally);
     if (!problem.empty()) {
       ++failures;
       ADD_FAILURE() << "seed " << seed << ": " << problem << " [actions: " << summary << "]"
@@ -304,6 +392,10 @@ TEST(PpCampaignTest, EverySeedHoldsTheContract) {
       if (failures >= 5) break;
     }
   }
+  std::string actions;
+  for (const auto& [kind, n] : tally) actions += " " + kind + " " + std::to_string(n);
+  std::printf("campaign: %lld seeds; actions run:%s\n", static_cast<long long>(seeds),
+              actions.c_str());
 }
 
 }  // namespace

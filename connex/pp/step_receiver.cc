@@ -147,6 +147,22 @@ void StepReceiver::OnStep(const StepSignal& s) {
       keep.push_back(wanted.count(id) && e != nullptr && e->last_step == s.step);
       any |= keep.back();
     }
+    // A request whose state went since the step ran here (its owner incarnation was declared
+    // failed, yet lives on under a new epoch and re-sends) cannot be answered from the cache:
+    // it is reported missing, so that the owner recomputes it. Silence would make the owner
+    // re-send the step until its attempts ran out (campaign seed 15, a directory restart that
+    // lost its state).
+    std::vector<uint64_t> missing;
+    for (uint64_t id : s.request_ids) {
+      const uint64_t* released = released_.Find({s.owner_token, id});
+      if (released != nullptr && *released >= s.step) continue;  // the owner is done with it
+      RequestScope::Entry* e = scope_.Find(owner, id);
+      if (e == nullptr || e->last_step < s.step) missing.push_back(id);
+    }
+    if (!missing.empty()) {
+      ++stats_.missing_reported;
+      send_(s.owner.signal, MissingSignal{s.step, s.attempt, o_.self, missing, epoch, s.ticket});
+    }
     if (!any) return;
     ++stats_.steps_replayed;
     deliver_(s, internal::Select(*cached, *cb, keep));

@@ -16,7 +16,7 @@ StageNodeOptions FastTestOptions() {
 
 Cluster::Cluster(directory::DirectoryServer& server, std::string model, uint32_t stages,
                  uint64_t seed, StageNodeOptions options, EngineFactory engines)
-    : server_(server),
+    : directory_(server.bind_address()),
       model_(std::move(model)),
       stages_(stages),
       options_(std::move(options)),
@@ -45,7 +45,7 @@ StageNode* Cluster::Start(uint32_t stage, uint32_t replica) {
   Member& m = Get(stage, replica);
   if (m.engine) graveyard_.push_back(std::move(m.engine));
   directory::DirectoryClientOptions client;
-  client.directory = server_.bind_address();
+  client.directory = directory_;
   auto c = directory::DirectoryClient::Connect(client);
   if (!c.ok()) return nullptr;
   m.client = *std::move(c);
@@ -88,7 +88,7 @@ absl::Status Cluster::StartAll(uint32_t replicas, int64_t timeout_ms) {
 absl::Status Cluster::AwaitMembers(size_t members, int64_t timeout_ms) {
   // Owners route only through stages they can see: wait as another process would.
   directory::DirectoryClientOptions client;
-  client.directory = server_.bind_address();
+  client.directory = directory_;
   auto watcher = directory::DirectoryClient::Connect(client);
   if (!watcher.ok()) return watcher.status();
   absl::Status watch = (*watcher)->Watch(model_);

@@ -35,7 +35,8 @@ class Cluster {
  public:
   // Makes the engine of a stage (each start of a node gets a fresh one, as a new process would).
   using EngineFactory = std::function<std::unique_ptr<Engine>(uint32_t stage, uint32_t stages)>;
-  // `server` is shared (one directory serves many clusters, each with its own model name).
+  // `server` is shared (one directory serves many clusters, each with its own model name). Only
+  // its address is kept: a server restarted at the same ports serves the cluster on.
   // Without `engines`, every stage runs a TestEngine.
   Cluster(directory::DirectoryServer& server, std::string model, uint32_t stages, uint64_t seed,
           StageNodeOptions options, EngineFactory engines = nullptr);
@@ -94,7 +95,7 @@ class Cluster {
   };
   Member& Get(uint32_t stage, uint32_t replica);
 
-  directory::DirectoryServer& server_;
+  const std::string directory_;  // the server's request address (the same after its restarts)
   const std::string model_;
   const uint32_t stages_;
   const StageNodeOptions options_;

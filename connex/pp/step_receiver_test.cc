@@ -1,0 +1,185 @@
+// StepReceiver alone: a hand-made owner writes steps into its own ring on the mem fabric and the
+// receiver (the last of two stages, a TestEngine) reads, runs, replays, fences and releases;
+// the signals it sends and the outputs it delivers are recorded.
+#include "connex/pp/step_receiver.h"
+
+#include <vector>
+
+#include "connex/pp/send_ring.h"
+#include "connex/pp/testing/test_engine.h"
+#include "connex/transport/mem/mem_engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace connex::pp {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kToken = 0x5eed;
+
+class StepReceiverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fabric_ = transport::mem::Fabric::Create({});
+    owner_transfer_ = Transfer(owner_lid_);
+    stage_transfer_ = Transfer(self_);
+    ring_ = *SendRing::Create(*owner_transfer_, 4, 1 << 16);
+    StepReceiverOptions o;
+    o.self = self_;
+    o.stage = 1;
+    o.stages = 2;
+    o.slot_bytes = 1 << 16;
+    auto r = StepReceiver::Create(
+        o, engine_, *stage_transfer_, [this] { return epoch_; },
+        [this](const std::string& address, const Signal& s) { sent_.emplace_back(address, s); },
+        [this](const StepSignal& s, const TensorDict&) { delivered_.push_back(s.step); });
+    ASSERT_TRUE(r.ok()) << r.status();
+    receiver_ = *std::move(r);
+  }
+  void TearDown() override { receiver_.reset(); }
+
+  transport::TransferEnginePtr Transfer(const Lid& lid) {
+    transport::TransportOptions t;
+    t.backend = transport::Backend::kMem;
+    t.local_lid = lid;
+    t.fabric = fabric_;
+    return *transport::CreateTransferEngine(t);
+  }
+
+  // Step `step` (attempt `attempt`) of request `id` at `start` with `n` tokens, from the owner
+  // incarnation `owner_epoch`, in a fresh slot of the owner's ring.
+  StepSignal Step(uint64_t step, uint32_t attempt, uint64_t id, int32_t start, int32_t n,
+                  uint64_t owner_epoch = 1) {
+    TensorDict d;
+    SetBatch(d, {id}, {start}, {n});
+    d.Set("hidden", Tensor::Of<int64_t>({n}, std::vector<int64_t>(static_cast<size_t>(n), 42)));
+    const uint64_t corr = next_corr_++;
+    uint32_t slot = *ring_->Acquire(corr);
+    StepSignal s;
+    s.layout = Pack(d, ring_->payload(slot));
+    s.length = PackedSize(d);
+    ring_->Seal(slot, corr, s.length);
+    ring_->Release(corr);  // this test reads each slot at once: it may be reused after
+    s.corr = corr;
+    s.step = step;
+    s.attempt = attempt;
+    s.ticket = 1000 + step * 10 + attempt;
+    s.owner = Hop{owner_lid_, owner_epoch, "pp+mem://owner", owner_transfer_->LocalAddresses()};
+    s.owner_token = kToken;
+    s.origin = s.owner;
+    s.route = {Hop{self_, epoch_, "pp+mem://stage", stage_transfer_->LocalAddresses()}};
+    s.hop = 0;
+    s.request_ids = {id};
+    s.start_positions = {start};
+    s.num_tokens = {n};
+    s.remote_addr = ring_->remote_addr(slot);
+    return s;
+  }
+
+  template <typename T>
+  std::vector<T> Sent() const {
+    std::vector<T> out;
+    for (const auto& [address, s] : sent_) {
+      if (auto* t = std::get_if<T>(&s)) out.push_back(*t);
+    }
+    return out;
+  }
+
+  const Lid owner_lid_{"m", 0, 0, 0};
+  const Lid self_{"m", 1, 0, 0};
+  uint64_t epoch_ = 7;
+  uint64_t next_corr_ = 1;
+  std::shared_ptr<transport::mem::Fabric> fabric_;
+  transport::TransferEnginePtr owner_transfer_;
+  transport::TransferEnginePtr stage_transfer_;
+  std::unique_ptr<SendRing> ring_;
+  testing::TestEngine engine_{1, 2};
+  std::unique_ptr<StepReceiver> receiver_;
+  std::vector<std::pair<std::string, Signal>> sent_;
+  std::vector<uint64_t> delivered_;
+};
+
+TEST_F(StepReceiverTest, AStepRunsOnceAndAResentAttemptIsAnsweredFromTheCache) {
+  receiver_->OnStep(Step(10, 1, 5, 0, 3));
+  receiver_->OnStep(Step(10, 2, 5, 0, 3));
+  EXPECT_THAT(delivered_, ElementsAre(10u, 10u));
+  EXPECT_EQ(engine_.executions(), 1u);
+  EXPECT_EQ(receiver_->stats().steps_replayed, 1u);
+  EXPECT_EQ(Sent<AckSignal>().size(), 2u);
+  EXPECT_TRUE(Sent<MissingSignal>().empty());
+}
+
+// Found by the campaign's directory restarts (seed 15): a directory that lost its state made
+// every stage see a live owner FAIL; the owner joined again under a new epoch and re-sent the
+// step whose result had been lost. The step was in the replay cache but its request's state was
+// gone: the receiver answered nothing, and the owner re-sent it 32 times, then gave up.
+TEST_F(StepReceiverTest, AResentStepWhoseStateWentSinceIsReportedMissing) {
+  receiver_->OnStep(Step(10, 1, 5, 0, 3, /*owner_epoch=*/1));
+  ASSERT_THAT(delivered_, ElementsAre(10u));
+  receiver_->OwnerFailed(owner_lid_, 1);
+  EXPECT_EQ(engine_.held_requests(), 0u);
+  receiver_->OnStep(Step(10, 2, 5, 0, 3, /*owner_epoch=*/2));  // the same process, rejoined
+  std::vector<MissingSignal> missing = Sent<MissingSignal>();
+  ASSERT_EQ(missing.size(), 1u);
+  EXPECT_THAT(missing[0].request_ids, ElementsAre(5u));
+  EXPECT_EQ(missing[0].step, 10u);
+  EXPECT_EQ(missing[0].attempt, 2u);
+  EXPECT_EQ(missing[0].from_epoch, epoch_);
+  EXPECT_THAT(delivered_, ElementsAre(10u));  // nothing replayed, nothing run again
+  EXPECT_EQ(engine_.executions(), 1u);
+  // The owner recomputes from position 0: that runs, and is held again.
+  receiver_->OnStep(Step(11, 1, 5, 0, 3, /*owner_epoch=*/2));
+  EXPECT_THAT(delivered_, ElementsAre(10u, 11u));
+  EXPECT_EQ(engine_.held_requests(), 1u);
+  EXPECT_THAT(engine_.violations(), ::testing::IsEmpty());
+}
+
+TEST_F(StepReceiverTest, AStepOfAFailedOwnerIncarnationIsRefused) {
+  receiver_->OnStep(Step(10, 1, 5, 0, 3, /*owner_epoch=*/1));
+  receiver_->OwnerFailed(owner_lid_, 1);
+  receiver_->OnStep(Step(11, 1, 5, 3, 1, /*owner_epoch=*/1));
+  std::vector<AckSignal> acks = Sent<AckSignal>();
+  ASSERT_EQ(acks.size(), 2u);
+  EXPECT_EQ(acks[1].code, static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(acks[1].message, HasSubstr("is gone"));
+  EXPECT_EQ(engine_.executions(), 1u);
+  EXPECT_EQ(receiver_->stats().fenced, 1u);
+}
+
+TEST_F(StepReceiverTest, AStepForAnotherEpochOfThisStageIsRefused) {
+  StepSignal s = Step(10, 1, 5, 0, 3);
+  s.route[0].epoch = epoch_ - 1;
+  receiver_->OnStep(s);
+  std::vector<AckSignal> acks = Sent<AckSignal>();
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].code, static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(engine_.executions(), 0u);
+}
+
+TEST_F(StepReceiverTest, ALeftOwnersStateGoesWhenItsGraceRunsOut) {
+  receiver_->OnStep(Step(10, 1, 5, 0, 3));
+  receiver_->OwnerLeft(owner_lid_, 1, /*drop_at_ms=*/5000);
+  receiver_->Tick(4999);
+  EXPECT_EQ(engine_.held_requests(), 1u);
+  receiver_->Tick(5000);
+  EXPECT_EQ(engine_.held_requests(), 0u);
+  EXPECT_EQ(receiver_->held_requests(), 0u);
+}
+
+TEST_F(StepReceiverTest, OnlyTheOwnersTokenReleasesAndARelasedRequestsLateStepDoesNotRun) {
+  receiver_->OnStep(Step(10, 1, 5, 0, 3));
+  receiver_->OnRelease(ReleaseSignal{owner_lid_, {5}, kToken + 1, 1, "pp+mem://owner", 10});
+  EXPECT_EQ(engine_.held_requests(), 1u);  // a stranger's RELEASE changes nothing
+  receiver_->OnRelease(ReleaseSignal{owner_lid_, {5}, kToken, 2, "pp+mem://owner", 12});
+  EXPECT_EQ(engine_.held_requests(), 0u);
+  EXPECT_EQ(Sent<ReleasedSignal>().size(), 2u);  // both answered; only one believed
+  receiver_->OnStep(Step(12, 1, 5, 0, 3));  // a late step the release covers
+  EXPECT_EQ(engine_.executions(), 1u);
+  EXPECT_EQ(engine_.held_requests(), 0u);
+  EXPECT_TRUE(Sent<MissingSignal>().empty());
+}
+
+}  // namespace
+}  // namespace connex::pp
