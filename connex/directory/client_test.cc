@@ -1,6 +1,8 @@
 // DirectoryClient on an injected clock (issue 9): request deadlines, the HELLO of Connect and
 // AwaitView follow the clock the client was given, so a timeout test advances a FakeClock
 // instead of waiting out real minutes.
+#include "connex/directory/client.h"
+
 #include <chrono>
 #include <future>
 #include <thread>
@@ -8,7 +10,6 @@
 #include "connex/base/clock.h"
 #include "connex/base/codec.h"
 #include "connex/base/zmq_util.h"
-#include "connex/directory/client.h"
 #include "connex/directory/protocol.h"
 #include "gtest/gtest.h"
 #include "zmq.hpp"
@@ -47,8 +48,8 @@ class SilentDirectory {
       zmq::message_t identity, frame;
       (void)router_.recv(identity);
       (void)router_.recv(frame);
-      auto decoded = wire::DecodeFrame(std::string_view(static_cast<const char*>(frame.data()),
-                                                        frame.size()));
+      auto decoded =
+          wire::DecodeFrame(std::string_view(static_cast<const char*>(frame.data()), frame.size()));
       if (decoded.ok() && decoded->type == kHello && answer_hello) {
         wire::MapBuilder out;
         out.Uint("id", 0)

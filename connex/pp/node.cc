@@ -22,6 +22,8 @@
 #include "connex/pp/internal/recent_set.h"
 #include "connex/pp/messages.h"
 #include "connex/pp/release_queue.h"
+#include "connex/pp/route_table.h"
+#include "connex/pp/scheduler.h"
 #include "connex/pp/send_ring.h"
 #include "connex/pp/step_receiver.h"
 #include "connex/pp/step_sender.h"
@@ -79,33 +81,12 @@ absl::Status StageNodeOptions::Validate() const {
 
 namespace {
 
-constexpr std::string_view kSignalScheme = "pp+";
 constexpr size_t kGonePeers = 4096;
 constexpr int64_t kDrainQuietMs = 100;
 constexpr size_t kRetiredTransports = 2;
 constexpr int64_t kPruneEveryMs = 1000;
 // Bytes a step's payload needs besides its per-token rows: the batch keys and alignment.
 constexpr uint64_t kStepOverheadBytes = 4096;
-
-Hop HopFromRecord(const directory::Record& r) {
-  Hop hop;
-  hop.lid = r.lid;
-  hop.epoch = r.epoch;
-  for (const std::string& a : r.addresses) {
-    if (a.rfind(kSignalScheme, 0) == 0) {
-      hop.signal = a;
-    } else if (a.rfind("zmq+", 0) != 0) {
-      hop.addresses.push_back(a);
-    }
-  }
-  return hop;
-}
-
-std::string RouteKey(const std::vector<Hop>& route) {
-  std::string key;
-  for (const Hop& h : route) key += StrCat(h.lid.ToString(), "@", h.epoch, ";");
-  return key;
-}
 
 // Errors of a hop that no re-send can cure: the step itself does not fit or is malformed.
 bool Permanent(absl::StatusCode code) {
@@ -126,6 +107,7 @@ class StageNode::Impl {
         signals_(std::move(signals)),
         dir_(directory),
         lid_{o_.model, o_.stage, 0, o_.replica},
+        routes_(o_.stages),
         gone_peers_(kGonePeers) {
     std::random_device rd;
     rng_.seed((static_cast<uint64_t>(rd()) << 32) ^ rd());
@@ -158,12 +140,7 @@ class StageNode::Impl {
     ro.first_nonce = (rng_() << 16) | 1;
     releases_ = std::make_unique<ReleaseQueue>(
         ro,
-        [this](const Lid& stage) -> std::optional<std::string> {
-          if (stage.group >= peers_.size() || !peers_[stage.group]) return std::nullopt;
-          std::optional<directory::Record> rec = peers_[stage.group]->Live(stage);
-          if (!rec) return std::nullopt;
-          return HopFromRecord(*rec).signal;
-        },
+        [this](const Lid& stage) { return routes_.SignalOf(stage); },
         [this](const std::string& a, const Signal& sig) { Send(a, sig); });
     StepReceiverOptions recv;
     recv.self = lid_;
@@ -198,7 +175,6 @@ class StageNode::Impl {
     // the owners through the directory alone (an owner's death drops its requests' state; that
     // is not on the critical path, and watching every owner's transport would cost connections
     // and heartbeats on every stage).
-    peers_.resize(o_.stages);
     for (uint32_t g = 0; g < o_.stages; ++g) {
       const bool needed = o_.stage == 0 ? g != 0 : (g == 0 || g == o_.stage + 1);
       if (!needed) continue;
@@ -213,7 +189,7 @@ class StageNode::Impl {
       auto set = std::make_unique<elastic::ElasticPeerSet>(dir_, watch, po);
       set->OnChange([this](const elastic::PeerChange& c) { Post(c); });
       CONNEX_RETURN_IF_ERROR(set->Start());
-      peers_[g] = std::move(set);
+      routes_.Set(g, std::move(set));
     }
     CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, dir_.Join(lid_, Addresses()));
     joined_ = true;
@@ -451,7 +427,7 @@ class StageNode::Impl {
         if (cmd->cancel) cmd->cancel();
       }
     }
-    peers_.clear();  // no callbacks after this
+    routes_.Clear();  // no peer-set callbacks after this
     signals_->Close();
     for (auto& [id, r] : requests_) {
       if (r.done) r.done(id, absl::CancelledError(StrCat("pp: ", lid_.ToString(), " stopped")));
@@ -701,11 +677,7 @@ class StageNode::Impl {
 
   // Evicts (lid, epoch) for this sender and every other (the peer set reports it to the
   // directory without blocking); the eviction comes back as a kFailed change.
-  void MarkFailed(const Lid& lid, uint64_t epoch) {
-    if (lid.group < peers_.size() && peers_[lid.group]) {
-      (void)peers_[lid.group]->MarkFailed(lid, epoch);
-    }
-  }
+  void MarkFailed(const Lid& lid, uint64_t epoch) { routes_.MarkFailed(lid, epoch); }
 
   // (lid, epoch) failed: slots waiting for its acknowledgement are free, its steps fail over.
   void PeerGone(const Lid& lid, uint64_t epoch, const std::string& why) {
@@ -915,7 +887,7 @@ class StageNode::Impl {
       }
       return;
     }
-    std::optional<std::vector<Hop>> route = BuildRoute(st.route);
+    std::optional<std::vector<Hop>> route = routes_.Build(st.route);
     if (!route) {
       st.resend_at = NowMs() + 50;  // wait for a replica to appear
       st.deadline = NowMs() + o_.step_timeout_ms;
@@ -947,7 +919,7 @@ class StageNode::Impl {
       if (NowMs() - req->second.waiting_since > o_.route_wait_ms) {
         Finish(id,
                absl::UnavailableError(StrCat("request ", id, ": no live replica of some stage for ",
-                                             o_.route_wait_ms, " ms (", RouteProblem(), ")")));
+                                             o_.route_wait_ms, " ms (", routes_.Problem(), ")")));
       }
     }
   }
@@ -1053,14 +1025,10 @@ class StageNode::Impl {
 
   // ---- scheduling (owner) ----
 
-  // Tokens one step may carry so that stage 0's output fits a ring slot: the engine's figure
-  // per token, or what the owner measured on earlier steps (0: no bound known yet).
+  // Tokens one step may carry so that stage 0's output fits a ring slot (see MaxStepTokens).
   uint64_t MaxStepTokens() const {
-    uint64_t per_token = std::max(engine_.OutputBytesPerToken(), measured_bytes_per_token_);
-    if (per_token == 0 || o_.stages == 1) return UINT64_MAX;
-    uint64_t capacity = sender_->payload_capacity();
-    uint64_t budget = capacity > kStepOverheadBytes ? capacity - kStepOverheadBytes : capacity / 2;
-    return std::max<uint64_t>(1, budget / per_token);
+    return pp::MaxStepTokens(engine_.OutputBytesPerToken(), measured_bytes_per_token_,
+                             sender_->payload_capacity(), kStepOverheadBytes, o_.stages);
   }
 
   void Schedule(int64_t now) {
@@ -1072,9 +1040,9 @@ class StageNode::Impl {
     for (auto& [id, q] : requests_) {
       if (q.step != 0) continue;
       bool valid = q.route.size() == o_.stages - 1;
-      for (const Hop& h : q.route) valid &= Usable(h.lid, h.epoch);
+      for (const Hop& h : q.route) valid &= routes_.Usable(h.lid, h.epoch);
       if (!valid || o_.stages == 1) {
-        std::optional<std::vector<Hop>> route = BuildRoute(q.route);
+        std::optional<std::vector<Hop>> route = routes_.Build(q.route);
         if (route && q.route.size() == route->size()) {
           bool moved = false;
           for (size_t i = 0; i < route->size(); ++i) moved |= (*route)[i].lid != q.route[i].lid;
@@ -1084,14 +1052,14 @@ class StageNode::Impl {
           if (now - q.waiting_since > o_.route_wait_ms) {
             unroutable.emplace_back(id, absl::UnavailableError(StrCat(
                                             "request ", id, ": no live replica of some stage for ",
-                                            o_.route_wait_ms, " ms (", RouteProblem(), ")")));
+                                            o_.route_wait_ms, " ms (", routes_.Problem(), ")")));
           }
           continue;
         }
         q.route = *route;
       } else {
         // Keep the hops, refresh their epochs and addresses (a migration keeps the state).
-        std::optional<std::vector<Hop>> fresh = BuildRoute(q.route);
+        std::optional<std::vector<Hop>> fresh = routes_.Build(q.route);
         if (fresh) q.route = *fresh;
       }
       for (const Hop& h : q.route) q.visited[h.lid] = h.signal;
@@ -1103,33 +1071,26 @@ class StageNode::Impl {
     if (ready.empty()) return;
     std::map<std::string, int> inflight;
     for (const auto& [id, st] : steps_) ++inflight[RouteKey(st.route)];
-    const uint64_t max_tokens = MaxStepTokens();
+    StepLimits limits;
+    limits.max_batch = static_cast<size_t>(o_.max_batch);
+    limits.max_tokens = MaxStepTokens();
     for (auto& [key, ids] : ready) {
-      size_t next = 0;
-      while (next < ids.size() && inflight[key] < o_.inflight) {
-        // A batch: up to max_batch requests and max_tokens tokens; a request with more tokens
-        // than fit (a long prompt, a re-prefill) sends a chunk now and the rest in later steps.
-        std::vector<uint64_t> batch;
-        std::vector<size_t> ends;
-        uint64_t tokens = 0;
-        while (next < ids.size() && batch.size() < static_cast<size_t>(o_.max_batch) &&
-               tokens < max_tokens) {
-          Request& q = requests_[ids[next]];
-          uint64_t want = q.tokens.size() - q.cached;
-          uint64_t take = std::min<uint64_t>(want, max_tokens - tokens);
-          if (take < want) ++stats_.chunked;
-          batch.push_back(ids[next]);
-          ends.push_back(q.cached + take);
-          tokens += take;
-          ++next;
-        }
-        if (CreateStep(batch, ends, routes[key])) ++inflight[key];
+      if (inflight[key] >= o_.inflight) continue;
+      limits.max_steps = static_cast<size_t>(o_.inflight - inflight[key]);
+      std::vector<ReadyRequest> waiting;
+      for (uint64_t id : ids) {
+        const Request& q = requests_[id];
+        waiting.push_back(ReadyRequest{id, q.cached, q.tokens.size()});
+      }
+      for (PlannedStep& step : PlanSteps(waiting, limits)) {
+        stats_.chunked += step.chunked;
+        CreateStep(step.ids, step.ends, routes[key]);
       }
     }
   }
 
   // Runs stage 0 of a step for `ids` (request i covers tokens [cached, ends[i])) and sends it.
-  bool CreateStep(const std::vector<uint64_t>& ids, const std::vector<size_t>& ends,
+  bool CreateStep(const std::vector<uint64_t>& ids, const std::vector<uint64_t>& ends,
                   const std::vector<Hop>& route) {
     std::vector<int32_t> starts, counts, tokens;
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -1230,45 +1191,6 @@ class StageNode::Impl {
     return true;
   }
 
-  bool Usable(const Lid& lid, uint64_t epoch) const {
-    return lid.group < peers_.size() && peers_[lid.group] &&
-           peers_[lid.group]->IsUsable(lid, epoch);
-  }
-
-  // Why no route can be built: per stage without a usable replica, what its peer set shows.
-  std::string RouteProblem() const {
-    std::string out;
-    for (uint32_t g = 1; g < o_.stages; ++g) {
-      std::string seen;
-      bool usable = false;
-      for (const elastic::PeerInfo& p : peers_[g]->Members()) {
-        usable |= p.state == elastic::PeerState::kLive;
-        seen += StrCat(seen.empty() ? "" : ", ", "r", p.record.lid.replica, "@", p.record.epoch,
-                       " ", elastic::PeerStateName(p.state));
-      }
-      if (!usable)
-        out += StrCat(out.empty() ? "" : "; ", "stage ", g, ": ",
-                      seen.empty() ? "no replica registered" : seen);
-    }
-    return out;
-  }
-
-  // A route through stages 1..N-1, one sticky pick per stage (elastic::ElasticPeerSet::
-  // PickRecord): the current hop of each stage if it is still live (refreshed: a migrated hop
-  // has a new epoch and address), else the caller's own replica, else the next live replica
-  // after it. Nullopt when some stage has no live replica.
-  std::optional<std::vector<Hop>> BuildRoute(const std::vector<Hop>& current) {
-    std::vector<Hop> route;
-    const bool sticky = current.size() + 1 == o_.stages;
-    for (uint32_t g = 1; g < o_.stages; ++g) {
-      absl::StatusOr<directory::Record> pick =
-          peers_[g]->PickRecord(sticky ? &current[g - 1].lid : nullptr);
-      if (!pick.ok()) return std::nullopt;
-      route.push_back(HopFromRecord(*pick));
-    }
-    return route;
-  }
-
   // Configuration and collaborators.
   const StageNodeOptions o_;
   Clock* const clock_;
@@ -1279,7 +1201,7 @@ class StageNode::Impl {
   directory::DirectoryClient& dir_;
   const Lid lid_;
   std::shared_ptr<Registration> reg_ = std::make_shared<Registration>();
-  std::vector<std::unique_ptr<elastic::ElasticPeerSet>> peers_;  // by group; none for our own
+  RouteTable routes_;  // the peer sets of the stages this node deals with, and routes
   bool joined_ = false;
 
   // Loop-thread state.

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "connex/base/check.h"
 #include "connex/base/strings.h"
 
 namespace connex::pp {
@@ -52,6 +53,10 @@ uint8_t* SendRing::payload(uint32_t slot) const {
 }
 
 void SendRing::Seal(uint32_t slot, uint64_t corr, uint64_t length) {
+  // Only the holder of a slot seals it, with a payload that fits.
+  auto held = by_corr_.find(corr);
+  CONNEX_CHECK(held != by_corr_.end() && held->second == slot);
+  CONNEX_CHECK(length <= payload_capacity());
   std::atomic_thread_fence(std::memory_order_release);
   SlotHeader h{corr, length};
   std::memcpy(base_ + static_cast<size_t>(slot) * slot_bytes_, &h, sizeof(h));

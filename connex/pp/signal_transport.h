@@ -11,10 +11,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 
 namespace connex::pp {
+
+// Every signal address starts with it (`pp+tcp://`, `pp+mem://`): it tells a record's signal
+// address from its transport addresses.
+inline constexpr std::string_view kSignalScheme = "pp+";
 
 class SignalTransport {
  public:

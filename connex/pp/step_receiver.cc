@@ -4,6 +4,7 @@
 #include <set>
 #include <vector>
 
+#include "connex/base/check.h"
 #include "connex/base/logging.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
@@ -254,6 +255,7 @@ void StepReceiver::OnStep(const StepSignal& s) {
     absl::StatusOr<Batch> ran = GetBatch(runnable);
     for (size_t i = 0; ran.ok() && i < run_owner.size(); ++i) {
       RequestScope::Entry* e = scope_.Find(owner, run_owner[i]);
+      CONNEX_CHECK(e != nullptr);  // created above, before the engine ran
       e->last_step = s.step;
       e->positions = static_cast<int64_t>(ran->start_positions[i]) + ran->num_tokens[i];
     }

@@ -175,7 +175,7 @@ TEST_F(StepReceiverTest, OnlyTheOwnersTokenReleasesAndARelasedRequestsLateStepDo
   receiver_->OnRelease(ReleaseSignal{owner_lid_, {5}, kToken, 2, "pp+mem://owner", 12});
   EXPECT_EQ(engine_.held_requests(), 0u);
   EXPECT_EQ(Sent<ReleasedSignal>().size(), 2u);  // both answered; only one believed
-  receiver_->OnStep(Step(12, 1, 5, 0, 3));  // a late step the release covers
+  receiver_->OnStep(Step(12, 1, 5, 0, 3));       // a late step the release covers
   EXPECT_EQ(engine_.executions(), 1u);
   EXPECT_EQ(engine_.held_requests(), 0u);
   EXPECT_TRUE(Sent<MissingSignal>().empty());

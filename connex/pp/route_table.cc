@@ -1,0 +1,91 @@
+#include "connex/pp/route_table.h"
+
+#include "connex/base/check.h"
+#include "connex/base/strings.h"
+#include "connex/pp/signal_transport.h"
+
+namespace connex::pp {
+
+Hop HopFromRecord(const directory::Record& r) {
+  Hop hop;
+  hop.lid = r.lid;
+  hop.epoch = r.epoch;
+  for (const std::string& a : r.addresses) {
+    if (a.rfind(kSignalScheme, 0) == 0) {
+      hop.signal = a;
+    } else if (a.rfind("zmq+", 0) != 0) {
+      hop.addresses.push_back(a);
+    }
+  }
+  return hop;
+}
+
+std::string RouteKey(const std::vector<Hop>& route) {
+  std::string key;
+  for (const Hop& h : route) key += StrCat(h.lid.ToString(), "@", h.epoch, ";");
+  return key;
+}
+
+void RouteTable::Set(uint32_t group, std::unique_ptr<elastic::ElasticPeerSet> peers) {
+  CONNEX_CHECK(group < peers_.size());
+  peers_[group] = std::move(peers);
+}
+
+elastic::ElasticPeerSet* RouteTable::peers(uint32_t group) const {
+  return group < peers_.size() ? peers_[group].get() : nullptr;
+}
+
+void RouteTable::Clear() {
+  for (auto& p : peers_) p.reset();
+}
+
+bool RouteTable::Usable(const Lid& lid, uint64_t epoch) const {
+  elastic::ElasticPeerSet* p = peers(lid.group);
+  return p != nullptr && p->IsUsable(lid, epoch);
+}
+
+std::optional<std::vector<Hop>> RouteTable::Build(const std::vector<Hop>& current) const {
+  std::vector<Hop> route;
+  const bool sticky = current.size() + 1 == peers_.size();
+  for (uint32_t g = 1; g < peers_.size(); ++g) {
+    elastic::ElasticPeerSet* p = peers(g);
+    if (p == nullptr) return std::nullopt;
+    absl::StatusOr<directory::Record> pick = p->PickRecord(sticky ? &current[g - 1].lid : nullptr);
+    if (!pick.ok()) return std::nullopt;
+    route.push_back(HopFromRecord(*pick));
+  }
+  return route;
+}
+
+std::optional<std::string> RouteTable::SignalOf(const Lid& stage) const {
+  elastic::ElasticPeerSet* p = peers(stage.group);
+  if (p == nullptr) return std::nullopt;
+  std::optional<directory::Record> rec = p->Live(stage);
+  if (!rec) return std::nullopt;
+  return HopFromRecord(*rec).signal;
+}
+
+std::string RouteTable::Problem() const {
+  std::string out;
+  for (uint32_t g = 1; g < peers_.size(); ++g) {
+    std::string seen;
+    bool usable = false;
+    if (elastic::ElasticPeerSet* p = peers(g)) {
+      for (const elastic::PeerInfo& info : p->Members()) {
+        usable |= info.state == elastic::PeerState::kLive;
+        seen += StrCat(seen.empty() ? "" : ", ", "r", info.record.lid.replica, "@",
+                       info.record.epoch, " ", elastic::PeerStateName(info.state));
+      }
+    }
+    if (!usable)
+      out += StrCat(out.empty() ? "" : "; ", "stage ", g, ": ",
+                    seen.empty() ? "no replica registered" : seen);
+  }
+  return out;
+}
+
+void RouteTable::MarkFailed(const Lid& lid, uint64_t epoch) {
+  if (elastic::ElasticPeerSet* p = peers(lid.group)) (void)p->MarkFailed(lid, epoch);
+}
+
+}  // namespace connex::pp

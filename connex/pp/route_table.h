@@ -1,0 +1,64 @@
+// RouteTable: a node's peer sets, one per stage it deals with (elastic::ElasticPeerSet is the
+// one place that knows a stage's live, draining and failed members), and what the step protocol
+// asks of them: the owner's sticky route through stages 1..N-1, whether a hop of a route is
+// still usable, where a stage's live incarnation is reached now, why no route can be built, and
+// the eviction of a failed incarnation. Nothing here keeps membership of its own.
+// Thread-compatible: owned by a StageNode's loop thread (the peer sets are thread-safe).
+#ifndef CONNEX_PP_ROUTE_TABLE_H_
+#define CONNEX_PP_ROUTE_TABLE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "connex/base/lid.h"
+#include "connex/directory/protocol.h"
+#include "connex/elastic/peer_set.h"
+#include "connex/pp/messages.h"
+#include "connex/pp/signal_transport.h"
+
+namespace connex::pp {
+
+// The hop of a directory record: its LID and epoch, its signal address (kSignalScheme) and its
+// transport addresses (the zmq+ message channel of the peer set is not one of them).
+Hop HopFromRecord(const directory::Record& record);
+
+// A route's identity, LIDs and epochs: steps on one route are counted together (K in flight).
+std::string RouteKey(const std::vector<Hop>& route);
+
+class RouteTable {
+ public:
+  explicit RouteTable(uint32_t stages) : peers_(stages) {}
+
+  // The peer set of stage `group` (< stages); replaces the one it had.
+  void Set(uint32_t group, std::unique_ptr<elastic::ElasticPeerSet> peers);
+  // The peer set of `group`, nullptr when this node does not deal with that stage.
+  elastic::ElasticPeerSet* peers(uint32_t group) const;
+  // Drops every peer set (none of their callbacks runs after this returns).
+  void Clear();
+
+  // Whether (lid, epoch) is a live member of its stage's peer set now.
+  bool Usable(const Lid& lid, uint64_t epoch) const;
+  // A route through stages 1..N-1, one sticky pick per stage (ElasticPeerSet::PickRecord): the
+  // current hop of each stage if it is still live (refreshed: a migrated hop has a new epoch and
+  // address), else the node's own replica, else the next live replica after it. Nullopt when
+  // some stage has no live replica.
+  std::optional<std::vector<Hop>> Build(const std::vector<Hop>& current) const;
+  // The signal address of `stage`'s live incarnation, nullopt when it has none now.
+  std::optional<std::string> SignalOf(const Lid& stage) const;
+  // Why no route can be built: for every stage without a live replica, what its peer set shows
+  // ("stage 2: r0@17 failed, r1@18 draining"), "" when every stage has one.
+  std::string Problem() const;
+  // Evicts (lid, epoch) for this sender and every other (the peer set reports it without
+  // blocking); the eviction comes back as a kFailed change.
+  void MarkFailed(const Lid& lid, uint64_t epoch);
+
+ private:
+  std::vector<std::unique_ptr<elastic::ElasticPeerSet>> peers_;  // by group; none for our own
+};
+
+}  // namespace connex::pp
+
+#endif  // CONNEX_PP_ROUTE_TABLE_H_
