@@ -2,7 +2,9 @@
 // it does not hold, the process logs the condition and where it is, flushes the log and aborts:
 // going on would corrupt state (a slot handed out twice, a step run on another request's
 // state). Never for input from outside the process — a malformed frame, a bad flag, a wrong
-// epoch gets a Status naming what was wrong.
+// epoch gets a Status naming what was wrong. CONNEX_DCHECK(condition) is the same in debug
+// builds without NDEBUG (Debug, the ASan build) and compiles to nothing that
+// runs under NDEBUG, for checks too costly for a hot path.
 #ifndef CONNEX_BASE_CHECK_H_
 #define CONNEX_BASE_CHECK_H_
 
@@ -20,5 +22,16 @@ namespace connex::internal {
       ::connex::internal::CheckFailed(#condition, __FILE__, __LINE__); \
     }                                                                  \
   } while (false)
+
+#ifdef NDEBUG
+#define CONNEX_DCHECK(condition) \
+  do {                           \
+    if (false) {                 \
+      (void)(condition);         \
+    }                            \
+  } while (false)
+#else
+#define CONNEX_DCHECK(condition) CONNEX_CHECK(condition)
+#endif
 
 #endif  // CONNEX_BASE_CHECK_H_
