@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <regex>
 #include <tuple>
 
@@ -103,8 +104,64 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
     return done;
   }
 
+  // Replaces the directory with one at ports below the ephemeral range (so that they are still
+  // free when it restarts there) and a state dir; true when it is up.
+  bool StartRestartableDirectory(const std::string& state_dir) {
+    directory_.reset();
+    std::mt19937 rng(static_cast<uint32_t>(getpid()));
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      int port = 20000 + static_cast<int>(rng() % 12000);
+      bind_ = "tcp://127.0.0.1:" + std::to_string(port);
+      pub_ = "tcp://127.0.0.1:" + std::to_string(port + 1);
+      if (RestartDirectory(state_dir)) return true;
+    }
+    return false;
+  }
+
+  // Starts the directory again at bind_ and pub_ (after a SIGKILL), with `state_dir` if given.
+  bool RestartDirectory(const std::string& state_dir) {
+    std::vector<std::string> argv = {BinDir() + "/connex-directory", "--bind", bind_, "--pub", pub_,
+                                     "--lease-ttl-ms", "1500", "--heartbeat-ms", "300"};
+    if (!state_dir.empty()) {
+      argv.push_back("--state-dir");
+      argv.push_back(state_dir);
+    }
+    auto p = Subprocess::Start(argv, {"CONNEX_LOG_LEVEL=warn"});
+    if (!p.has_value()) return false;
+    if (!p->WaitForLine("listening", 10000).has_value()) return false;
+    directory_.emplace(std::move(*p));
+    return true;
+  }
+
+  // The mid-generation directory restart of the campaign, with real processes: SIGKILL, then a
+  // start at the same ports, with the state dir it had or an empty one.
+  void RunThroughADirectoryRestart(bool keep_state) {
+    std::string dir = ::testing::TempDir() + "/pp-directory-" + GetParam() + "-" +
+                      std::to_string(getpid()) + (keep_state ? "-kept" : "-lost");
+    std::filesystem::remove_all(dir);
+    ASSERT_TRUE(StartRestartableDirectory(dir));
+    StartStages();
+    Subprocess owner = Node(0, 0, {"--requests", "6", "--max-new-tokens", "1500"});
+    ASSERT_TRUE(owner.WaitForLine("progress", 30000)) << owner.transcript();
+    directory_->Signal(SIGKILL);
+    ASSERT_TRUE(directory_->Wait(5000).has_value());
+    if (!keep_state) std::filesystem::remove_all(dir);
+    ASSERT_TRUE(RestartDirectory(dir)) << "the directory did not start again at " << bind_;
+    std::string done = CheckOwner(owner, 6, 1500);
+    if (keep_state) {
+      // Nobody noticed: no endpoint failed, no request moved.
+      EXPECT_THAT(done, HasSubstr("failovers=0 ")) << owner.transcript();
+    } else {
+      // Everyone saw the owner fail: its requests were dropped downstream and recomputed.
+      EXPECT_THAT(done, ::testing::Not(HasSubstr("reprefills=0 "))) << owner.transcript();
+    }
+    directory_.reset();  // before its state dir goes
+    std::filesystem::remove_all(dir);
+  }
+
   std::optional<Subprocess> directory_;
   std::string bind_;
+  std::string pub_;
   std::map<std::pair<int, int>, Subprocess> stages_;
 };
 
@@ -166,6 +223,20 @@ TEST_P(PpProcessTest, DrainedStageFinishesInFlightStepsAndARestartRejoins) {
   stages_.emplace(std::make_pair(1, 0), Node(1, 0));
   Subprocess again = Node(0, 0, {"--requests", "2", "--max-new-tokens", "30", "--first-id", "100"});
   CheckOwner(again, 2, 30);
+}
+
+// The directory is killed with SIGKILL mid-generation and started again at its ports with its
+// state dir: no holder re-registers, no watcher sees anyone fail, and generation goes on without
+// a failover (issue 12's invisible restart, under the step protocol).
+TEST_P(PpProcessTest, DirectoryKilledAndRestartedWithItsStateChangesNothing) {
+  RunThroughADirectoryRestart(/*keep_state=*/true);
+}
+
+// The same restart with the state lost (a directory on a new machine): every endpoint registers
+// again under a new epoch and every stage sees the owner fail although it lives on; its
+// requests are recomputed and still end with exactly the reference tokens.
+TEST_P(PpProcessTest, DirectoryRestartedWithoutItsStateStillEndsEveryRequestExactly) {
+  RunThroughADirectoryRestart(/*keep_state=*/false);
 }
 
 // The mission in one test: a pipeline stage of the reference Llama engine is killed with
