@@ -23,6 +23,11 @@ absl::StatusOr<std::vector<Generation>> Generate(Pipeline& pipeline,
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].empty()) return absl::InvalidArgumentError(StrCat("prompt ", i, " is empty"));
   }
+  if (!options.sampling.empty() && options.sampling.size() != prompts.size()) {
+    return absl::InvalidArgumentError(StrCat("sampling is given for ", options.sampling.size(),
+                                             " of ", prompts.size(), " prompts"));
+  }
+  for (const Sampling& s : options.sampling) CONNEX_RETURN_IF_ERROR(s.Validate());
   if (options.max_tokens <= 0) return results;
 
   size_t next = 0;
@@ -49,6 +54,11 @@ absl::StatusOr<std::vector<Generation>> Generate(Pipeline& pipeline,
     step.Set(kStartPositions, Tensor::Of<int32_t>({b}, starts));
     step.Set(kNumTokens, Tensor::Of<int32_t>({b}, counts));
     step.Set(kTokens, Tensor::Of<int32_t>({static_cast<int64_t>(tokens.size())}, tokens));
+    if (!options.sampling.empty()) {
+      std::vector<Sampling> sampling;
+      for (const Request& r : active) sampling.push_back(options.sampling[r.index]);
+      SetSampling(step, sampling);
+    }
     CONNEX_ASSIGN_OR_RETURN(TensorDict out, pipeline.Step(step));
     std::span<const int32_t> next_tokens = out.Find(kNextTokens)->values<int32_t>();
     std::span<const float> logits = out.Find(kLogits)->values<float>();

@@ -1,4 +1,4 @@
-// Greedy generation of several prompts as one continuous batch over a Pipeline: requests join
+// Generation (greedy, or sampled per request) of several prompts as one continuous batch over a Pipeline: requests join
 // while others decode, prefills may be chunked, and a request's KV cache can be dropped and
 // rebuilt mid-way (recompute) — the reference run that connex-generate prints and that the
 // invariance tests compare. Thread-compatible.
@@ -20,6 +20,9 @@ struct GenerateOptions {
   int64_t prefill_chunk = 0;  // > 0: feed at most that many tokens of a request per step
   bool stop_at_eos = true;    // a generated EOS ends the request (and is kept in `tokens`)
   bool keep_logits = false;   // keep the logits behind every generated token
+  // Per prompt (empty: every prompt greedy; otherwise one per prompt, each valid): how its
+  // tokens are chosen (pp::Sampling: counter-based, keyed by seed and absolute position).
+  std::vector<Sampling> sampling;
 };
 
 struct Generation {

@@ -11,6 +11,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/engine/kernels.h"
+#include "connex/engine/sampler.h"
 
 namespace connex::engine {
 
@@ -228,6 +229,8 @@ std::vector<uint64_t> StageEngine::MissingRequests(const TensorDict& in) const {
 absl::StatusOr<TensorDict> StageEngine::ExecuteStep(const TensorDict& in) {
   Batch batch;
   CONNEX_RETURN_IF_ERROR(ParseBatch(in, batch));
+  CONNEX_ASSIGN_OR_RETURN(std::vector<Sampling> sampling,
+                          GetSampling(in, static_cast<int64_t>(batch.ids.size())));
   std::vector<uint64_t> missing = MissingRequests(in);
   if (!missing.empty()) {
     std::string list;
@@ -274,6 +277,10 @@ absl::StatusOr<TensorDict> StageEngine::ExecuteStep(const TensorDict& in) {
   for (const char* key : {kRequestIds, kStartPositions, kNumTokens}) out.Set(key, *in.Find(key));
   if (!is_last()) {
     out.Set(kHidden, Tensor::Of<float>({n, d}, h));
+    // The last stage samples: the requests' sampling goes on with the hidden states.
+    for (const char* key : {kSamplingTemperature, kSamplingTopP, kSamplingTopK, kSamplingSeed}) {
+      if (const Tensor* t = in.Find(key)) out.Set(key, *t);
+    }
     return out;
   }
   const int64_t b = static_cast<int64_t>(batch.ids.size()), v = config_.vocab_size;
@@ -288,7 +295,12 @@ absl::StatusOr<TensorDict> StageEngine::ExecuteStep(const TensorDict& in) {
   MatMulOutput head[] = {{lm_head_, v, lp, v}};
   MatMul(*pool_, head, last.data(), b, d);
   std::vector<int32_t> next(b);
-  for (int64_t i = 0; i < b; ++i) next[i] = static_cast<int32_t>(ArgMax(lp + i * v, v));
+  for (int64_t i = 0; i < b; ++i) {
+    // The token drawn is at position start + count: the request's length after this step.
+    const uint64_t position = static_cast<uint64_t>(batch.start[i]) + batch.count[i];
+    next[i] = SampleToken(std::span<const float>(lp + i * v, static_cast<size_t>(v)),
+                          sampling[static_cast<size_t>(i)], position);
+  }
   out.Set(kLogits, std::move(logits));
   out.Set(kNextTokens, Tensor::Of<int32_t>({b}, next));
   return out;

@@ -31,14 +31,23 @@ namespace connex::engine {
 // In (stage 0):      tokens I32 [N] (each request's new tokens, requests in order).
 // In (stage > 0):    hidden F32 [N, hidden_size] (the previous stage's output).
 // Out (every stage): the three batch tensors, copied.
-// Out (not last):    hidden F32 [N, hidden_size].
+// In (optional):     the sampling keys (pp::Sampling): absent, every request is greedy.
+// Out (not last):    hidden F32 [N, hidden_size], and the sampling keys passed on.
 // Out (last):        logits F32 [B, vocab_size] (of each request's last token) and
-//                    next_tokens I32 [B] (greedy: argmax, lowest index on ties).
+//                    next_tokens I32 [B] (greedy: argmax, lowest index on ties; sampled:
+//                    SampleToken at the position start + count, see sampler.h).
+using pp::GetSampling;
 using pp::kNextTokens;
 using pp::kNumTokens;
 using pp::kRequestIds;
+using pp::kSamplingSeed;
+using pp::kSamplingTemperature;
+using pp::kSamplingTopK;
+using pp::kSamplingTopP;
 using pp::kStartPositions;
 using pp::kTokens;
+using pp::Sampling;
+using pp::SetSampling;
 inline constexpr char kHidden[] = "hidden";
 inline constexpr char kLogits[] = "logits";
 

@@ -1,5 +1,6 @@
 #include "connex/pp/engine.h"
 
+#include "connex/base/status.h"
 #include "connex/base/strings.h"
 
 namespace connex::pp {
@@ -36,6 +37,71 @@ absl::StatusOr<Batch> GetBatch(const TensorDict& dict) {
     batch.num_tokens.push_back(v);
   }
   return batch;
+}
+
+absl::Status Sampling::Validate() const {
+  if (!(temperature >= 0 && temperature <= 2)) {
+    return absl::InvalidArgumentError(
+        StrCat("sampling temperature ", temperature, " is outside [0, 2]"));
+  }
+  if (!(top_p > 0 && top_p <= 1)) {
+    return absl::InvalidArgumentError(StrCat("sampling top_p ", top_p, " is outside (0, 1]"));
+  }
+  if (top_k < 0)
+    return absl::InvalidArgumentError(StrCat("sampling top_k ", top_k, " is negative"));
+  return absl::OkStatus();
+}
+
+void SetSampling(TensorDict& dict, const std::vector<Sampling>& sampling) {
+  const int64_t b = static_cast<int64_t>(sampling.size());
+  std::vector<float> temperature, top_p;
+  std::vector<int32_t> top_k;
+  std::vector<int64_t> seed;
+  for (const Sampling& s : sampling) {
+    temperature.push_back(s.temperature);
+    top_p.push_back(s.top_p);
+    top_k.push_back(s.top_k);
+    seed.push_back(static_cast<int64_t>(s.seed));
+  }
+  dict.Set(kSamplingTemperature, Tensor::Of<float>({b}, temperature));
+  dict.Set(kSamplingTopP, Tensor::Of<float>({b}, top_p));
+  dict.Set(kSamplingTopK, Tensor::Of<int32_t>({b}, top_k));
+  dict.Set(kSamplingSeed, Tensor::Of<int64_t>({b}, seed));
+}
+
+absl::StatusOr<std::vector<Sampling>> GetSampling(const TensorDict& dict, int64_t batch_size) {
+  const char* keys[] = {kSamplingTemperature, kSamplingTopP, kSamplingTopK, kSamplingSeed};
+  int present = 0;
+  for (const char* key : keys) present += dict.Find(key) != nullptr;
+  std::vector<Sampling> out(static_cast<size_t>(batch_size));
+  if (present == 0) return out;
+  if (present != 4) {
+    return absl::InvalidArgumentError(
+        "a step carries some of the sampling keys but not all four (sampling.temperature, "
+        "sampling.top_p, sampling.top_k, sampling.seed)");
+  }
+  CONNEX_ASSIGN_OR_RETURN(const Tensor* temperature,
+                          dict.Get(kSamplingTemperature, DType::kF32, 1));
+  CONNEX_ASSIGN_OR_RETURN(const Tensor* top_p, dict.Get(kSamplingTopP, DType::kF32, 1));
+  CONNEX_ASSIGN_OR_RETURN(const Tensor* top_k, dict.Get(kSamplingTopK, DType::kI32, 1));
+  CONNEX_ASSIGN_OR_RETURN(const Tensor* seed, dict.Get(kSamplingSeed, DType::kI64, 1));
+  for (const Tensor* t : {temperature, top_p, top_k, seed}) {
+    if (t->shape[0] != batch_size) {
+      return absl::InvalidArgumentError(
+          StrCat("a sampling key has ", t->shape[0], " rows for a batch of ", batch_size));
+    }
+  }
+  for (int64_t i = 0; i < batch_size; ++i) {
+    Sampling& s = out[static_cast<size_t>(i)];
+    s.temperature = temperature->values<float>()[i];
+    s.top_p = top_p->values<float>()[i];
+    s.top_k = top_k->values<int32_t>()[i];
+    s.seed = static_cast<uint64_t>(seed->values<int64_t>()[i]);
+    absl::Status ok = s.Validate();
+    if (!ok.ok())
+      return absl::InvalidArgumentError(StrCat("request ", i, " of the step: ", ok.message()));
+  }
+  return out;
 }
 
 }  // namespace connex::pp

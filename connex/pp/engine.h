@@ -21,11 +21,34 @@ namespace connex::pp {
 // In (later stages): whatever the previous stage returned besides the batch keys.
 // Out (every stage): the three batch keys, copied.
 // Out (last stage):  next_tokens I32 [B]: each request's next token.
+// Sampling (optional, every stage; a stage that does not sample passes them on unchanged):
+//   sampling.temperature F32 [B], sampling.top_p F32 [B], sampling.top_k I32 [B],
+//   sampling.seed I64 [B]. Absent: every request is greedy. See Sampling.
 inline constexpr char kRequestIds[] = "request_ids";
 inline constexpr char kStartPositions[] = "start_positions";
 inline constexpr char kNumTokens[] = "num_tokens";
 inline constexpr char kTokens[] = "tokens";
 inline constexpr char kNextTokens[] = "next_tokens";
+inline constexpr char kSamplingTemperature[] = "sampling.temperature";
+inline constexpr char kSamplingTopP[] = "sampling.top_p";
+inline constexpr char kSamplingTopK[] = "sampling.top_k";
+inline constexpr char kSamplingSeed[] = "sampling.seed";
+
+// How a request's next token is chosen from its logits. temperature 0 is greedy (the most
+// probable token, the lowest id on a tie); otherwise the draw for the token at absolute position
+// p (its index in prompt + generated) depends only on (seed, p), so that a request recomputed
+// on another replica — after a handover, or resumed with prompt + tokens so far — draws the
+// same tokens as an undisturbed run.
+struct Sampling {
+  float temperature = 0;  // [0, 2]; 0: greedy
+  float top_p = 1;        // (0, 1]: the smallest set of most probable tokens whose mass >= top_p
+  int32_t top_k = 0;      // 0: every token; k > 0: the k most probable
+  uint64_t seed = 0;
+
+  bool greedy() const { return temperature == 0 || top_k == 1; }
+  // InvalidArgument naming the field out of range.
+  absl::Status Validate() const;
+};
 
 class Engine {
  public:
@@ -70,6 +93,13 @@ struct Batch {
   std::vector<int32_t> num_tokens;
 };
 absl::StatusOr<Batch> GetBatch(const TensorDict& dict);
+
+// Sets the sampling keys of a step of B = sampling.size() requests (in the batch's order).
+void SetSampling(TensorDict& dict, const std::vector<Sampling>& sampling);
+// The sampling of each of the `batch_size` requests of `dict`: greedy for all when the keys are
+// absent. InvalidArgument when some are present and others not, of the wrong type or size, or
+// out of range (named).
+absl::StatusOr<std::vector<Sampling>> GetSampling(const TensorDict& dict, int64_t batch_size);
 
 }  // namespace connex::pp
 

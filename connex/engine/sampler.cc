@@ -1,0 +1,94 @@
+#include "connex/engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "connex/base/check.h"
+#include "connex/engine/kernels.h"
+
+namespace connex::engine {
+namespace {
+
+constexpr uint32_t kM0 = 0xD2511F53u;
+constexpr uint32_t kM1 = 0xCD9E8D57u;
+constexpr uint32_t kW0 = 0x9E3779B9u;  // the golden ratio
+constexpr uint32_t kW1 = 0xBB67AE85u;  // sqrt(3) - 1
+// The stream of token draws (counter word 2), so that other uses of a seed can take others.
+constexpr uint32_t kTokenStream = 0x746f6b65u;  // "toke"
+
+}  // namespace
+
+std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = static_cast<uint64_t>(kM0) * c[0];
+    const uint64_t p1 = static_cast<uint64_t>(kM1) * c[2];
+    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+    c = {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
+    k[0] += kW0;
+    k[1] += kW1;
+  }
+  return c;
+}
+
+double UniformAt(uint64_t seed, uint64_t position) {
+  std::array<uint32_t, 4> r = Philox4x32(
+      {static_cast<uint32_t>(position), static_cast<uint32_t>(position >> 32), kTokenStream, 0},
+      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+  const uint64_t bits = (static_cast<uint64_t>(r[0]) << 32) | r[1];
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+int32_t SampleToken(std::span<const float> logits, const pp::Sampling& sampling,
+                    uint64_t position) {
+  CONNEX_CHECK(!logits.empty());
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  if (sampling.greedy()) return static_cast<int32_t>(ArgMax(logits.data(), vocab));
+  // Candidates, most probable first; ties by the lower id: a total order, so the same logits
+  // always give the same list.
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  auto before = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  size_t keep = order.size();
+  if (sampling.top_k > 0 && static_cast<size_t>(sampling.top_k) < keep) {
+    keep = static_cast<size_t>(sampling.top_k);
+    std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(keep), order.end(),
+                      before);
+  } else {
+    std::sort(order.begin(), order.end(), before);
+  }
+  // Unnormalised probabilities in double, in that order.
+  const double max_logit = logits[order[0]];
+  const double temperature = sampling.temperature;
+  std::vector<double> mass(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    mass[i] = std::exp((static_cast<double>(logits[order[i]]) - max_logit) / temperature);
+    total += mass[i];
+  }
+  // Nucleus: the shortest prefix whose mass reaches top_p of the whole.
+  if (sampling.top_p < 1) {
+    const double target = static_cast<double>(sampling.top_p) * total;
+    double sum = 0;
+    size_t cut = 0;
+    while (cut < keep) {
+      sum += mass[cut++];
+      if (sum >= target) break;
+    }
+    keep = cut;
+    total = sum;
+  }
+  const double u = UniformAt(sampling.seed, position) * total;
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    sum += mass[i];
+    if (u < sum) return order[i];
+  }
+  return order[keep - 1];  // u rounded up to the total
+}
+
+}  // namespace connex::engine
