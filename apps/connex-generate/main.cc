@@ -1,5 +1,6 @@
-// connex-generate: a single-process reference run of the engine. Greedy generation for one
-// prompt (--prompt) or for the lines of a file (--prompts-file, one continuous batch), optionally
+// connex-generate: a single-process reference run of the engine. Greedy (or, with --temperature,
+// seeded counter-based sampling) generation for one prompt (--prompt) or for the lines of a file
+// (--prompts-file, one continuous batch), optionally
 // as n pipeline stages passing tensor dicts (--stages) and with the KV cache dropped and rebuilt
 // after K tokens (--recompute-at): the output must not change.
 #include <cstdio>
@@ -32,7 +33,8 @@ int main(int argc, char** argv) {
   if (!env_threads.ok()) return Fail(env_threads.status());
   int threads = *env_threads;
 
-  CLI::App app{"Greedy generation with the reference engine (byte-level tokenizer)"};
+  connex::pp::Sampling sampling;
+  CLI::App app{"Generation with the reference engine (byte-level tokenizer)"};
   app.add_option("--model", model,
                  "checkpoint: a .safetensors file or a directory with "
                  "model.safetensors")
@@ -65,6 +67,20 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_flag("--ignore-eos", ignore_eos, "keep generating after an EOS token");
+  app.add_option("--temperature", sampling.temperature,
+                 "0: greedy; > 0: sample, the draw of each token keyed by (seed, position)")
+      ->check(CLI::Range(0.0f, 2.0f))
+      ->capture_default_str();
+  app.add_option("--top-p", sampling.top_p,
+                 "nucleus sampling: keep the most probable tokens "
+                 "whose mass reaches this (0, 1]")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
+  app.add_option("--top-k", sampling.top_k, "sample among the k most probable tokens (0: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--seed", sampling.seed, "the sampling seed of every prompt")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->envname("CONNEX_LOG_LEVEL");
   try {
@@ -77,6 +93,7 @@ int main(int argc, char** argv) {
   }
   if (!log_level.empty()) connex::Log().set_level(spdlog::level::from_str(log_level));
   options.stop_at_eos = !ignore_eos;
+  if (absl::Status ok = sampling.Validate(); !ok.ok()) return Fail(ok);
 
   std::vector<std::vector<int32_t>> prompts;
   if (file_opt->count() > 0) {
@@ -88,6 +105,7 @@ int main(int argc, char** argv) {
     prompts.push_back(Tokenize(prompt, /*add_bos=*/true));
   }
 
+  if (!sampling.greedy()) options.sampling.assign(prompts.size(), sampling);
   absl::StatusOr<std::unique_ptr<Pipeline>> pipeline =
       Pipeline::Load(model, stages, std::make_shared<ThreadPool>(threads));
   if (!pipeline.ok()) return Fail(pipeline.status());

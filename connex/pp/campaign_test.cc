@@ -3,10 +3,11 @@
 // reads fail or slow down, signals are dropped, delayed and duplicated, and directory events
 // arrive late; owners are killed and restarted under their LID and submit the same request ids
 // again; the directory is killed and restarted, with or without its state; a share of seeds sends
-// prompts larger than a ring slot. For every seed: every planned action runs; no step runs twice on any stage; every request finishes with exactly the tokens
-// of an undisturbed run, or is aborted after the re-prefill limit; no ring slot leaks; no
-// request outlives a bound; no engine holds any request's state at the end. CONNEX_TEST_SEEDS sets
-// the number of seeds (default 200), CONNEX_TEST_SEED runs one seed.
+// prompts larger than a ring slot. For every seed: every planned action runs; no step runs twice on
+// any stage; every request finishes with exactly the tokens of an undisturbed run, or is aborted
+// after the re-prefill limit; no ring slot leaks; no request outlives a bound; no engine holds any
+// request's state at the end. CONNEX_TEST_SEEDS sets the number of seeds (default 200),
+// CONNEX_TEST_SEED runs one seed.
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +41,7 @@ constexpr int64_t kRequestBoundMs = 30000;
 struct Plan {
   std::vector<int32_t> prompt;
   int max_new = 0;
+  Sampling sampling;  // greedy, or (on the Llama seeds) sampled
 };
 
 std::vector<int32_t> RandomPrompt(std::mt19937_64& rng) {
@@ -72,12 +74,14 @@ class LlamaModel {
       return *std::move(e);
     };
   }
-  std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new) const {
+  std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new,
+                                 const Sampling& sampling) const {
     auto pipeline = engine::Pipeline::Load(path_, kStages, std::make_shared<engine::ThreadPool>(1));
     if (!pipeline.ok()) return {};
     engine::GenerateOptions g;
     g.max_tokens = max_new;
     g.stop_at_eos = false;
+    if (!sampling.greedy()) g.sampling = {sampling};
     auto out = engine::Generate(**pipeline, {prompt}, g);
     return out.ok() ? (*out)[0].tokens : std::vector<int32_t>{};
   }
@@ -224,7 +228,14 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
     size_t tokens = 0;
     for (int i = 0; i < requests; ++i) {
       uint64_t id = next_id++;
-      Plan p{RandomPrompt(rng), 10 + static_cast<int>(rng() % 50)};
+      Plan p{RandomPrompt(rng), 10 + static_cast<int>(rng() % 50), {}};
+      if (llama && rng() % 2 == 0) {
+        // Sampled: the handover must keep the draws too (keyed by seed and position).
+        p.sampling.temperature = 0.6f + 0.1f * static_cast<float>(rng() % 8);
+        p.sampling.top_p = rng() % 2 ? 1.0f : 0.9f;
+        p.sampling.top_k = rng() % 2 ? 0 : 40;
+        p.sampling.seed = rng();
+      }
       if (long_first && i == 0) {
         p.prompt.resize(500 + rng() % 1000);
         for (int32_t& t : p.prompt) t = static_cast<int32_t>(rng() % 200);
@@ -233,7 +244,7 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
       owner_of[id] = static_cast<uint32_t>(id % 2);
       if (!c.alive(0, owner_of[id])) owner_of[id] ^= 1;
       tokens += static_cast<size_t>(p.max_new);
-      if (!c.Submit(owner_of[id], id, p.prompt, p.max_new).ok()) return 0;
+      if (!c.Submit(owner_of[id], id, p.prompt, p.max_new, 0, p.sampling).ok()) return 0;
     }
     return tokens;
   };
@@ -310,10 +321,11 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
     uint32_t owner = static_cast<uint32_t>(rng() % 2);
     options.push_back([&, owner] {
       c.Kill(0, owner);
-      if (c.Start(0, owner) == nullptr) return std::string("!restart-owner 0/") + std::to_string(owner) + " failed";
+      if (c.Start(0, owner) == nullptr)
+        return std::string("!restart-owner 0/") + std::to_string(owner) + " failed";
       for (auto& [id, r] : owner_of) {
         if (r != owner || c.outcomes()[id].tokens.ok()) continue;
-        if (!c.Submit(owner, id, plans[id].prompt, plans[id].max_new).ok()) {
+        if (!c.Submit(owner, id, plans[id].prompt, plans[id].max_new, 0, plans[id].sampling).ok()) {
           return "!resubmit " + std::to_string(id) + " failed";
         }
       }
@@ -343,8 +355,9 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
   for (const auto& [id, outcome] : c.outcomes()) {
     if (outcome.tokens.ok()) {
       std::vector<int32_t> want =
-          llama ? LlamaModel::Get().Reference(plans[id].prompt, plans[id].max_new)
-                : ReferenceTokens(kStages, plans[id].prompt, plans[id].max_new);
+          llama
+              ? LlamaModel::Get().Reference(plans[id].prompt, plans[id].max_new, plans[id].sampling)
+              : ReferenceTokens(kStages, plans[id].prompt, plans[id].max_new);
       if (*outcome.tokens != want) {
         size_t at = 0;
         while (at < want.size() && at < outcome.tokens->size() && want[at] == (*outcome.tokens)[at])

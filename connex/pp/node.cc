@@ -139,8 +139,7 @@ class StageNode::Impl {
     ro.max_backoff_ms = o_.step_timeout_ms;
     ro.first_nonce = (rng_() << 16) | 1;
     releases_ = std::make_unique<ReleaseQueue>(
-        ro,
-        [this](const Lid& stage) { return routes_.SignalOf(stage); },
+        ro, [this](const Lid& stage) { return routes_.SignalOf(stage); },
         [this](const std::string& a, const Signal& sig) { Send(a, sig); });
     StepReceiverOptions recv;
     recv.self = lid_;
@@ -209,6 +208,8 @@ class StageNode::Impl {
     if (options.timeout_ms < 0)
       return absl::InvalidArgumentError(
           StrCat("request ", id, ": timeout_ms ", options.timeout_ms));
+    if (absl::Status ok = options.sampling.Validate(); !ok.ok())
+      return absl::InvalidArgumentError(StrCat("request ", id, ": ", ok.message()));
     CONNEX_RETURN_IF_ERROR(Health());
     auto accepted = std::make_shared<std::promise<absl::Status>>();
     auto future = accepted->get_future();
@@ -236,6 +237,7 @@ class StageNode::Impl {
       r.max_new = max_new;
       r.done = std::move(done);
       r.on_token = std::move(options.on_token);
+      r.sampling = options.sampling;
       r.waiting_since = NowMs();
       int64_t timeout = options.timeout_ms > 0 ? options.timeout_ms : o_.request_timeout_ms;
       r.timeout_ms = timeout;
@@ -246,6 +248,38 @@ class StageNode::Impl {
     cmd.cancel = [this, accepted] {
       accepted->set_value(
           absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped")));
+    };
+    if (!PostCommand(std::move(cmd))) {
+      return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped"));
+    }
+    return future.get();
+  }
+
+  absl::Status Cancel(uint64_t id, absl::Status why) {
+    if (o_.stage != 0) {
+      return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " is not stage 0"));
+    }
+    if (why.ok()) why = absl::CancelledError("cancelled");
+    if (std::this_thread::get_id() == loop_.get_id()) {
+      // From a callback of this node (on_token saw a stop string): the loop is ours already.
+      if (!requests_.count(id))
+        return absl::NotFoundError(StrCat("request ", id, " is not running"));
+      Finish(id, why);
+      return absl::OkStatus();
+    }
+    auto result = std::make_shared<std::promise<absl::Status>>();
+    auto future = result->get_future();
+    Command cmd;
+    cmd.run = [this, id, why, result] {
+      if (!requests_.count(id)) {
+        result->set_value(absl::NotFoundError(StrCat("request ", id, " is not running")));
+        return;
+      }
+      Finish(id, why);
+      result->set_value(absl::OkStatus());
+    };
+    cmd.cancel = [this, result] {
+      result->set_value(absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped")));
     };
     if (!PostCommand(std::move(cmd))) {
       return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped"));
@@ -356,6 +390,7 @@ class StageNode::Impl {
     int64_t timeout_ms = 0;
     Completion done;
     StageNode::TokenCallback on_token;
+    Sampling sampling;
   };
   struct Step {
     uint32_t attempt = 1;
@@ -747,11 +782,10 @@ class StageNode::Impl {
                        r.step, r.attempt, id, r.tokens[i], r.from.ToString());
       q.cached = q.tokens.size();
       q.tokens.push_back(r.tokens[i]);
-      if (q.on_token) q.on_token(id, r.tokens[i]);
-      size_t generated = q.tokens.size() - q.prompt_len;
-      if (static_cast<int>(generated) >= q.max_new || r.tokens[i] == o_.eos_token) {
-        Finish(id, absl::OkStatus());
-      }
+      const size_t generated = q.tokens.size() - q.prompt_len;
+      const bool last = static_cast<int>(generated) >= q.max_new || r.tokens[i] == o_.eos_token;
+      if (q.on_token) q.on_token(id, r.tokens[i]);  // may Cancel the request: `q` is gone then
+      if (last && requests_.count(id)) Finish(id, absl::OkStatus());
     }
     EraseStepIfDone(r.step);
   }
@@ -860,7 +894,12 @@ class StageNode::Impl {
       if (q.done) q.done(id, std::vector<int32_t>(q.tokens.begin() + q.prompt_len, q.tokens.end()));
     } else {
       ++stats_.aborted;
-      CONNEX_LOG_WARN("pp {}: {}", lid_.ToString(), AsStd(status.message()));
+      if (status.code() == absl::StatusCode::kCancelled) {
+        CONNEX_LOG_INFO("pp {}: request {} cancelled: {}", lid_.ToString(), id,
+                        AsStd(status.message()));
+      } else {
+        CONNEX_LOG_WARN("pp {}: {}", lid_.ToString(), AsStd(status.message()));
+      }
       if (q.done) q.done(id, status);
     }
   }
@@ -1102,6 +1141,14 @@ class StageNode::Impl {
     TensorDict in;
     SetBatch(in, ids, starts, counts);
     in.Set(kTokens, Tensor::Of<int32_t>({static_cast<int64_t>(tokens.size())}, tokens));
+    // The sampling keys, when any request of the step samples (greedy steps carry none).
+    std::vector<Sampling> sampling;
+    bool sampled = false;
+    for (uint64_t id : ids) {
+      sampling.push_back(requests_[id].sampling);
+      sampled |= !sampling.back().greedy();
+    }
+    if (sampled) SetSampling(in, sampling);
     std::vector<uint64_t> missing = engine_.MissingRequests(in);
     if (!missing.empty()) {
       // This stage lost them (released): recompute from the prompt on the next round.
@@ -1264,6 +1311,9 @@ absl::Status StageNode::Submit(uint64_t request_id, std::vector<int32_t> prompt,
   options.on_token = std::move(on_token);
   return impl_->Submit(request_id, std::move(prompt), max_new_tokens, std::move(done),
                        std::move(options));
+}
+absl::Status StageNode::Cancel(uint64_t request_id, absl::Status why) {
+  return impl_->Cancel(request_id, std::move(why));
 }
 void StageNode::Stop(bool leave, int64_t drain_timeout_ms) { impl_->Stop(leave, drain_timeout_ms); }
 absl::Status StageNode::Migrate(std::unique_ptr<SignalTransport> signals) {

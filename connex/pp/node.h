@@ -94,6 +94,10 @@ struct SubmitOptions {
   // order, before the completion.
   std::function<void(uint64_t request_id, int32_t token)> on_token;
   int64_t timeout_ms = 0;  // 0: StageNodeOptions::request_timeout_ms
+  // How the last stage chooses each token (default greedy). The sampling keys travel with every
+  // step of the request (engine.h); the draw for a token depends only on (seed, position), so a
+  // failover, a re-prefill or a resume elsewhere draws the same tokens.
+  Sampling sampling;
 };
 
 class StageNode {
@@ -122,11 +126,19 @@ class StageNode {
   // in order, before `done` (a failover re-sends steps and may recompute the request's state,
   // but never emits a token twice). A prompt larger than a ring slot is sent in chunks.
   // FailedPrecondition on another stage, after Stop, or once the node lost its LID;
-  // Unavailable while draining; InvalidArgument for an empty prompt or a duplicate id.
+  // Unavailable while draining; InvalidArgument for an empty prompt, a duplicate id or a
+  // sampling out of range (named).
   absl::Status Submit(uint64_t request_id, std::vector<int32_t> prompt, int max_new_tokens,
                       Completion done, SubmitOptions options);
   absl::Status Submit(uint64_t request_id, std::vector<int32_t> prompt, int max_new_tokens,
                       Completion done, TokenCallback on_token = nullptr);
+
+  // Owner only. Ends a running request now with `why` (a client that went away: Cancelled; a
+  // stop string matched: the caller already has the tokens): `done` runs with it, no further
+  // token is streamed, and its state is released on every stage that may hold it. NotFound when
+  // it is not running (finished already, or never submitted); FailedPrecondition after Stop.
+  // May be called from the node's own callbacks (on_token, done) as well as any other thread.
+  absl::Status Cancel(uint64_t request_id, absl::Status why = absl::CancelledError("cancelled"));
 
   // Stops the loop. With `leave`, first drains: the node leaves the directory (LEFT, so owners
   // route no new steps here), an owner schedules no new steps, and in-flight steps finish (up to

@@ -2,6 +2,8 @@
 // of each rule.
 #include "connex/pp/node.h"
 
+#include <atomic>
+
 #include "connex/base/wait.h"
 #include "connex/directory/testing/test_directory.h"
 #include "connex/pp/messages.h"
@@ -15,6 +17,7 @@ namespace {
 
 using testing::Cluster;
 using ::testing::HasSubstr;
+using testing::Outcome;
 using testing::ReferenceTokens;
 
 std::unique_ptr<directory::DirectoryServer> StartDirectory() {
@@ -99,6 +102,69 @@ TEST_F(NodeTest, KilledStageFailsOverToAnotherReplica) {
   EXPECT_GT(s.reprefills, 0u);  // replica 1's stage 1 did not hold their state
   EXPECT_GT(c->engine(1, 1)->executions(), 0u);
   EXPECT_TRUE(c->AwaitRingsEmpty(5000));
+}
+
+// A client that went away: the request ends at once with its reason, streams nothing more, and
+// no stage holds its state afterwards.
+TEST_F(NodeTest, ACancelledRequestEndsAtOnceAndNoStageHoldsItsState) {
+  auto c = MakeCluster(3, 1);
+  ASSERT_TRUE(c->Submit(0, 1, Prompt(1), 100000).ok());
+  ASSERT_TRUE(c->Submit(0, 2, Prompt(2), 20).ok());
+  ASSERT_TRUE(WaitUntil([&] { return c->outcomes()[1].streamed.size() >= 5; }, 10000));
+  ASSERT_TRUE(c->node(0, 0)->Cancel(1, absl::CancelledError("the client went away")).ok());
+  Outcome one = c->outcomes()[1];
+  ASSERT_TRUE(one.done);
+  EXPECT_EQ(one.tokens.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(one.tokens.status().message(), HasSubstr("the client went away"));
+  EXPECT_EQ(c->node(0, 0)->Cancel(1).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c->node(1, 0)->Cancel(2).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(c->AwaitAll(20000));
+  EXPECT_TRUE(c->outcomes()[2].tokens.ok());  // the other request is untouched
+  EXPECT_EQ(c->outcomes()[1].streamed.size(), one.streamed.size());
+  EXPECT_FALSE(c->outcomes()[1].streamed_after_done);
+  EXPECT_TRUE(c->AwaitNoStateHeld(10000)) << c->StateHeld();
+  EXPECT_TRUE(c->AwaitRingsEmpty(5000));
+}
+
+// A stop string seen in the token stream: the callback cancels its own request, on the node's
+// loop, and gets exactly the tokens it saw.
+TEST_F(NodeTest, ARequestCanBeCancelledFromItsOwnTokenCallback) {
+  auto c = MakeCluster(2, 1);
+  std::vector<int32_t> seen;
+  absl::StatusOr<std::vector<int32_t>> result = absl::UnknownError("not done");
+  std::atomic<bool> done{false};
+  StageNode* owner = c->node(0, 0);
+  SubmitOptions options;
+  options.on_token = [&](uint64_t id, int32_t token) {
+    seen.push_back(token);
+    if (seen.size() == 5) {
+      EXPECT_TRUE(owner->Cancel(id, absl::CancelledError("stop")).ok());
+    }
+  };
+  ASSERT_TRUE(owner
+                  ->Submit(
+                      9, Prompt(9), 1000,
+                      [&](uint64_t, absl::StatusOr<std::vector<int32_t>> r) {
+                        result = std::move(r);
+                        done.store(true);
+                      },
+                      std::move(options))
+                  .ok());
+  ASSERT_TRUE(WaitUntil([&] { return done.load(); }, 10000));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(seen.size(), 5u);
+  EXPECT_EQ(seen, std::vector<int32_t>(ReferenceTokens(2, Prompt(9), 5)));
+  EXPECT_TRUE(c->AwaitNoStateHeld(10000)) << c->StateHeld();
+}
+
+TEST_F(NodeTest, ASamplingOutOfRangeIsRefusedNamingTheField) {
+  auto c = MakeCluster(2, 1);
+  SubmitOptions options;
+  options.sampling.temperature = 5;
+  absl::Status s = c->node(0, 0)->Submit(
+      1, Prompt(1), 5, [](uint64_t, absl::StatusOr<std::vector<int32_t>>) {}, std::move(options));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("temperature 5"));
 }
 
 TEST_F(NodeTest, AbortsAfterTheReprefillLimit) {

@@ -147,7 +147,7 @@ bool Cluster::alive(uint32_t stage, uint32_t replica) const {
 }
 
 absl::Status Cluster::Submit(uint32_t replica, uint64_t id, std::vector<int32_t> prompt,
-                             int max_new, int64_t timeout_ms) {
+                             int max_new, int64_t timeout_ms, Sampling sampling) {
   {
     connex::MutexLock lock(&mu_);
     outcomes_[id] = Outcome{};
@@ -156,6 +156,7 @@ absl::Status Cluster::Submit(uint32_t replica, uint64_t id, std::vector<int32_t>
   if (owner == nullptr) return absl::FailedPreconditionError("no live owner");
   SubmitOptions options;
   options.timeout_ms = timeout_ms;
+  options.sampling = sampling;
   options.on_token = [this](uint64_t rid, int32_t token) {
     connex::MutexLock lock(&mu_);
     Outcome& o = outcomes_[rid];

@@ -60,7 +60,7 @@ class Cluster {
 
   // Submits a request to the stage-0 node of `replica`.
   absl::Status Submit(uint32_t replica, uint64_t id, std::vector<int32_t> prompt, int max_new,
-                      int64_t timeout_ms = 0);
+                      int64_t timeout_ms = 0, Sampling sampling = {});
   // Waits until every submitted request finished; false after `timeout_ms`.
   bool AwaitAll(int64_t timeout_ms);
   std::map<uint64_t, Outcome> outcomes() const;
