@@ -120,8 +120,15 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
 
   // Starts the directory again at bind_ and pub_ (after a SIGKILL), with `state_dir` if given.
   bool RestartDirectory(const std::string& state_dir) {
-    std::vector<std::string> argv = {BinDir() + "/connex-directory", "--bind", bind_, "--pub", pub_,
-                                     "--lease-ttl-ms", "1500", "--heartbeat-ms", "300"};
+    std::vector<std::string> argv = {BinDir() + "/connex-directory",
+                                     "--bind",
+                                     bind_,
+                                     "--pub",
+                                     pub_,
+                                     "--lease-ttl-ms",
+                                     "1500",
+                                     "--heartbeat-ms",
+                                     "300"};
     if (!state_dir.empty()) {
       argv.push_back("--state-dir");
       argv.push_back(state_dir);
@@ -151,10 +158,10 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
     if (keep_state) {
       // Nobody noticed: no endpoint failed, no request moved.
       EXPECT_THAT(done, HasSubstr("failovers=0 ")) << owner.transcript();
-    } else {
-      // Everyone saw the owner fail: its requests were dropped downstream and recomputed.
-      EXPECT_THAT(done, ::testing::Not(HasSubstr("reprefills=0 "))) << owner.transcript();
     }
+    // Without its state the directory hands out new epochs; whether a stage saw the owner fail
+    // (and dropped its requests' state, recomputed then) or only saw it come back under a new
+    // epoch depends on who re-registered first. Either way every token is exact (CheckOwner).
     directory_.reset();  // before its state dir goes
     std::filesystem::remove_all(dir);
   }
@@ -233,8 +240,8 @@ TEST_P(PpProcessTest, DirectoryKilledAndRestartedWithItsStateChangesNothing) {
 }
 
 // The same restart with the state lost (a directory on a new machine): every endpoint registers
-// again under a new epoch and every stage sees the owner fail although it lives on; its
-// requests are recomputed and still end with exactly the reference tokens.
+// again under a new epoch, and a stage may see the owner fail although it lives on (its requests
+// are then recomputed); every request still ends with exactly the reference tokens.
 TEST_P(PpProcessTest, DirectoryRestartedWithoutItsStateStillEndsEveryRequestExactly) {
   RunThroughADirectoryRestart(/*keep_state=*/false);
 }

@@ -190,6 +190,20 @@ bool AllDone(const Cluster& c) {
   return true;
 }
 
+// Starts (stage, replica) again after it was killed. The dead process's lease holds its LID
+// until it runs out; Join waits one lease TTL for that, and on a loaded machine the directory's
+// expiry may come later still, so AlreadyExists is retried as a supervisor (systemd) restarts a
+// process that exited, for up to 10 s. Any other error fails at once.
+bool StartAsASupervisorWould(Cluster& c, uint32_t stage, uint32_t replica) {
+  return WaitUntil(
+             [&] {
+               return c.Start(stage, replica) != nullptr ||
+                      c.last_start_error().code() != absl::StatusCode::kAlreadyExists;
+             },
+             10000) &&
+         c.alive(stage, replica);
+}
+
 // Runs one seed; returns a description of what went wrong, or "" when all held.
 std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* summary,
                     std::map<std::string, int>* tally) {
@@ -291,7 +305,8 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
     }
     if (!c.alive(stage, replica)) {
       options.push_back([&] {
-        if (c.Start(stage, replica) == nullptr) return "!restart " + tag + " failed";
+        if (!StartAsASupervisorWould(c, stage, replica))
+          return "!restart " + tag + " failed: " + c.last_start_error().ToString();
         return "restart " + tag;
       });
     }
@@ -303,7 +318,8 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
     }
     if (!c.alive(stage, 2)) {
       options.push_back([&] {
-        if (c.Start(stage, 2) == nullptr) return "!join " + std::to_string(stage) + "/2 failed";
+        if (c.Start(stage, 2) == nullptr)
+          return "!join " + std::to_string(stage) + "/2 failed: " + c.last_start_error().ToString();
         return "join " + std::to_string(stage) + "/2";
       });
     }
@@ -321,8 +337,9 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
     uint32_t owner = static_cast<uint32_t>(rng() % 2);
     options.push_back([&, owner] {
       c.Kill(0, owner);
-      if (c.Start(0, owner) == nullptr)
-        return std::string("!restart-owner 0/") + std::to_string(owner) + " failed";
+      if (!StartAsASupervisorWould(c, 0, owner))
+        return "!restart-owner 0/" + std::to_string(owner) +
+               " failed: " + c.last_start_error().ToString();
       for (auto& [id, r] : owner_of) {
         if (r != owner || c.outcomes()[id].tokens.ok()) continue;
         if (!c.Submit(owner, id, plans[id].prompt, plans[id].max_new, 0, plans[id].sampling).ok()) {

@@ -1,5 +1,6 @@
 #include "connex/pp/testing/cluster.h"
 
+#include "connex/base/logging.h"
 #include "connex/base/wait.h"
 
 namespace connex::pp::testing {
@@ -42,16 +43,27 @@ Cluster::Member& Cluster::Get(uint32_t stage, uint32_t replica) {
 }
 
 StageNode* Cluster::Start(uint32_t stage, uint32_t replica) {
+  absl::StatusOr<StageNode*> started = TryStart(stage, replica);
+  if (!started.ok()) {
+    last_start_error_ = started.status();
+    CONNEX_LOG_WARN("cluster {}: stage {} of replica {} did not start: {}", model_, stage, replica,
+                    started.status().ToString());
+    return nullptr;
+  }
+  return *started;
+}
+
+absl::StatusOr<StageNode*> Cluster::TryStart(uint32_t stage, uint32_t replica) {
   Member& m = Get(stage, replica);
   if (m.engine) graveyard_.push_back(std::move(m.engine));
   directory::DirectoryClientOptions client;
   client.directory = directory_;
   auto c = directory::DirectoryClient::Connect(client);
-  if (!c.ok()) return nullptr;
+  if (!c.ok()) return c.status();
   m.client = *std::move(c);
   m.client->DelayEventsForTest(event_delay_ms_);
   m.engine = engines_ ? engines_(stage, stages_) : std::make_unique<TestEngine>(stage, stages_);
-  if (m.engine == nullptr) return nullptr;
+  if (m.engine == nullptr) return absl::InternalError("the engine factory made no engine");
   transport::TransportOptions t;
   t.backend = transport::Backend::kMem;
   t.local_lid = Lid{model_, stage, 0, replica};
@@ -59,7 +71,7 @@ StageNode* Cluster::Start(uint32_t stage, uint32_t replica) {
   t.heartbeat_ms = 20;
   t.suspect_ms = 200;
   auto transfer = transport::CreateTransferEngine(t);
-  if (!transfer.ok()) return nullptr;
+  if (!transfer.ok()) return transfer.status();
   StageNodeOptions o = options_;
   o.model = model_;
   o.stage = stage;
@@ -67,7 +79,7 @@ StageNode* Cluster::Start(uint32_t stage, uint32_t replica) {
   o.replica = replica;
   auto node =
       StageNode::Start(o, *m.engine, *std::move(transfer), signals_->NewEndpoint(), *m.client);
-  if (!node.ok()) return nullptr;
+  if (!node.ok()) return node.status();
   m.node = *std::move(node);
   m.alive = true;
   return m.node.get();

@@ -42,7 +42,9 @@ class Cluster {
           StageNodeOptions options, EngineFactory engines = nullptr);
   ~Cluster();
 
+  // nullptr when it did not start; last_start_error() says why (also logged).
   StageNode* Start(uint32_t stage, uint32_t replica);
+  const absl::Status& last_start_error() const { return last_start_error_; }
   // Starts every stage of replicas 0..replicas-1 and waits until the directory shows `members`
   // records of the model (default: all of them). Internal names what did not come up.
   absl::Status StartAll(uint32_t replicas, int64_t timeout_ms = 5000);
@@ -94,6 +96,7 @@ class Cluster {
     bool alive = false;
   };
   Member& Get(uint32_t stage, uint32_t replica);
+  absl::StatusOr<StageNode*> TryStart(uint32_t stage, uint32_t replica);
 
   const std::string directory_;  // the server's request address (the same after its restarts)
   const std::string model_;
@@ -106,6 +109,7 @@ class Cluster {
   std::vector<std::unique_ptr<Engine>> graveyard_;  // engines of killed nodes
   std::vector<StageNodeStats> dead_stats_;
   int event_delay_ms_ = 0;
+  absl::Status last_start_error_;
   mutable connex::Mutex mu_;
   std::map<uint64_t, Outcome> outcomes_ ABSL_GUARDED_BY(mu_);
 };
