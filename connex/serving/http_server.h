@@ -137,7 +137,8 @@ class HttpServer {
   // The bound port (the real one when options.port was 0) and "HOST:PORT".
   virtual uint16_t port() const = 0;
   virtual std::string address() const = 0;
-  // Idempotent; the destructor calls it.
+  // Idempotent; the destructor calls it. Not from a handler or an OnCancel callback (it joins
+  // the threads they run on).
   virtual void Stop() = 0;
 
   struct Stats {

@@ -65,6 +65,11 @@ class Parked {
     MutexLock lock(&mu_);
     return std::move(exchanges_);
   }
+  // Waits for one parked exchange and takes it; null if none came.
+  std::shared_ptr<HttpExchange> Await() {
+    if (!WaitUntil([&] { return size() == 1; }, kDeadlineMs)) return nullptr;
+    return Take()[0];
+  }
 
  private:
   Mutex mu_;
@@ -76,13 +81,32 @@ void ExpectServing(HttpServer& server, Parked* parked = nullptr) {
   TestConnection c(server.port());
   ASSERT_TRUE(c.Send("GET", "/still"));
   if (parked != nullptr) {
-    ASSERT_TRUE(WaitUntil([&] { return parked->size() == 1; }, kDeadlineMs));
-    parked->Take()[0]->Respond(HttpResponse{200, "text/plain", "ok", {}});
+    std::shared_ptr<HttpExchange> exchange = parked->Await();
+    ASSERT_NE(exchange, nullptr);
+    exchange->Respond(HttpResponse{200, "text/plain", "ok", {}});
   }
   std::optional<Response> r = c.Read();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->result_int(), 200u);
 }
+
+// A server that parks its requests, a client, and the exchange of the client's first request,
+// whose cancellations are counted.
+struct OneParked {
+  explicit OneParked(HttpServerOptions options = {}, const std::string& target = "/v1/completions")
+      : server(Start(options, parked.Handler())),
+        client(std::make_unique<TestConnection>(server->port())) {
+    if (!client->Send("POST", target, "{}")) return;
+    exchange = parked.Await();
+    if (exchange != nullptr) exchange->OnCancel([this] { cancels.fetch_add(1); });
+  }
+
+  Parked parked;
+  std::unique_ptr<HttpServer> server;
+  std::unique_ptr<TestConnection> client;
+  std::shared_ptr<HttpExchange> exchange;
+  std::atomic<int> cancels{0};
+};
 
 TEST(HttpServerTest, ServesOnAFreePortWithKeepAlive) {
   std::unique_ptr<HttpServer> server = Start({}, Echo);
@@ -102,6 +126,20 @@ TEST(HttpServerTest, ServesOnAFreePortWithKeepAlive) {
   EXPECT_EQ(server->stats().accepted_connections, 1);
 }
 
+TEST(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
+  std::unique_ptr<HttpServer> server = Start({}, Echo);
+  TestConnection c(server->port());
+  ASSERT_TRUE(c.SendRaw("GET /a HTTP/1.1\r\nHost: t\r\n\r\n"
+                        "POST /b HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi"
+                        "GET /c HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"));
+  for (std::string expected : {"GET /a ", "POST /b hi", "GET /c "}) {
+    std::optional<Response> r = c.Read();
+    ASSERT_TRUE(r.has_value()) << expected;
+    EXPECT_EQ(r->body(), expected);
+  }
+  EXPECT_TRUE(c.ClosedByPeer());  // after the request that asked for it
+}
+
 TEST(HttpServerTest, HeadersReachTheHandler) {
   std::unique_ptr<HttpServer> server = Start({}, [](std::shared_ptr<HttpExchange> exchange) {
     exchange->Respond(HttpResponse{201, "text/plain",
@@ -118,30 +156,28 @@ TEST(HttpServerTest, HeadersReachTheHandler) {
 }
 
 TEST(HttpServerTest, StreamsChunksAsTheyAreProduced) {
-  Parked parked;
-  std::unique_ptr<HttpServer> server = Start({}, parked.Handler());
-  TestConnection c(server->port());
-  ASSERT_TRUE(c.Send("POST", "/v1/completions", "{}"));
-  ASSERT_TRUE(WaitUntil([&] { return parked.size() == 1; }, kDeadlineMs));
-  std::shared_ptr<HttpExchange> exchange = parked.Take()[0];
-  ASSERT_TRUE(exchange->StartStream());
-  ASSERT_TRUE(exchange->Send("data: one\n\n"));
+  OneParked t;
+  ASSERT_NE(t.exchange, nullptr);
+  TestConnection& c = *t.client;
+  ASSERT_TRUE(t.exchange->StartStream());
+  ASSERT_TRUE(t.exchange->Send("data: one\n\n"));
   ASSERT_TRUE(c.ReadHead());
   EXPECT_EQ(c.parser().get()[testing::http::field::content_type], "text/event-stream");
   EXPECT_TRUE(c.parser().chunked());
   // The second chunk is produced only after the client has seen the first.
   ASSERT_TRUE(c.ReadUntil("data: one\n\n"));
-  ASSERT_TRUE(exchange->Send("data: two\n\n"));
+  ASSERT_TRUE(t.exchange->Send("data: two\n\n"));
   ASSERT_TRUE(c.ReadUntil("data: two\n\n"));
-  exchange->EndStream();
-  EXPECT_FALSE(exchange->Send("late"));
+  t.exchange->EndStream();
+  EXPECT_FALSE(t.exchange->Send("late"));
   ASSERT_TRUE(c.ReadToEnd());
   EXPECT_EQ(c.parser().get().body(), "data: one\n\ndata: two\n\n");
-  EXPECT_FALSE(exchange->cancelled());
+  EXPECT_FALSE(t.exchange->cancelled());
   // The connection serves its next request after the stream.
   ASSERT_TRUE(c.Send("GET", "/next"));
-  ASSERT_TRUE(WaitUntil([&] { return parked.size() == 1; }, kDeadlineMs));
-  EXPECT_EQ(parked.Take()[0]->request().path, "/next");
+  std::shared_ptr<HttpExchange> next = t.parked.Await();
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(next->request().path, "/next");
 }
 
 TEST(HttpServerTest, MalformedRequestsGet400AndTheServerGoesOn) {
@@ -252,64 +288,46 @@ TEST(HttpServerTest, SlowClientsTimeOut) {
 }
 
 TEST(HttpServerTest, ClientDisconnectCancelsAStream) {
-  Parked parked;
-  std::unique_ptr<HttpServer> server = Start({}, parked.Handler());
-  TestConnection c(server->port());
-  ASSERT_TRUE(c.Send("POST", "/v1/completions", "{}"));
-  ASSERT_TRUE(WaitUntil([&] { return parked.size() == 1; }, kDeadlineMs));
-  std::shared_ptr<HttpExchange> exchange = parked.Take()[0];
-  std::atomic<int> cancels{0};
-  exchange->OnCancel([&] { cancels.fetch_add(1); });
-  ASSERT_TRUE(exchange->StartStream());
-  ASSERT_TRUE(exchange->Send("data: 1\n\n"));
-  ASSERT_TRUE(c.ReadHead());
-  ASSERT_TRUE(c.ReadUntil("data: 1"));
-  c.Close();
-  ASSERT_TRUE(WaitUntil([&] { return cancels.load() == 1; }, kDeadlineMs));
-  EXPECT_TRUE(exchange->cancelled());
-  EXPECT_FALSE(exchange->Send("data: 2\n\n"));
+  OneParked t;
+  ASSERT_NE(t.exchange, nullptr);
+  ASSERT_TRUE(t.exchange->StartStream());
+  ASSERT_TRUE(t.exchange->Send("data: 1\n\n"));
+  ASSERT_TRUE(t.client->ReadHead());
+  ASSERT_TRUE(t.client->ReadUntil("data: 1"));
+  t.client->Close();
+  ASSERT_TRUE(WaitUntil([&] { return t.cancels.load() == 1; }, kDeadlineMs));
+  EXPECT_TRUE(t.exchange->cancelled());
+  EXPECT_FALSE(t.exchange->Send("data: 2\n\n"));
   // A callback set after the fact runs at once.
   bool late = false;
-  exchange->OnCancel([&] { late = true; });
+  t.exchange->OnCancel([&] { late = true; });
   EXPECT_TRUE(late);
-  EXPECT_EQ(cancels.load(), 1);
-  EXPECT_EQ(server->stats().cancelled, 1);
-  ExpectServing(*server, &parked);
+  EXPECT_EQ(t.cancels.load(), 1);
+  EXPECT_EQ(t.server->stats().cancelled, 1);
+  ExpectServing(*t.server, &t.parked);
 }
 
 TEST(HttpServerTest, ClientDisconnectCancelsAPendingResponse) {
-  Parked parked;
-  std::unique_ptr<HttpServer> server = Start({}, parked.Handler());
-  TestConnection c(server->port());
-  ASSERT_TRUE(c.Send("POST", "/v1/completions", "{}"));
-  ASSERT_TRUE(WaitUntil([&] { return parked.size() == 1; }, kDeadlineMs));
-  std::shared_ptr<HttpExchange> exchange = parked.Take()[0];
-  std::atomic<bool> cancelled{false};
-  exchange->OnCancel([&] { cancelled = true; });
-  c.Close();
-  ASSERT_TRUE(WaitUntil([&] { return cancelled.load(); }, kDeadlineMs));
-  EXPECT_FALSE(exchange->Respond(HttpResponse{}));
+  OneParked t;
+  ASSERT_NE(t.exchange, nullptr);
+  t.client->Close();
+  ASSERT_TRUE(WaitUntil([&] { return t.cancels.load() == 1; }, kDeadlineMs));
+  EXPECT_FALSE(t.exchange->Respond(HttpResponse{}));
 }
 
 TEST(HttpServerTest, AClientThatDoesNotReadIsDroppedAndCancelled) {
   HttpServerOptions options;
   options.write_timeout_ms = 300;
   options.max_pending_write_bytes = 256 * 1024;
-  Parked parked;
-  std::unique_ptr<HttpServer> server = Start(options, parked.Handler());
-  TestConnection c(server->port());
-  ASSERT_TRUE(c.Send("GET", "/stream"));
-  ASSERT_TRUE(WaitUntil([&] { return parked.size() == 1; }, kDeadlineMs));
-  std::shared_ptr<HttpExchange> exchange = parked.Take()[0];
-  std::atomic<bool> cancelled{false};
-  exchange->OnCancel([&] { cancelled = true; });
-  ASSERT_TRUE(exchange->StartStream());
+  OneParked t(options);
+  ASSERT_NE(t.exchange, nullptr);
+  ASSERT_TRUE(t.exchange->StartStream());
   const std::string chunk(64 * 1024, 'z');
   // The client never reads: the socket buffers fill, the queue passes its bound or a write
   // passes its deadline, and the exchange is cancelled.
-  ASSERT_TRUE(WaitUntil([&] { return !exchange->Send(chunk); }, kDeadlineMs, 1));
-  ASSERT_TRUE(WaitUntil([&] { return cancelled.load(); }, kDeadlineMs));
-  ExpectServing(*server, &parked);
+  ASSERT_TRUE(WaitUntil([&] { return !t.exchange->Send(chunk); }, kDeadlineMs, 1));
+  ASSERT_TRUE(WaitUntil([&] { return t.cancels.load() == 1; }, kDeadlineMs));
+  ExpectServing(*t.server, &t.parked);
 }
 
 TEST(HttpServerTest, TwoHundredConcurrentRequestsAreServed) {
@@ -368,39 +386,30 @@ TEST(HttpServerTest, ConnectionsOverTheLimitGet503) {
 TEST(HttpServerTest, StopDrainsThenCancels) {
   HttpServerOptions options;
   options.drain_timeout_ms = 100;
-  Parked parked;
-  std::unique_ptr<HttpServer> server = Start(options, parked.Handler());
-  TestConnection c(server->port());
-  TestConnection idle(server->port());
-  ASSERT_TRUE(c.Send("GET", "/forever"));
-  ASSERT_TRUE(WaitUntil([&] { return parked.size() == 1; }, kDeadlineMs));
-  std::shared_ptr<HttpExchange> exchange = parked.Take()[0];
-  std::atomic<bool> cancelled{false};
-  exchange->OnCancel([&] { cancelled = true; });
-  ASSERT_TRUE(exchange->StartStream());
-  server->Stop();  // the stream never ends: cancelled after the drain timeout
-  EXPECT_TRUE(cancelled.load());
-  EXPECT_FALSE(exchange->Send("after stop"));
+  OneParked t(options);
+  ASSERT_NE(t.exchange, nullptr);
+  TestConnection idle(t.server->port());
+  ASSERT_TRUE(t.exchange->StartStream());
+  t.server->Stop();  // the stream never ends: cancelled after the drain timeout
+  EXPECT_EQ(t.cancels.load(), 1);
+  EXPECT_FALSE(t.exchange->Send("after stop"));
   EXPECT_TRUE(idle.ClosedByPeer());
-  server->Stop();  // idempotent
+  t.server->Stop();  // idempotent
 }
 
 TEST(HttpServerTest, StopLetsAResponseInFlightFinish) {
-  Parked parked;
-  std::unique_ptr<HttpServer> server = Start({}, parked.Handler());
-  TestConnection c(server->port());
-  ASSERT_TRUE(c.Send("GET", "/slow"));
-  ASSERT_TRUE(WaitUntil([&] { return parked.size() == 1; }, kDeadlineMs));
-  std::thread stopper([&] { server->Stop(); });
+  OneParked t;
+  ASSERT_NE(t.exchange, nullptr);
+  std::thread stopper([&] { t.server->Stop(); });
   // Once the listener is closed the server is stopping; the response in flight still goes out.
-  ASSERT_TRUE(WaitUntil([&] { return !CanConnect(server->port()); }, kDeadlineMs));
-  std::shared_ptr<HttpExchange> exchange = parked.Take()[0];
-  exchange->Respond(HttpResponse{200, "text/plain", "done", {}});
-  std::optional<Response> r = c.Read();
+  ASSERT_TRUE(WaitUntil([&] { return !CanConnect(t.server->port()); }, kDeadlineMs));
+  t.exchange->Respond(HttpResponse{200, "text/plain", "done", {}});
+  std::optional<Response> r = t.client->Read();
   stopper.join();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->body(), "done");
   EXPECT_FALSE(r->keep_alive());
+  EXPECT_EQ(t.cancels.load(), 0);
 }
 
 TEST(HttpServerTest, BadAddressesAndOptions) {
