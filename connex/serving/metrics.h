@@ -1,0 +1,156 @@
+// Metrics: a small Prometheus registry — counters, gauges and fixed-bucket histograms, each a
+// family of series keyed by label values — rendered in the Prometheus text exposition format
+// (version 0.0.4: `# HELP`, `# TYPE`, `name{label="value"} number`, histograms as `_bucket{le=...}`,
+// `_sum`, `_count`). What /metrics of connex-stage and connex-proxy serves.
+//
+// Thread-safe: families are registered and series looked up, updated and rendered from any thread.
+// A family and a series live as long as their registry; the references handed out stay valid, so
+// hot paths look a series up once and keep it. Registering a name twice with the same type returns
+// the first family; with another type, an invalid name, or a series looked up with the wrong
+// number of label values is a bug in the caller and aborts.
+#ifndef CONNEX_SERVING_METRICS_H_
+#define CONNEX_SERVING_METRICS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "connex/base/mutex.h"
+
+namespace connex::serving {
+
+// A value that only goes up (requests served, tokens generated).
+class Counter {
+ public:
+  void Increment(double amount = 1.0);  // amount >= 0
+  double value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<double> value_{0.0};
+};
+
+// A value that goes up and down (requests running).
+class Gauge {
+ public:
+  void Set(double value) { value_.store(value, std::memory_order_relaxed); }
+  void Increment(double amount = 1.0);
+  void Decrement(double amount = 1.0) { Increment(-amount); }
+  double value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<double> value_{0.0};
+};
+
+// Observations counted into fixed buckets (upper bounds, ascending; +Inf is implicit).
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void Observe(double value);
+
+  struct Snapshot {
+    std::vector<uint64_t> cumulative;  // per bound, then +Inf (== count)
+    double sum = 0.0;
+    uint64_t count = 0;
+  };
+  Snapshot snapshot() const;
+  const std::vector<double>& bounds() const { return bounds_; }
+
+ private:
+  const std::vector<double> bounds_;
+  mutable Mutex mu_;
+  std::vector<uint64_t> counts_ ABSL_GUARDED_BY(mu_);  // per bucket, not cumulative
+  double sum_ ABSL_GUARDED_BY(mu_) = 0.0;
+};
+
+// Bucket bounds for latencies in seconds, 1 ms to 60 s.
+std::vector<double> LatencyBuckets();
+
+enum class MetricType { kCounter, kGauge, kHistogram };
+
+// What the registry knows of a family of any type.
+class FamilyBase {
+ public:
+  virtual ~FamilyBase() = default;
+  const std::string& name() const { return name_; }
+  MetricType type() const { return type_; }
+  // Appends the family's HELP, TYPE and sample lines.
+  virtual void Render(std::string* out) const = 0;
+
+ protected:
+  FamilyBase(std::string name, std::string help, MetricType type,
+             std::vector<std::string> label_names);
+  // `{a="x",b="y"}` for `values` (and `extra`, e.g. le="0.5", appended), or "" when empty.
+  std::string LabelSet(const std::vector<std::string>& values, std::string_view extra = {}) const;
+  void RenderHeader(std::string* out) const;
+  void CheckLabelCount(const std::vector<std::string>& values) const;
+
+  const std::string name_;
+  const std::string help_;
+  const MetricType type_;
+  const std::vector<std::string> label_names_;
+};
+
+// The series of one metric name, one per combination of label values.
+template <typename Series>
+class Family final : public FamilyBase {
+ public:
+  // The series for `label_values` (as many as the family's label names, in that order), created
+  // at zero on first use.
+  Series& WithLabels(const std::vector<std::string>& label_values);
+  // The series of a family without labels.
+  Series& Get() { return WithLabels({}); }
+
+  void Render(std::string* out) const override;
+
+ private:
+  friend class MetricsRegistry;
+  Family(std::string name, std::string help, std::vector<std::string> label_names,
+         std::vector<double> bounds);
+
+  const std::vector<double> bounds_;  // histograms only
+  mutable Mutex mu_;
+  std::map<std::vector<std::string>, std::unique_ptr<Series>> series_ ABSL_GUARDED_BY(mu_);
+};
+
+using CounterFamily = Family<Counter>;
+using GaugeFamily = Family<Gauge>;
+using HistogramFamily = Family<Histogram>;
+
+class MetricsRegistry {
+ public:
+  MetricsRegistry() = default;
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  CounterFamily& AddCounter(std::string_view name, std::string_view help,
+                            std::vector<std::string> label_names = {});
+  GaugeFamily& AddGauge(std::string_view name, std::string_view help,
+                        std::vector<std::string> label_names = {});
+  // `bounds`: ascending upper bounds, finite (+Inf is implicit).
+  HistogramFamily& AddHistogram(std::string_view name, std::string_view help,
+                                std::vector<double> bounds,
+                                std::vector<std::string> label_names = {});
+
+  // Every family in registration order, in the text exposition format
+  // (Content-Type: kPrometheusContentType).
+  std::string Render() const;
+
+ private:
+  template <typename Series>
+  Family<Series>& Add(std::string_view name, std::string_view help,
+                      std::vector<std::string> label_names, std::vector<double> bounds);
+
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<FamilyBase>> families_ ABSL_GUARDED_BY(mu_);
+};
+
+inline constexpr std::string_view kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
+
+}  // namespace connex::serving
+
+#endif  // CONNEX_SERVING_METRICS_H_

@@ -1,0 +1,74 @@
+// The OpenAI request model: parses and validates the JSON bodies of `POST /v1/completions` and
+// `POST /v1/chat/completions` into a typed CompletionRequest. Every refusal is a Status whose
+// ApiParam names the field and whose ApiCode says what was wrong (api_error.h), so the server
+// answers with the OpenAI error envelope: 400 for malformed JSON, wrong types, missing fields,
+// out-of-range values and unsupported parameters, 404 (`model_not_found`) for a model this server
+// does not serve. docs/serving.md lists every field and rule. Thread-safe (pure functions).
+#ifndef CONNEX_SERVING_OPENAI_API_H_
+#define CONNEX_SERVING_OPENAI_API_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace connex::serving {
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// The request path of an endpoint ("/v1/completions", "/v1/chat/completions").
+std::string_view EndpointPath(Endpoint endpoint);
+
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+// Bounds of what one request may ask for; the stage runner fills them from its model.
+struct RequestLimits {
+  // Names a request may give as `model`; empty accepts any name.
+  std::vector<std::string> models;
+  // Token ids in a prompt must be below it (the reference engine's byte vocabulary by default).
+  int64_t vocab_size = 258;
+  // `max_tokens` when the request gives none.
+  int64_t default_max_tokens = 16;
+  // > 0: the largest `max_tokens` accepted (the model's context length, say).
+  int64_t max_tokens_limit = 0;
+  // `stop`: at most this many strings, each at most this many bytes (OpenAI allows 4).
+  int64_t max_stop_strings = 4;
+  int64_t max_stop_bytes = 256;
+  // Nesting depth of the JSON body beyond which it is refused (the body is untrusted).
+  int max_json_depth = 32;
+};
+
+// A validated request. Exactly one of `prompt_text`, `prompt_token_ids` (completions) or
+// `messages` (chat) is the input.
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;
+  std::optional<std::string> prompt_text;  // `prompt` as a string (or an array of one string)
+  std::vector<int32_t> prompt_token_ids;   // `prompt` as token ids, used exactly as given
+  std::vector<ChatMessage> messages;       // chat: the conversation, in order
+  int64_t max_tokens = 16;                 // default applied; chat: max_completion_tokens wins
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  std::vector<std::string> stop;
+  std::optional<uint64_t> seed;  // a negative seed is taken modulo 2^64
+  double temperature = 0.0;      // 0 (the default, unlike OpenAI's 1): greedy
+  double top_p = 1.0;            // (0, 1]
+  int64_t top_k = -1;            // -1 or 0: no top-k cut
+};
+
+// Parses `body` as a request to `endpoint`. Unknown fields are ignored, as OpenAI does; fields
+// OpenAI defines that Connex does not implement (logprobs, echo, best_of > 1, logit_bias, tools,
+// response_format other than text, n > 1, suffix, penalties other than 0, ...) are refused with
+// code "unsupported_parameter" or "unsupported_value". A JSON `null` is the same as an absent field.
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(Endpoint endpoint, std::string_view body,
+                                                         const RequestLimits& limits);
+
+}  // namespace connex::serving
+
+#endif  // CONNEX_SERVING_OPENAI_API_H_

@@ -1,0 +1,253 @@
+#include "connex/serving/openai_api.h"
+
+#include <string>
+
+#include "connex/serving/api_error.h"
+#include "connex/serving/chat_template.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace connex::serving {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+RequestLimits Limits() {
+  RequestLimits limits;
+  limits.models = {"tiny"};
+  return limits;
+}
+
+absl::StatusOr<CompletionRequest> Completions(const std::string& body) {
+  return ParseCompletionRequest(Endpoint::kCompletions, body, Limits());
+}
+absl::StatusOr<CompletionRequest> Chat(const std::string& body) {
+  return ParseCompletionRequest(Endpoint::kChatCompletions, body, Limits());
+}
+
+// Expects a refusal with `http_status` naming `param` with `code`.
+void ExpectRefused(const absl::StatusOr<CompletionRequest>& result, int http_status,
+                   const std::string& param, const std::string& code) {
+  ASSERT_FALSE(result.ok()) << "accepted, expected a refusal naming " << param;
+  EXPECT_EQ(HttpStatusOf(result.status()), http_status) << result.status();
+  EXPECT_EQ(ApiParam(result.status()).value_or("<none>"), param) << result.status();
+  EXPECT_EQ(ApiCode(result.status()).value_or("<none>"), code) << result.status();
+}
+
+TEST(OpenAiApiTest, CompletionDefaultsAndFields) {
+  absl::StatusOr<CompletionRequest> r = Completions(R"({"model": "tiny", "prompt": "Hello"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model, "tiny");
+  EXPECT_EQ(r->prompt_text, "Hello");
+  EXPECT_EQ(r->max_tokens, 16);
+  EXPECT_FALSE(r->stream);
+  EXPECT_EQ(r->temperature, 0.0);  // greedy unless asked
+  EXPECT_EQ(r->top_p, 1.0);
+  EXPECT_EQ(r->top_k, -1);
+  EXPECT_FALSE(r->seed.has_value());
+
+  r = Completions(R"({"model": "tiny", "prompt": "x", "max_tokens": 7, "stream": true,
+      "stream_options": {"include_usage": true}, "stop": ["\n", "END"], "seed": 42,
+      "temperature": 0.7, "top_p": 0.9, "top_k": 40, "n": 1, "user": "alice",
+      "best_of": 1, "echo": false, "logprobs": null, "frequency_penalty": 0,
+      "some_unknown_field": {"nested": [1, 2]}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->max_tokens, 7);
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_THAT(r->stop, ElementsAre("\n", "END"));
+  EXPECT_EQ(r->seed, 42u);
+  EXPECT_DOUBLE_EQ(r->temperature, 0.7);
+  EXPECT_DOUBLE_EQ(r->top_p, 0.9);
+  EXPECT_EQ(r->top_k, 40);
+
+  r = Completions(R"({"model": "tiny", "prompt": "x", "stop": "###", "seed": -1})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->stop, ElementsAre("###"));
+  EXPECT_EQ(r->seed, ~uint64_t{0});  // modulo 2^64
+}
+
+TEST(OpenAiApiTest, PromptForms) {
+  absl::StatusOr<CompletionRequest> r = Completions(R"({"model": "tiny", "prompt": ["one"]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prompt_text, "one");
+
+  r = Completions(R"({"model": "tiny", "prompt": [256, 72, 105]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->prompt_text.has_value());
+  EXPECT_THAT(r->prompt_token_ids, ElementsAre(256, 72, 105));
+
+  r = Completions(R"({"model": "tiny", "prompt": [[256, 72]]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->prompt_token_ids, ElementsAre(256, 72));
+
+  ExpectRefused(Completions(R"({"model": "tiny", "prompt": ["a", "b"]})"), 400, "prompt",
+                "unsupported_value");
+  ExpectRefused(Completions(R"({"model": "tiny", "prompt": [[1], [2]]})"), 400, "prompt",
+                "unsupported_value");
+  ExpectRefused(Completions(R"({"model": "tiny", "prompt": []})"), 400, "prompt",
+                "invalid_value");
+  ExpectRefused(Completions(R"({"model": "tiny", "prompt": [[]]})"), 400, "prompt",
+                "invalid_value");
+  ExpectRefused(Completions(R"({"model": "tiny", "prompt": [1, "a"]})"), 400, "prompt",
+                "invalid_type");
+  ExpectRefused(Completions(R"({"model": "tiny", "prompt": [258]})"), 400, "prompt",
+                "invalid_value");
+  ExpectRefused(Completions(R"({"model": "tiny", "prompt": [-1]})"), 400, "prompt",
+                "invalid_value");
+  ExpectRefused(Completions(R"({"model": "tiny", "prompt": [18446744073709551615]})"), 400,
+                "prompt", "invalid_value");
+  ExpectRefused(Completions(R"({"model": "tiny", "prompt": 5})"), 400, "prompt", "invalid_type");
+  ExpectRefused(Completions(R"({"model": "tiny"})"), 400, "prompt", "missing_required_parameter");
+  ExpectRefused(Completions(R"({"model": "tiny", "prompt": null})"), 400, "prompt",
+                "missing_required_parameter");
+}
+
+TEST(OpenAiApiTest, MalformedBodiesAndModel) {
+  absl::StatusOr<CompletionRequest> r = Completions(R"({"model": "tiny", "prompt": )");
+  ExpectRefused(r, 400, "", "invalid_json");
+  EXPECT_THAT(r.status().message(), HasSubstr("not valid JSON"));
+  ExpectRefused(Completions(""), 400, "", "invalid_json");
+  ExpectRefused(Completions("[1, 2]"), 400, "", "invalid_type");
+  ExpectRefused(Completions(std::string(100, '[') + std::string(100, ']')), 400, "",
+                "invalid_json");
+  ExpectRefused(Completions(R"({"prompt": "x"})"), 400, "model", "missing_required_parameter");
+  ExpectRefused(Completions(R"({"model": 3, "prompt": "x"})"), 400, "model", "invalid_type");
+  r = Completions(R"({"model": "huge", "prompt": "x"})");
+  ExpectRefused(r, 404, "model", "model_not_found");
+  EXPECT_THAT(r.status().message(), HasSubstr("'huge'"));
+  // A malformed request is a 400 whatever model it names.
+  ExpectRefused(Completions(R"({"model": "huge", "prompt": 1})"), 400, "prompt", "invalid_type");
+  // Any model is accepted when the limits list none.
+  EXPECT_TRUE(
+      ParseCompletionRequest(Endpoint::kCompletions, R"({"model": "x", "prompt": ""})", {}).ok());
+}
+
+TEST(OpenAiApiTest, RangesAndTypes) {
+  auto with = [](const std::string& field) {
+    return Completions(R"({"model": "tiny", "prompt": "x", )" + field + "}");
+  };
+  ExpectRefused(with(R"("max_tokens": 0)"), 400, "max_tokens", "invalid_value");
+  ExpectRefused(with(R"("max_tokens": 1.5)"), 400, "max_tokens", "invalid_type");
+  ExpectRefused(with(R"("max_tokens": "16")"), 400, "max_tokens", "invalid_type");
+  ExpectRefused(with(R"("max_tokens": 99999999999999999999)"), 400, "max_tokens", "invalid_type");
+  ExpectRefused(with(R"("temperature": 2.5)"), 400, "temperature", "invalid_value");
+  ExpectRefused(with(R"("temperature": -0.1)"), 400, "temperature", "invalid_value");
+  ExpectRefused(with(R"("temperature": "hot")"), 400, "temperature", "invalid_type");
+  EXPECT_TRUE(with(R"("temperature": 2)").ok());
+  ExpectRefused(with(R"("top_p": 0)"), 400, "top_p", "invalid_value");
+  ExpectRefused(with(R"("top_p": 1.01)"), 400, "top_p", "invalid_value");
+  EXPECT_TRUE(with(R"("top_p": 1)").ok());
+  ExpectRefused(with(R"("top_k": -2)"), 400, "top_k", "invalid_value");
+  EXPECT_TRUE(with(R"("top_k": 0)").ok());
+  ExpectRefused(with(R"("seed": 1.5)"), 400, "seed", "invalid_type");
+  ExpectRefused(with(R"("stream": "yes")"), 400, "stream", "invalid_type");
+  ExpectRefused(with(R"("stream_options": {"include_usage": true})"), 400, "stream_options",
+                "invalid_value");
+  ExpectRefused(with(R"("stream": true, "stream_options": {"include_usage": 1})"), 400,
+                "stream_options.include_usage", "invalid_type");
+  ExpectRefused(with(R"("stop": ["a", "b", "c", "d", "e"])"), 400, "stop", "invalid_value");
+  ExpectRefused(with(R"("stop": [""])"), 400, "stop", "invalid_value");
+  ExpectRefused(with(R"("stop": [1])"), 400, "stop", "invalid_type");
+  ExpectRefused(with(R"("stop": ")" + std::string(257, 'x') + "\""), 400, "stop",
+                "invalid_value");
+  ExpectRefused(with(R"("user": 7)"), 400, "user", "invalid_type");
+  RequestLimits limits = Limits();
+  limits.max_tokens_limit = 100;
+  absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(
+      Endpoint::kCompletions, R"({"model": "tiny", "prompt": "x", "max_tokens": 101})", limits);
+  ExpectRefused(r, 400, "max_tokens", "invalid_value");
+  EXPECT_THAT(r.status().message(), HasSubstr("[1, 100]"));
+}
+
+TEST(OpenAiApiTest, RefusesUnsupportedParameters) {
+  auto with = [](const std::string& field) {
+    return Completions(R"({"model": "tiny", "prompt": "x", )" + field + "}");
+  };
+  ExpectRefused(with(R"("n": 2)"), 400, "n", "unsupported_value");
+  ExpectRefused(with(R"("n": true)"), 400, "n", "invalid_type");
+  ExpectRefused(with(R"("best_of": 3)"), 400, "best_of", "unsupported_value");
+  ExpectRefused(with(R"("logprobs": 5)"), 400, "logprobs", "unsupported_parameter");
+  ExpectRefused(with(R"("echo": true)"), 400, "echo", "unsupported_parameter");
+  ExpectRefused(with(R"("logit_bias": {"50256": -100})"), 400, "logit_bias",
+                "unsupported_parameter");
+  ExpectRefused(with(R"("suffix": "end")"), 400, "suffix", "unsupported_parameter");
+  ExpectRefused(with(R"("presence_penalty": 0.5)"), 400, "presence_penalty",
+                "unsupported_parameter");
+  absl::StatusOr<CompletionRequest> r = Chat(
+      R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+          "tools": [{"type": "function"}]})");
+  ExpectRefused(r, 400, "tools", "unsupported_parameter");
+  EXPECT_THAT(r.status().message(), HasSubstr("not supported"));
+  ExpectRefused(Chat(R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                         "response_format": {"type": "json_object"}})"),
+                400, "response_format", "unsupported_value");
+  EXPECT_TRUE(Chat(R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                       "response_format": {"type": "text"}, "logprobs": false})")
+                  .ok());
+}
+
+TEST(OpenAiApiTest, ChatMessages) {
+  absl::StatusOr<CompletionRequest> r = Chat(R"({"model": "tiny", "messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+      {"role": "assistant", "content": "Hello.", "name": "bot"}],
+      "max_tokens": 5, "max_completion_tokens": 9})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages.size(), 3u);
+  EXPECT_EQ(r->messages[0].role, "system");
+  EXPECT_EQ(r->messages[1].content, "Hi there");
+  EXPECT_EQ(r->messages[2].role, "assistant");
+  EXPECT_EQ(r->max_tokens, 9);  // max_completion_tokens wins
+
+  ExpectRefused(Chat(R"({"model": "tiny"})"), 400, "messages", "missing_required_parameter");
+  ExpectRefused(Chat(R"({"model": "tiny", "messages": []})"), 400, "messages", "invalid_value");
+  ExpectRefused(Chat(R"({"model": "tiny", "messages": {"role": "user"}})"), 400, "messages",
+                "invalid_type");
+  ExpectRefused(Chat(R"({"model": "tiny", "messages": ["hi"]})"), 400, "messages[0]",
+                "invalid_type");
+  ExpectRefused(Chat(R"({"model": "tiny", "messages": [{"content": "hi"}]})"), 400,
+                "messages[0].role", "missing_required_parameter");
+  ExpectRefused(Chat(R"({"model": "tiny", "messages": [{"role": "user", "content": "a"},
+                                                       {"role": "tool", "content": "b"}]})"),
+                400, "messages[1].role", "unsupported_value");
+  ExpectRefused(Chat(R"({"model": "tiny", "messages": [{"role": "user"}]})"), 400,
+                "messages[0].content", "missing_required_parameter");
+  ExpectRefused(Chat(R"({"model": "tiny", "messages": [{"role": "user", "content": 3}]})"), 400,
+                "messages[0].content", "invalid_type");
+  ExpectRefused(Chat(R"({"model": "tiny", "messages": [{"role": "user", "content":
+                         [{"type": "image_url", "image_url": {"url": "x"}}]}]})"),
+                400, "messages[0].content", "unsupported_value");
+  ExpectRefused(Chat(R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                         "max_completion_tokens": 0})"),
+                400, "max_completion_tokens", "invalid_value");
+}
+
+TEST(OpenAiApiTest, ErrorEnvelopeNamesTheField) {
+  absl::Status status = Completions(R"({"model": "tiny", "prompt": "x", "top_p": 7})").status();
+  nlohmann::json envelope = nlohmann::json::parse(ErrorEnvelope(status));
+  EXPECT_EQ(envelope["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(envelope["error"]["param"], "top_p");
+  EXPECT_EQ(envelope["error"]["code"], "invalid_value");
+  EXPECT_THAT(envelope["error"]["message"].get<std::string>(), HasSubstr("'top_p' must be in (0, 1]"));
+  envelope = nlohmann::json::parse(ErrorEnvelope(absl::InternalError("boom")));
+  EXPECT_EQ(envelope["error"]["type"], "server_error");
+  EXPECT_TRUE(envelope["error"]["param"].is_null());
+  EXPECT_TRUE(envelope["error"]["code"].is_null());
+  EXPECT_EQ(HttpStatusOf(absl::UnavailableError("x")), 503);
+}
+
+TEST(ChatTemplateTest, RendersTurnsAndOpensTheAssistantTurn) {
+  std::vector<ChatMessage> messages = {{"system", "Be brief."}, {"user", "Hi"}};
+  EXPECT_EQ(RenderChatPrompt(messages), "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n");
+  messages.push_back({"assistant", "Hello."});
+  messages.push_back({"user", "More"});
+  EXPECT_EQ(RenderChatPrompt(messages),
+            "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\nHello.\n<|user|>\nMore\n"
+            "<|assistant|>\n");
+}
+
+}  // namespace
+}  // namespace connex::serving

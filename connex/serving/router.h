@@ -1,0 +1,42 @@
+// Router: maps a request's method and path (exact match, query ignored) to a handler. A path it
+// does not know is a 404, a known path with another method a 405 with `Allow`, both in the
+// OpenAI error envelope. Routes are added before serving; Handle is then thread-safe (the table
+// is read-only), so one Router can be the HttpServer's handler.
+#ifndef CONNEX_SERVING_ROUTER_H_
+#define CONNEX_SERVING_ROUTER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "connex/serving/http_server.h"
+
+namespace connex::serving {
+
+class Router {
+ public:
+  // Adds `handler` for `method` (e.g. "GET") on `path` (e.g. "/v1/models"), replacing an earlier
+  // one for the same pair.
+  void Add(std::string method, std::string path, HttpHandler handler);
+
+  void Handle(std::shared_ptr<HttpExchange> exchange) const;
+
+  // A handler that forwards to this router, which must outlive the server using it.
+  HttpHandler AsHandler() const {
+    return [this](std::shared_ptr<HttpExchange> exchange) { Handle(std::move(exchange)); };
+  }
+
+ private:
+  std::map<std::string, std::map<std::string, HttpHandler>> routes_;  // path -> method -> handler
+};
+
+// A JSON response with `status`.
+HttpResponse JsonResponse(int status, std::string body);
+// The error response of a failed request: HttpStatusOf and ErrorEnvelope (api_error.h).
+HttpResponse ErrorResponse(const absl::Status& status);
+
+}  // namespace connex::serving
+
+#endif  // CONNEX_SERVING_ROUTER_H_
