@@ -1,7 +1,8 @@
 // connex-stage: one pipeline stage of a served model as its own process (serving::StageProcess).
 // It loads its layer slice, registers (model, stage, 0, replica) in the directory, serves steps,
-// and prints `ready LID epoch=E` once it has joined. SIGTERM or SIGINT leaves gracefully (LEFT,
-// in-flight steps finish); SIGKILL is a crash the others ride out.
+// and prints `ready LID epoch=E` once it has joined. Stage 0 with --http also serves the
+// OpenAI-compatible API (serving::OpenAiServer) and prints `listening http=HOST:PORT`. SIGTERM or
+// SIGINT leaves gracefully (LEFT, in-flight steps finish); SIGKILL is a crash the others ride out.
 #include <signal.h>
 
 #include <cstdio>
@@ -9,6 +10,7 @@
 
 #include "CLI/CLI.hpp"
 #include "connex/base/logging.h"
+#include "connex/serving/openai_server.h"
 #include "connex/serving/stage.h"
 
 int main(int argc, char** argv) {
@@ -46,6 +48,16 @@ int main(int argc, char** argv) {
   app.add_option("--threads", options.threads, "kernel threads (0: CONNEX_ENGINE_THREADS or all)")
       ->check(CLI::Range(0, 256))
       ->capture_default_str();
+  std::string http;
+  app.add_option("--http", http,
+                 "stage 0: serve the OpenAI-compatible API at HOST:PORT (port 0: a free one)")
+      ->envname("CONNEX_HTTP");
+  int64_t default_max_tokens = 16;
+  app.add_option("--default-max-tokens", default_max_tokens,
+                 "max_tokens of a request that gives none")
+      ->envname("CONNEX_DEFAULT_MAX_TOKENS")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
   std::string log_level;
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->envname("CONNEX_LOG_LEVEL");
@@ -55,6 +67,38 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (!log_level.empty()) connex::Log().set_level(spdlog::level::from_str(log_level));
+  connex::serving::OpenAiServerOptions api;
+  api.default_max_tokens = default_max_tokens;
+  if (!http.empty()) {
+    auto http_options = connex::serving::HttpServerOptions::FromEnv();
+    if (!http_options.ok()) {
+      std::cerr << "connex-stage: " << http_options.status().message() << "\n";
+      return 2;
+    }
+    api.http = *http_options;
+    size_t colon = http.rfind(':');
+    int port = -1;
+    if (colon != std::string::npos && colon > 0) {
+      try {
+        size_t used = 0;
+        port = std::stoi(http.substr(colon + 1), &used);
+        if (used != http.size() - colon - 1) port = -1;
+      } catch (const std::exception&) {
+        port = -1;
+      }
+    }
+    if (port < 0 || port > 65535) {
+      std::cerr << "connex-stage: --http " << http << ": expected HOST:PORT (port 0 .. 65535)\n";
+      return 2;
+    }
+    if (options.stage != 0) {
+      std::cerr << "connex-stage: --http: only stage 0 serves the API (this is stage "
+                << options.stage << ")\n";
+      return 2;
+    }
+    api.http.host = http.substr(0, colon);
+    api.http.port = static_cast<uint16_t>(port);
+  }
 
   // Signals are taken synchronously by this thread; block them before any thread starts.
   sigset_t signals;
@@ -68,12 +112,24 @@ int main(int argc, char** argv) {
     std::cerr << "connex-stage: " << stage.status().message() << "\n";
     return stage.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  std::unique_ptr<connex::serving::OpenAiServer> server;
+  if (!http.empty()) {
+    auto started = connex::serving::OpenAiServer::Start(**stage, api);
+    if (!started.ok()) {
+      std::cerr << "connex-stage: --http " << http << ": " << started.status().message() << "\n";
+      return started.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    server = *std::move(started);
+    std::printf("listening http=%s\n", server->address().c_str());
+  }
   std::printf("ready %s epoch=%llu\n", (*stage)->lid().ToString().c_str(),
               static_cast<unsigned long long>((*stage)->node().epoch()));
   std::fflush(stdout);
   int signal = 0;
   sigwait(&signals, &signal);
   CONNEX_LOG_INFO("connex-stage {}: signal {}, leaving", (*stage)->lid().ToString(), signal);
+  if (server) server->Stop();  // no new requests; responses in flight finish or are cancelled
   (*stage)->Stop(/*leave=*/true);
+  server.reset();  // after the node: its last callbacks come to the server
   return 0;
 }

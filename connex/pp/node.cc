@@ -287,6 +287,14 @@ class StageNode::Impl {
     return future.get();
   }
 
+  void CancelLater(uint64_t id, absl::Status why) {
+    if (o_.stage != 0) return;
+    if (why.ok()) why = absl::CancelledError("cancelled");
+    Command cmd;
+    cmd.run = [this, id, why] { Finish(id, why); };  // Finish ignores a request not running
+    (void)PostCommand(std::move(cmd));
+  }
+
   void Stop(bool leave, int64_t drain_timeout_ms) {
     if (leave && !IsStopped()) {
       // LEFT first, so that owners stop routing new steps here; then finish what is in flight.
@@ -1314,6 +1322,9 @@ absl::Status StageNode::Submit(uint64_t request_id, std::vector<int32_t> prompt,
 }
 absl::Status StageNode::Cancel(uint64_t request_id, absl::Status why) {
   return impl_->Cancel(request_id, std::move(why));
+}
+void StageNode::CancelLater(uint64_t request_id, absl::Status why) {
+  impl_->CancelLater(request_id, std::move(why));
 }
 void StageNode::Stop(bool leave, int64_t drain_timeout_ms) { impl_->Stop(leave, drain_timeout_ms); }
 absl::Status StageNode::Migrate(std::unique_ptr<SignalTransport> signals) {

@@ -139,6 +139,9 @@ class StageNode {
   // it is not running (finished already, or never submitted); FailedPrecondition after Stop.
   // May be called from the node's own callbacks (on_token, done) as well as any other thread.
   absl::Status Cancel(uint64_t request_id, absl::Status why = absl::CancelledError("cancelled"));
+  // Cancel without waiting (for callers that must not block, such as an HTTP server's I/O
+  // thread): the node's loop ends the request soon; nothing happens if it is not running.
+  void CancelLater(uint64_t request_id, absl::Status why = absl::CancelledError("cancelled"));
 
   // Stops the loop. With `leave`, first drains: the node leaves the directory (LEFT, so owners
   // route no new steps here), an owner schedules no new steps, and in-flight steps finish (up to

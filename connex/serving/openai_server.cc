@@ -1,0 +1,326 @@
+#include "connex/serving/openai_server.h"
+
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <random>
+
+#include "connex/base/logging.h"
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
+#include "connex/engine/tokenizer.h"
+#include "connex/serving/api_error.h"
+#include "connex/serving/chat_template.h"
+#include "connex/serving/openai_response.h"
+#include "connex/serving/stop_strings.h"
+
+namespace connex::serving {
+namespace {
+
+int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The text of one token of the byte-level tokenizer (BOS and EOS have none).
+std::string TokenText(int32_t token) {
+  const int32_t one[] = {token};
+  return engine::Detokenize(one);
+}
+
+}  // namespace
+
+// One completion in flight. Its callbacks come from the node's loop thread (one at a time);
+// the HTTP side only reads `exchange` and asks the node to cancel.
+struct OpenAiServer::Generation {
+  uint64_t id = 0;
+  CompletionRequest request;
+  std::vector<int32_t> prompt;
+  std::shared_ptr<HttpExchange> exchange;
+  ResponseHeader header;
+  std::optional<ChunkBuilder> chunks;  // streaming
+  std::optional<StopStringFilter> stop;
+  std::vector<int32_t> tokens;                    // generated so far
+  std::deque<std::pair<int32_t, size_t>> unsent;  // tokens not in a chunk yet, with their bytes
+  bool first_chunk = true;
+  bool stopped_by_string = false;
+  int64_t start_us = 0;
+  int64_t last_token_us = 0;
+
+  // The tokens whose text makes up the first `bytes` bytes of what is still unsent (a token
+  // without text goes with the text before it).
+  std::vector<int32_t> TakeTokens(size_t bytes) {
+    std::vector<int32_t> out;
+    while (!unsent.empty() && unsent.front().second <= bytes) {
+      bytes -= unsent.front().second;
+      out.push_back(unsent.front().first);
+      unsent.pop_front();
+    }
+    return out;
+  }
+  std::vector<int32_t> TakeAllTokens() { return TakeTokens(SIZE_MAX); }
+};
+
+OpenAiServer::OpenAiServer(StageProcess& stage, OpenAiServerOptions options)
+    : stage_(stage), options_(std::move(options)), created_(UnixSeconds()) {
+  std::random_device rd;
+  next_id_.store((static_cast<uint64_t>(rd()) << 24) | 1);
+  running_ = &metrics_.AddGauge("connex_requests_running", "Requests being generated").Get();
+  prompt_tokens_ =
+      &metrics_.AddCounter("connex_prompt_tokens_total", "Prompt tokens of accepted requests")
+           .Get();
+  generation_tokens_ =
+      &metrics_.AddCounter("connex_generation_tokens_total", "Tokens generated").Get();
+  ttft_ = &metrics_
+               .AddHistogram("connex_time_to_first_token_seconds",
+                             "From a request's arrival to its first token", LatencyBuckets())
+               .Get();
+  itl_ = &metrics_
+              .AddHistogram("connex_inter_token_latency_seconds",
+                            "Between two tokens of one request", LatencyBuckets())
+              .Get();
+  e2e_ = &metrics_
+              .AddHistogram("connex_e2e_request_latency_seconds",
+                            "From a request's arrival to its end", LatencyBuckets())
+              .Get();
+  success_ = &metrics_.AddCounter("connex_request_success_total",
+                                  "Requests that completed, by finish reason", {"finished_reason"});
+  failovers_ = &metrics_
+                    .AddCounter("connex_failovers_total",
+                                "Steps of this owner's requests that moved to another replica")
+                    .Get();
+  reprefills_ = &metrics_
+                     .AddCounter("connex_reprefills_total",
+                                 "Requests recomputed because a stage did not hold their state")
+                     .Get();
+}
+
+absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(StageProcess& stage,
+                                                                  OpenAiServerOptions options) {
+  if (stage.lid().group != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("--http: only stage 0 serves the API (this is stage ", stage.lid().group, ")"));
+  }
+  if (options.default_max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        StrCat("default max_tokens ", options.default_max_tokens, " must be at least 1"));
+  }
+  std::unique_ptr<OpenAiServer> s(new OpenAiServer(stage, options));
+  OpenAiServer* self = s.get();
+  s->router_.Add("POST", std::string(EndpointPath(Endpoint::kCompletions)),
+                 [self](std::shared_ptr<HttpExchange> x) {
+                   self->Complete(Endpoint::kCompletions, std::move(x));
+                 });
+  s->router_.Add("POST", std::string(EndpointPath(Endpoint::kChatCompletions)),
+                 [self](std::shared_ptr<HttpExchange> x) {
+                   self->Complete(Endpoint::kChatCompletions, std::move(x));
+                 });
+  s->router_.Add("GET", "/v1/models", [self](std::shared_ptr<HttpExchange> x) {
+    std::vector<std::string> models = {self->stage_.model_name()};
+    x->Respond(JsonResponse(200, ModelsResponse(models, self->created_)));
+  });
+  s->router_.Add("GET", "/health", [self](std::shared_ptr<HttpExchange> x) {
+    absl::Status ready = self->stage_.ChainReady();
+    x->Respond(
+        JsonResponse(ready.ok() ? 200 : 503, HealthResponse(ready.ok(), AsStd(ready.message()))));
+  });
+  s->router_.Add("GET", "/metrics", [self](std::shared_ptr<HttpExchange> x) {
+    HttpResponse r;
+    r.content_type = std::string(kPrometheusContentType);
+    r.body = self->RenderMetrics();
+    x->Respond(std::move(r));
+  });
+  CONNEX_ASSIGN_OR_RETURN(s->http_, StartHttpServer(options.http, s->router_.AsHandler()));
+  return s;
+}
+
+OpenAiServer::~OpenAiServer() { Stop(); }
+
+void OpenAiServer::Stop() {
+  if (http_) http_->Stop();
+}
+
+std::string OpenAiServer::RenderMetrics() {
+  pp::StageNodeStats stats = stage_.node().stats();
+  {
+    MutexLock lock(&scrape_mu_);
+    if (stats.failovers > failovers_seen_) {
+      failovers_->Increment(static_cast<double>(stats.failovers - failovers_seen_));
+      failovers_seen_ = stats.failovers;
+    }
+    if (stats.reprefills > reprefills_seen_) {
+      reprefills_->Increment(static_cast<double>(stats.reprefills - reprefills_seen_));
+      reprefills_seen_ = stats.reprefills;
+    }
+  }
+  return metrics_.Render();
+}
+
+void OpenAiServer::Complete(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange) {
+  const int64_t arrived_us = NowUs();
+  const engine::ModelConfig& config = stage_.config();
+  RequestLimits limits;
+  limits.models = {stage_.model_name()};
+  limits.vocab_size = config.vocab_size;
+  limits.default_max_tokens = options_.default_max_tokens;
+  limits.max_tokens_limit = config.max_position_embeddings;
+  absl::StatusOr<CompletionRequest> parsed =
+      ParseCompletionRequest(endpoint, exchange->request().body, limits);
+  if (!parsed.ok()) {
+    exchange->Respond(ErrorResponse(parsed.status()));
+    return;
+  }
+  auto g = std::make_shared<Generation>();
+  g->request = *std::move(parsed);
+  const CompletionRequest& req = g->request;
+  std::string input_field = "prompt";
+  if (endpoint == Endpoint::kChatCompletions) {
+    g->prompt = engine::Tokenize(RenderChatPrompt(req.messages), /*add_bos=*/true);
+    input_field = "messages";
+  } else if (req.prompt_text) {
+    g->prompt = engine::Tokenize(*req.prompt_text, /*add_bos=*/true);
+  } else {
+    g->prompt = req.prompt_token_ids;
+  }
+  if (g->prompt.empty()) {
+    exchange->Respond(
+        ErrorResponse(InvalidRequest(input_field, "invalid_value", "the prompt is empty")));
+    return;
+  }
+  const int64_t context = config.max_position_embeddings;
+  if (static_cast<int64_t>(g->prompt.size()) + req.max_tokens > context) {
+    exchange->Respond(ErrorResponse(InvalidRequest(
+        static_cast<int64_t>(g->prompt.size()) >= context ? input_field : "max_tokens",
+        "context_length_exceeded",
+        StrCat("this model's context is ", context, " tokens; the prompt has ", g->prompt.size(),
+               " and max_tokens asks for ", req.max_tokens))));
+    return;
+  }
+  pp::SubmitOptions submit;
+  submit.sampling.temperature = static_cast<float>(req.temperature);
+  submit.sampling.top_p = static_cast<float>(req.top_p);
+  submit.sampling.top_k = req.top_k > 0 ? static_cast<int32_t>(req.top_k) : 0;
+  if (req.seed) {
+    submit.sampling.seed = *req.seed;
+  } else {
+    std::random_device rd;
+    submit.sampling.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+  g->id = next_id_.fetch_add(1);
+  g->exchange = exchange;
+  g->header =
+      ResponseHeader{endpoint, MakeResponseId(endpoint, g->id), UnixSeconds(), stage_.model_name()};
+  g->stop.emplace(req.stop);
+  g->start_us = arrived_us;
+  if (req.stream) {
+    g->chunks.emplace(g->header, req.include_usage);
+    if (!exchange->StartStream()) return;  // the client is gone already
+  }
+  submit.on_token = [this, g](uint64_t, int32_t token) { OnToken(g, token); };
+  running_->Increment();
+  prompt_tokens_->Increment(static_cast<double>(g->prompt.size()));
+  const uint64_t id = g->id;
+  absl::Status submitted = stage_.node().Submit(
+      id, g->prompt, static_cast<int>(req.max_tokens),
+      [this, g](uint64_t, absl::StatusOr<std::vector<int32_t>> result) {
+        OnDone(g, std::move(result));
+      },
+      std::move(submit));
+  if (!submitted.ok()) {
+    running_->Decrement();
+    if (req.stream) {
+      exchange->Send(ChunkBuilder::ErrorEvent(submitted));
+      exchange->Send(std::string(kSseDone));
+      exchange->EndStream();
+    } else {
+      exchange->Respond(ErrorResponse(submitted));
+    }
+    return;
+  }
+  // A client that goes away cancels its request (and frees its state on every stage).
+  exchange->OnCancel(
+      [this, id] { stage_.node().CancelLater(id, absl::CancelledError("the client went away")); });
+}
+
+void OpenAiServer::OnToken(const std::shared_ptr<Generation>& g, int32_t token) {
+  const int64_t now = NowUs();
+  if (g->tokens.empty()) {
+    ttft_->Observe(static_cast<double>(now - g->start_us) / 1e6);
+  } else {
+    itl_->Observe(static_cast<double>(now - g->last_token_us) / 1e6);
+  }
+  g->last_token_us = now;
+  generation_tokens_->Increment();
+  g->tokens.push_back(token);
+  std::string text = TokenText(token);
+  g->unsent.emplace_back(token, text.size());
+  const std::string safe = g->stop->Append(text);  // before a stop string, if one completed
+  if (g->chunks && !safe.empty()) {
+    std::vector<int32_t> ids = g->TakeTokens(safe.size());
+    std::span<const int32_t> prompt_ids;
+    if (g->first_chunk) prompt_ids = g->prompt;
+    g->first_chunk = false;
+    g->exchange->Send(g->chunks->Delta(safe, ids, prompt_ids));
+  }
+  if (g->stop->stopped() && !g->stopped_by_string) {
+    g->stopped_by_string = true;
+    // On the node's loop: ends the request now; OnDone follows with Cancelled.
+    (void)stage_.node().Cancel(g->id, absl::CancelledError("a stop string matched"));
+  }
+}
+
+void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
+                          absl::StatusOr<std::vector<int32_t>> result) {
+  running_->Decrement();
+  e2e_->Observe(static_cast<double>(NowUs() - g->start_us) / 1e6);
+  const CompletionRequest& req = g->request;
+  HttpExchange& x = *g->exchange;
+  if (!result.ok() && !g->stopped_by_string) {
+    if (x.cancelled()) return;  // the client is gone: nobody to tell
+    CONNEX_LOG_WARN("serving: request {} failed: {}", g->id, result.status().ToString());
+    if (g->chunks) {
+      x.Send(ChunkBuilder::ErrorEvent(result.status()));
+      x.Send(std::string(kSseDone));
+      x.EndStream();
+    } else {
+      x.Respond(ErrorResponse(result.status()));
+    }
+    return;
+  }
+  FinishReason finish = FinishReason::kLength;
+  if (g->stopped_by_string ||
+      (!g->tokens.empty() && g->tokens.back() == stage_.config().eos_token_id)) {
+    finish = FinishReason::kStop;
+  }
+  success_->WithLabels({std::string(FinishReasonName(finish))}).Increment();
+  // What was held back (a possible stop string's start, a partial character) goes now.
+  std::string rest = g->stop->stopped() ? std::string() : g->stop->Finish();
+  if (g->chunks) {
+    std::vector<int32_t> ids = g->TakeAllTokens();
+    std::span<const int32_t> prompt_ids;
+    if (g->first_chunk) prompt_ids = g->prompt;
+    x.Send(g->chunks->Delta(rest, ids, prompt_ids, finish));
+    if (req.include_usage) {
+      x.Send(g->chunks->UsageChunk(
+          Usage{static_cast<int64_t>(g->prompt.size()), static_cast<int64_t>(g->tokens.size())}));
+    }
+    x.Send(std::string(kSseDone));
+    x.EndStream();
+    return;
+  }
+  Completion c;
+  c.text = std::string(g->stop->output());  // everything handed out, Finish's rest included
+  c.token_ids = g->tokens;
+  c.prompt_token_ids = g->prompt;
+  c.finish_reason = finish;
+  x.Respond(JsonResponse(200, CompletionResponse(g->header, c)));
+}
+
+}  // namespace connex::serving

@@ -1,0 +1,75 @@
+// OpenAiServer: the OpenAI-compatible HTTP API of a stage-0 process. Every completion is a
+// request of the stage's StageNode (the owner), streamed as its tokens arrive — through
+// failovers, which never change a token — and every client that goes away cancels its request,
+// whose state is then released on every stage. Routes: POST /v1/completions and
+// /v1/chat/completions (docs/serving.md), GET /v1/models, GET /health (503 until every stage of
+// the pipeline has a live replica), GET /metrics (Prometheus). Thread-safe; the HTTP server's
+// handler threads and the node's loop call into it.
+#ifndef CONNEX_SERVING_OPENAI_SERVER_H_
+#define CONNEX_SERVING_OPENAI_SERVER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "connex/serving/http_server.h"
+#include "connex/serving/metrics.h"
+#include "connex/serving/openai_api.h"
+#include "connex/serving/router.h"
+#include "connex/serving/stage.h"
+
+namespace connex::serving {
+
+struct OpenAiServerOptions {
+  HttpServerOptions http;
+  int64_t default_max_tokens = 16;  // CONNEX_DEFAULT_MAX_TOKENS: `max_tokens` when none is given
+};
+
+class OpenAiServer {
+ public:
+  // Serves `stage` (stage 0) on options.http's address. Stop the server, then the stage, then
+  // destroy the server: the node's last callbacks (requests ended by its Stop) come to it.
+  static absl::StatusOr<std::unique_ptr<OpenAiServer>> Start(StageProcess& stage,
+                                                             OpenAiServerOptions options);
+  ~OpenAiServer();  // Stop()
+
+  // "HOST:PORT" actually bound.
+  std::string address() const { return http_->address(); }
+  // Stops accepting, lets responses in flight finish (the HTTP drain timeout), cancels the rest.
+  void Stop();
+
+ private:
+  struct Generation;
+  OpenAiServer(StageProcess& stage, OpenAiServerOptions options);
+  void Complete(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange);
+  void OnToken(const std::shared_ptr<Generation>& g, int32_t token);
+  void OnDone(const std::shared_ptr<Generation>& g, absl::StatusOr<std::vector<int32_t>> result);
+  std::string RenderMetrics();
+
+  StageProcess& stage_;
+  const OpenAiServerOptions options_;
+  Router router_;
+  std::unique_ptr<HttpServer> http_;
+  std::atomic<uint64_t> next_id_;
+  const int64_t created_;  // Unix seconds, for /v1/models
+
+  MetricsRegistry metrics_;
+  Gauge* running_ = nullptr;
+  Counter* prompt_tokens_ = nullptr;
+  Counter* generation_tokens_ = nullptr;
+  Histogram* ttft_ = nullptr;
+  Histogram* itl_ = nullptr;
+  Histogram* e2e_ = nullptr;
+  CounterFamily* success_ = nullptr;
+  Counter* failovers_ = nullptr;  // the node's counters, brought up to date at each scrape
+  Counter* reprefills_ = nullptr;
+  Mutex scrape_mu_;
+  uint64_t failovers_seen_ ABSL_GUARDED_BY(scrape_mu_) = 0;
+  uint64_t reprefills_seen_ ABSL_GUARDED_BY(scrape_mu_) = 0;
+};
+
+}  // namespace connex::serving
+
+#endif  // CONNEX_SERVING_OPENAI_SERVER_H_
