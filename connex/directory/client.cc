@@ -162,6 +162,18 @@ class DirectoryClient::Impl {
           StrCat("a forced JOIN of ", lid.ToString(),
                  " needs the admin token (CONNEX_DIRECTORY_ADMIN_TOKEN or _FILE)"));
     }
+    {
+      connex::MutexLock lock(&mu_);
+      ++joins_in_flight_[lid];
+    }
+    struct JoinDone {
+      Impl* impl;
+      const Lid& lid;
+      ~JoinDone() {
+        connex::MutexLock lock(&impl->mu_);
+        if (--impl->joins_in_flight_[lid] == 0) impl->joins_in_flight_.erase(lid);
+      }
+    } join_done{this, lid};
     // A previous holder that died keeps the LID until its lease runs out: wait that long.
     const int64_t give_up_ms = clock_->NowMs() +
                                (options_.join_waits_for_lease ? lease_ttl_ms_ + heartbeat_ms_ : 0);
@@ -566,8 +578,8 @@ class DirectoryClient::Impl {
         it->second.epoch = held;
         it->second.credential = std::move(credential);
       } else if (status.ok() || status.code() == absl::StatusCode::kDeadlineExceeded ||
-                 status.code() == absl::StatusCode::kUnavailable) {
-        return;  // renewed, or the directory is unreachable: keep trying
+                 status.code() == absl::StatusCode::kUnavailable || joins_in_flight_.count(lid)) {
+        return;  // renewed, the directory is unreachable, or a Join of ours decides: keep on
       }
     }
     if (status.ok()) {
@@ -623,8 +635,10 @@ class DirectoryClient::Impl {
           it->second.credential = *std::move(credential);
           it->second.heartbeat_in_flight = false;
           it->second.next_heartbeat_ms = clock_->NowMs() + heartbeat_ms_;
-        } else if (retry_later) {
-          it->second.heartbeat_in_flight = false;  // the next heartbeat tells us again
+        } else if (retry_later || joins_in_flight_.count(lid)) {
+          // Unreachable: the next heartbeat tells us again. A Join of ours in flight (a
+          // migration) took the LID first, or will report why it could not.
+          it->second.heartbeat_in_flight = false;
           return;
         } else {
           registrations_.erase(it);
@@ -857,6 +871,10 @@ class DirectoryClient::Impl {
   mutable connex::Mutex mu_;
   std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
   std::map<Lid, Registration> registrations_ ABSL_GUARDED_BY(mu_);
+  // Join calls (a migration) in flight per LID: while one is, a refused heartbeat or a failed
+  // rejoin does not give the LID up — the Join's own outcome decides (a rejoin that lost the
+  // race to our own migration's JOIN told the node it had lost a LID it held).
+  std::map<Lid, int> joins_in_flight_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(const RegistrationChange&)>> registration_callbacks_
       ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<std::function<void(const Event&)>>> subscribers_

@@ -225,7 +225,9 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
     return "the campaign's Llama model was not written";
   Cluster c(directory.server(), "c" + std::to_string(seed), kStages, seed, o,
             llama ? LlamaModel::Get().Factory() : nullptr);
-  if (!c.StartAll(2).ok()) return "the cluster did not start";
+  // A loaded machine (CI runs the sanitizer builds beside other tests) may take a while.
+  if (absl::Status up = c.StartAll(2, 20000); !up.ok())
+    return "the cluster did not start: " + up.ToString();
 
   SignalFaults faults;
   faults.drop = (rng() % 3 == 0) ? 0.02 * static_cast<double>(rng() % 3) : 0;

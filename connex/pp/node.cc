@@ -136,7 +136,11 @@ class StageNode::Impl {
     ReleaseQueueOptions ro;
     ro.owner = lid_;
     ro.owner_token = owner_token_;
-    ro.max_backoff_ms = o_.step_timeout_ms;
+    // Retried for about 20 s (20 attempts, backing off to at least 1 s): long enough to ride
+    // out a directory restart that hides a stage's current address for a while (campaign seed
+    // 6 of a loaded run: 10 attempts within 2 s all went to a migrated stage's old address).
+    ro.max_attempts = 20;
+    ro.max_backoff_ms = std::max<int64_t>(o_.step_timeout_ms, 1000);
     ro.first_nonce = (rng_() << 16) | 1;
     releases_ = std::make_unique<ReleaseQueue>(
         ro, [this](const Lid& stage) { return routes_.SignalOf(stage); },
@@ -159,7 +163,7 @@ class StageNode::Impl {
     dir_.OnRegistrationChange([reg = reg_, lid = lid_](const directory::RegistrationChange& c) {
       if (c.lid != lid) return;
       if (c.status.ok()) {
-        reg->epoch.store(c.new_epoch);
+        reg->AdvanceEpoch(c.new_epoch);
       } else if (c.new_epoch == 0) {
         connex::MutexLock lock(&reg->mu);
         reg->lost = Annotate(
@@ -192,7 +196,7 @@ class StageNode::Impl {
     }
     CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, dir_.Join(lid_, Addresses()));
     joined_ = true;
-    reg_->epoch.store(epoch);
+    reg_->AdvanceEpoch(epoch);
     loop_ = std::thread([this] { Run(); });
     return absl::OkStatus();
   }
@@ -327,7 +331,7 @@ class StageNode::Impl {
       std::unique_ptr<SignalTransport> old = std::move(signals_);
       signals_.reset(new ForwardingTransport(std::move(s)));
       absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses());
-      if (epoch.ok()) reg_->epoch.store(*epoch);
+      if (epoch.ok()) reg_->AdvanceEpoch(*epoch);
       old->Close();
       retired_.push_back(std::move(old));
       while (retired_.size() > kRetiredTransports) retired_.pop_front();
@@ -378,8 +382,22 @@ class StageNode::Impl {
   // outlive the node).
   struct Registration {
     std::atomic<uint64_t> epoch{0};
+    std::atomic<bool> fenced{false};  // the LID is lost: the epoch stays 0
     connex::Mutex mu;
     absl::Status lost ABSL_GUARDED_BY(mu);
+
+    // Epochs only grow: the notice of a rejoin that arrives after our own migration's JOIN
+    // (a newer epoch) must not take the node back to the older one, whose steps are fenced.
+    void AdvanceEpoch(uint64_t e) {
+      uint64_t current = epoch.load();
+      while (e > current && !epoch.compare_exchange_weak(current, e)) {
+      }
+      if (fenced.load()) epoch.store(0);
+    }
+    void Fence() {
+      fenced.store(true);
+      epoch.store(0);
+    }
   };
 
   struct Request {
@@ -548,7 +566,7 @@ class StageNode::Impl {
     lost_ = true;
     CONNEX_LOG_ERROR("pp {}: {}; this node no longer serves", lid_.ToString(),
                      AsStd(health.message()));
-    reg_->epoch.store(0);  // every step for any epoch is fenced from now on
+    reg_->Fence();  // every step for any epoch is fenced from now on
     std::vector<uint64_t> ids;
     for (const auto& [id, q] : requests_) ids.push_back(id);
     for (uint64_t id : ids) Finish(id, health);

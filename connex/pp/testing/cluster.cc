@@ -90,7 +90,8 @@ absl::Status Cluster::StartAll(uint32_t replicas, int64_t timeout_ms) {
     for (uint32_t s = 0; s < stages_; ++s) {
       if (Start(s, r) == nullptr) {
         return absl::InternalError("stage " + std::to_string(s) + " of replica " +
-                                   std::to_string(r) + " did not start");
+                                   std::to_string(r) +
+                                   " did not start: " + last_start_error_.ToString());
       }
     }
   }
