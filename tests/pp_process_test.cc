@@ -55,7 +55,9 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
                                      "--replica",
                                      std::to_string(replica)};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    auto p = Subprocess::Start(argv, {"CONNEX_LOG_LEVEL=warn", "CONNEX_ENGINE_THREADS=1"});
+    std::vector<std::string> env = {"CONNEX_LOG_LEVEL=warn", "CONNEX_ENGINE_THREADS=1"};
+    env.insert(env.end(), node_env_.begin(), node_env_.end());
+    auto p = Subprocess::Start(argv, env);
     EXPECT_TRUE(p.has_value());
     EXPECT_TRUE(p->WaitForLine("ready ", 15000).has_value()) << p->transcript();
     return std::move(*p);
@@ -126,9 +128,9 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
                                      "--pub",
                                      pub_,
                                      "--lease-ttl-ms",
-                                     "1500",
+                                     "3000",
                                      "--heartbeat-ms",
-                                     "300"};
+                                     "500"};
     if (!state_dir.empty()) {
       argv.push_back("--state-dir");
       argv.push_back(state_dir);
@@ -146,6 +148,9 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
     std::string dir = ::testing::TempDir() + "/pp-directory-" + GetParam() + "-" +
                       std::to_string(getpid()) + (keep_state ? "-kept" : "-lost");
     std::filesystem::remove_all(dir);
+    // "Nothing changed" is asserted as no failover at all: generous step and probe timeouts, so
+    // that a machine slowed down (sanitizers, other tests) does not suspect a live stage.
+    node_env_ = {"CONNEX_PP_STEP_TIMEOUT_MS=5000", "CONNEX_PP_PROBE_TIMEOUT_MS=2000"};
     ASSERT_TRUE(StartRestartableDirectory(dir));
     StartStages();
     Subprocess owner = Node(0, 0, {"--requests", "6", "--max-new-tokens", "1500"});
@@ -169,6 +174,7 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
   std::optional<Subprocess> directory_;
   std::string bind_;
   std::string pub_;
+  std::vector<std::string> node_env_;  // added to every node's environment
   std::map<std::pair<int, int>, Subprocess> stages_;
 };
 
@@ -192,6 +198,8 @@ TEST_P(PpProcessTest, ANodeThatCannotStartExitsAtOnceNamingWhy) {
 }
 
 TEST_P(PpProcessTest, UndisturbedRunMatchesTheReference) {
+  // failovers=0 is asserted: timeouts no slowed-down machine reaches by accident.
+  node_env_ = {"CONNEX_PP_STEP_TIMEOUT_MS=5000", "CONNEX_PP_PROBE_TIMEOUT_MS=2000"};
   StartStages();
   Subprocess owner = Node(0, 0, {"--requests", "4", "--max-new-tokens", "40"});
   std::string done = CheckOwner(owner, 4, 40);
