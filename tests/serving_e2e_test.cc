@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "connex/base/wait.h"
+#include "connex/directory/client.h"
 #include "connex/serving/testing/http_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -238,6 +239,28 @@ TEST_F(ServingE2eTest, AStageKilledMidStreamChangesNoToken) {
   ASSERT_EQ(status, 200) << body;
   EXPECT_EQ(nlohmann::json::parse(body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
             Reference("again", 8));
+}
+
+// Stage 0 publishes its API's address with its record: what the resume proxy and connexctl read.
+TEST_F(ServingE2eTest, StageZeroPublishesItsHttpAddressInTheDirectory) {
+  directory::DirectoryClientOptions o;
+  o.directory = bind_;
+  auto client = directory::DirectoryClient::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto snapshot = (*client)->GetSnapshot(kModelName);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  std::map<uint32_t, std::string> http;
+  for (const directory::Record& r : snapshot->records) {
+    auto it = r.metadata.find("http");
+    if (r.lid.group == 0) {
+      ASSERT_NE(it, r.metadata.end()) << r.lid.ToString();
+      http[r.lid.replica] = it->second;
+    } else {
+      EXPECT_EQ(it, r.metadata.end()) << r.lid.ToString();
+    }
+  }
+  EXPECT_EQ(http[0], "127.0.0.1:" + std::to_string(http_port_.at(0)));
+  EXPECT_EQ(http[1], "127.0.0.1:" + std::to_string(http_port_.at(1)));
 }
 
 TEST_F(ServingE2eTest, BadRequestsGetAClearErrorAndTheStageKeepsServing) {

@@ -107,19 +107,29 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto stage = connex::serving::StageProcess::Start(options);
+  // The API binds first: its address goes into stage 0's record (metadata "http"), where the
+  // resume proxy and connexctl find it.
+  std::unique_ptr<connex::serving::OpenAiServer> server;
+  connex::pp::StageNodeOptions node_defaults;
+  if (!http.empty()) {
+    auto listening = connex::serving::OpenAiServer::Listen(api);
+    if (!listening.ok()) {
+      std::cerr << "connex-stage: --http " << http << ": " << listening.status().message() << "\n";
+      return listening.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    server = *std::move(listening);
+    node_defaults.metadata["http"] = server->address();
+  }
+  auto stage = connex::serving::StageProcess::Start(options, node_defaults);
   if (!stage.ok()) {
     std::cerr << "connex-stage: " << stage.status().message() << "\n";
     return stage.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  std::unique_ptr<connex::serving::OpenAiServer> server;
-  if (!http.empty()) {
-    auto started = connex::serving::OpenAiServer::Start(**stage, api);
-    if (!started.ok()) {
-      std::cerr << "connex-stage: --http " << http << ": " << started.status().message() << "\n";
-      return started.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  if (server) {
+    if (absl::Status attached = server->Attach(**stage); !attached.ok()) {
+      std::cerr << "connex-stage: " << attached.message() << "\n";
+      return 1;
     }
-    server = *std::move(started);
     std::printf("listening http=%s\n", server->address().c_str());
   }
   std::printf("ready %s epoch=%llu\n", (*stage)->lid().ToString().c_str(),

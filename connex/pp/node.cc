@@ -194,7 +194,7 @@ class StageNode::Impl {
       CONNEX_RETURN_IF_ERROR(set->Start());
       routes_.Set(g, std::move(set));
     }
-    CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, dir_.Join(lid_, Addresses()));
+    CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, dir_.Join(lid_, Addresses(), o_.metadata));
     joined_ = true;
     reg_->AdvanceEpoch(epoch);
     loop_ = std::thread([this] { Run(); });
@@ -330,7 +330,7 @@ class StageNode::Impl {
     cmd.run = [this, s = std::shared_ptr<SignalTransport>(std::move(signals)), done]() mutable {
       std::unique_ptr<SignalTransport> old = std::move(signals_);
       signals_.reset(new ForwardingTransport(std::move(s)));
-      absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses());
+      absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses(), o_.metadata);
       if (epoch.ok()) reg_->AdvanceEpoch(*epoch);
       old->Close();
       retired_.push_back(std::move(old));

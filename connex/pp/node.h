@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,9 @@ struct StageNodeOptions {
   uint32_t stage = 0;
   uint32_t stages = 1;
   uint32_t replica = 0;
+  // Published with the node's record (e.g. stage 0's {"http": "HOST:PORT"}, which the resume
+  // proxy and connexctl read); kept across migrations.
+  std::map<std::string, std::string> metadata;
   int inflight = 4;                // CONNEX_PP_INFLIGHT: steps in flight per route (owner)
   int64_t step_timeout_ms = 5000;  // CONNEX_PP_STEP_TIMEOUT_MS: then probe the route
   int64_t probe_timeout_ms = 500;  // CONNEX_PP_PROBE_TIMEOUT_MS: no answer = dead

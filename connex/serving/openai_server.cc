@@ -68,8 +68,8 @@ struct OpenAiServer::Generation {
   std::vector<int32_t> TakeAllTokens() { return TakeTokens(SIZE_MAX); }
 };
 
-OpenAiServer::OpenAiServer(StageProcess& stage, OpenAiServerOptions options)
-    : stage_(stage), options_(std::move(options)), created_(UnixSeconds()) {
+OpenAiServer::OpenAiServer(OpenAiServerOptions options)
+    : options_(std::move(options)), created_(UnixSeconds()) {
   std::random_device rd;
   next_id_.store((static_cast<uint64_t>(rd()) << 24) | 1);
   running_ = &metrics_.AddGauge("connex_requests_running", "Requests being generated").Get();
@@ -102,32 +102,34 @@ OpenAiServer::OpenAiServer(StageProcess& stage, OpenAiServerOptions options)
                      .Get();
 }
 
-absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(StageProcess& stage,
-                                                                  OpenAiServerOptions options) {
-  if (stage.lid().group != 0) {
-    return absl::InvalidArgumentError(
-        StrCat("--http: only stage 0 serves the API (this is stage ", stage.lid().group, ")"));
-  }
+absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Listen(OpenAiServerOptions options) {
   if (options.default_max_tokens < 1) {
     return absl::InvalidArgumentError(
         StrCat("default max_tokens ", options.default_max_tokens, " must be at least 1"));
   }
-  std::unique_ptr<OpenAiServer> s(new OpenAiServer(stage, options));
+  std::unique_ptr<OpenAiServer> s(new OpenAiServer(options));
   OpenAiServer* self = s.get();
-  s->router_.Add("POST", std::string(EndpointPath(Endpoint::kCompletions)),
-                 [self](std::shared_ptr<HttpExchange> x) {
-                   self->Complete(Endpoint::kCompletions, std::move(x));
-                 });
-  s->router_.Add("POST", std::string(EndpointPath(Endpoint::kChatCompletions)),
-                 [self](std::shared_ptr<HttpExchange> x) {
-                   self->Complete(Endpoint::kChatCompletions, std::move(x));
-                 });
-  s->router_.Add("GET", "/v1/models", [self](std::shared_ptr<HttpExchange> x) {
-    std::vector<std::string> models = {self->stage_.model_name()};
+  auto starting = [](HttpExchange& x) {
+    x.Respond(ErrorResponse(absl::UnavailableError("the stage is starting")));
+  };
+  for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    s->router_.Add("POST", std::string(EndpointPath(endpoint)),
+                   [self, endpoint, starting](std::shared_ptr<HttpExchange> x) {
+                     StageProcess* stage = self->stage();
+                     if (stage == nullptr) return starting(*x);
+                     self->Complete(*stage, endpoint, std::move(x));
+                   });
+  }
+  s->router_.Add("GET", "/v1/models", [self, starting](std::shared_ptr<HttpExchange> x) {
+    StageProcess* stage = self->stage();
+    if (stage == nullptr) return starting(*x);
+    std::vector<std::string> models = {stage->model_name()};
     x->Respond(JsonResponse(200, ModelsResponse(models, self->created_)));
   });
   s->router_.Add("GET", "/health", [self](std::shared_ptr<HttpExchange> x) {
-    absl::Status ready = self->stage_.ChainReady();
+    StageProcess* stage = self->stage();
+    absl::Status ready =
+        stage == nullptr ? absl::UnavailableError("the stage is starting") : stage->ChainReady();
     x->Respond(
         JsonResponse(ready.ok() ? 200 : 503, HealthResponse(ready.ok(), AsStd(ready.message()))));
   });
@@ -141,6 +143,25 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(StageProcess& 
   return s;
 }
 
+absl::Status OpenAiServer::Attach(StageProcess& stage) {
+  if (stage.lid().group != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("--http: only stage 0 serves the API (this is stage ", stage.lid().group, ")"));
+  }
+  StageProcess* none = nullptr;
+  if (!stage_.compare_exchange_strong(none, &stage)) {
+    return absl::FailedPreconditionError("the API already serves a stage");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(StageProcess& stage,
+                                                                  OpenAiServerOptions options) {
+  CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<OpenAiServer> s, Listen(std::move(options)));
+  CONNEX_RETURN_IF_ERROR(s->Attach(stage));
+  return s;
+}
+
 OpenAiServer::~OpenAiServer() { Stop(); }
 
 void OpenAiServer::Stop() {
@@ -148,8 +169,9 @@ void OpenAiServer::Stop() {
 }
 
 std::string OpenAiServer::RenderMetrics() {
-  pp::StageNodeStats stats = stage_.node().stats();
-  {
+  StageProcess* stage = this->stage();
+  if (stage != nullptr) {
+    pp::StageNodeStats stats = stage->node().stats();
     MutexLock lock(&scrape_mu_);
     if (stats.failovers > failovers_seen_) {
       failovers_->Increment(static_cast<double>(stats.failovers - failovers_seen_));
@@ -163,11 +185,12 @@ std::string OpenAiServer::RenderMetrics() {
   return metrics_.Render();
 }
 
-void OpenAiServer::Complete(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange) {
+void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
+                            std::shared_ptr<HttpExchange> exchange) {
   const int64_t arrived_us = NowUs();
-  const engine::ModelConfig& config = stage_.config();
+  const engine::ModelConfig& config = stage.config();
   RequestLimits limits;
-  limits.models = {stage_.model_name()};
+  limits.models = {stage.model_name()};
   limits.vocab_size = config.vocab_size;
   limits.default_max_tokens = options_.default_max_tokens;
   limits.max_tokens_limit = config.max_position_embeddings;
@@ -216,7 +239,7 @@ void OpenAiServer::Complete(Endpoint endpoint, std::shared_ptr<HttpExchange> exc
   g->id = next_id_.fetch_add(1);
   g->exchange = exchange;
   g->header =
-      ResponseHeader{endpoint, MakeResponseId(endpoint, g->id), UnixSeconds(), stage_.model_name()};
+      ResponseHeader{endpoint, MakeResponseId(endpoint, g->id), UnixSeconds(), stage.model_name()};
   g->stop.emplace(req.stop);
   g->start_us = arrived_us;
   if (req.stream) {
@@ -227,7 +250,7 @@ void OpenAiServer::Complete(Endpoint endpoint, std::shared_ptr<HttpExchange> exc
   running_->Increment();
   prompt_tokens_->Increment(static_cast<double>(g->prompt.size()));
   const uint64_t id = g->id;
-  absl::Status submitted = stage_.node().Submit(
+  absl::Status submitted = stage.node().Submit(
       id, g->prompt, static_cast<int>(req.max_tokens),
       [this, g](uint64_t, absl::StatusOr<std::vector<int32_t>> result) {
         OnDone(g, std::move(result));
@@ -246,7 +269,7 @@ void OpenAiServer::Complete(Endpoint endpoint, std::shared_ptr<HttpExchange> exc
   }
   // A client that goes away cancels its request (and frees its state on every stage).
   exchange->OnCancel(
-      [this, id] { stage_.node().CancelLater(id, absl::CancelledError("the client went away")); });
+      [&stage, id] { stage.node().CancelLater(id, absl::CancelledError("the client went away")); });
 }
 
 void OpenAiServer::OnToken(const std::shared_ptr<Generation>& g, int32_t token) {
@@ -272,7 +295,7 @@ void OpenAiServer::OnToken(const std::shared_ptr<Generation>& g, int32_t token) 
   if (g->stop->stopped() && !g->stopped_by_string) {
     g->stopped_by_string = true;
     // On the node's loop: ends the request now; OnDone follows with Cancelled.
-    (void)stage_.node().Cancel(g->id, absl::CancelledError("a stop string matched"));
+    (void)stage()->node().Cancel(g->id, absl::CancelledError("a stop string matched"));
   }
 }
 
@@ -296,7 +319,7 @@ void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
   }
   FinishReason finish = FinishReason::kLength;
   if (g->stopped_by_string ||
-      (!g->tokens.empty() && g->tokens.back() == stage_.config().eos_token_id)) {
+      (!g->tokens.empty() && g->tokens.back() == stage()->config().eos_token_id)) {
     finish = FinishReason::kStop;
   }
   success_->WithLabels({std::string(FinishReasonName(finish))}).Increment();

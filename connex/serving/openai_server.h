@@ -29,8 +29,14 @@ struct OpenAiServerOptions {
 
 class OpenAiServer {
  public:
-  // Serves `stage` (stage 0) on options.http's address. Stop the server, then the stage, then
-  // destroy the server: the node's last callbacks (requests ended by its Stop) come to it.
+  // Binds options.http's address and answers at once; completions are 503 and /health says
+  // "starting" until Attach. (The address goes into stage 0's record, so it must be known
+  // before the stage joins.)
+  static absl::StatusOr<std::unique_ptr<OpenAiServer>> Listen(OpenAiServerOptions options);
+  // Serves `stage` (stage 0) from now on. Stop the server, then the stage, then destroy the
+  // server: the node's last callbacks (requests ended by its Stop) come to it.
+  absl::Status Attach(StageProcess& stage);
+  // Listen, then Attach.
   static absl::StatusOr<std::unique_ptr<OpenAiServer>> Start(StageProcess& stage,
                                                              OpenAiServerOptions options);
   ~OpenAiServer();  // Stop()
@@ -42,13 +48,14 @@ class OpenAiServer {
 
  private:
   struct Generation;
-  OpenAiServer(StageProcess& stage, OpenAiServerOptions options);
-  void Complete(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange);
+  explicit OpenAiServer(OpenAiServerOptions options);
+  StageProcess* stage() const { return stage_.load(); }
+  void Complete(StageProcess& stage, Endpoint endpoint, std::shared_ptr<HttpExchange> exchange);
   void OnToken(const std::shared_ptr<Generation>& g, int32_t token);
   void OnDone(const std::shared_ptr<Generation>& g, absl::StatusOr<std::vector<int32_t>> result);
   std::string RenderMetrics();
 
-  StageProcess& stage_;
+  std::atomic<StageProcess*> stage_{nullptr};
   const OpenAiServerOptions options_;
   Router router_;
   std::unique_ptr<HttpServer> http_;
