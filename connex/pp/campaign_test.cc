@@ -190,17 +190,22 @@ bool AllDone(const Cluster& c) {
   return true;
 }
 
-// Starts (stage, replica) again after it was killed. The dead process's lease holds its LID
-// until it runs out; Join waits one lease TTL for that, and on a loaded machine the directory's
-// expiry may come later still, so AlreadyExists is retried as a supervisor (systemd) restarts a
-// process that exited, for up to 10 s. Any other error fails at once.
+// Starts (stage, replica), possibly again after it was killed, as a supervisor (systemd)
+// restarts a process that exited: for up to 20 s, while the cause is one that passes — the dead
+// process's lease still holds the LID (Join waits one lease TTL, and on a loaded machine the
+// directory's expiry comes later still: seed 962 of a loaded run), or the directory is slow to
+// answer (its state-dir writes wait on a disk the builds beside it keep busy: seed 412). Any
+// other error fails at once.
 bool StartAsASupervisorWould(Cluster& c, uint32_t stage, uint32_t replica) {
   return WaitUntil(
              [&] {
-               return c.Start(stage, replica) != nullptr ||
-                      c.last_start_error().code() != absl::StatusCode::kAlreadyExists;
+               if (c.Start(stage, replica) != nullptr) return true;
+               absl::StatusCode code = c.last_start_error().code();
+               return code != absl::StatusCode::kAlreadyExists &&
+                      code != absl::StatusCode::kUnavailable &&
+                      code != absl::StatusCode::kDeadlineExceeded;
              },
-             10000) &&
+             20000) &&
          c.alive(stage, replica);
 }
 
@@ -320,7 +325,7 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
     }
     if (!c.alive(stage, 2)) {
       options.push_back([&] {
-        if (c.Start(stage, 2) == nullptr)
+        if (!StartAsASupervisorWould(c, stage, 2))
           return "!join " + std::to_string(stage) + "/2 failed: " + c.last_start_error().ToString();
         return "join " + std::to_string(stage) + "/2";
       });
