@@ -10,6 +10,7 @@
 
 #include "CLI/CLI.hpp"
 #include "connex/base/logging.h"
+#include "connex/serving/listen_address.h"
 #include "connex/serving/openai_server.h"
 #include "connex/serving/stage.h"
 
@@ -76,19 +77,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     api.http = *http_options;
-    size_t colon = http.rfind(':');
-    int port = -1;
-    if (colon != std::string::npos && colon > 0) {
-      try {
-        size_t used = 0;
-        port = std::stoi(http.substr(colon + 1), &used);
-        if (used != http.size() - colon - 1) port = -1;
-      } catch (const std::exception&) {
-        port = -1;
-      }
-    }
-    if (port < 0 || port > 65535) {
-      std::cerr << "connex-stage: --http " << http << ": expected HOST:PORT (port 0 .. 65535)\n";
+    if (absl::Status ok = connex::serving::ParseListenAddress("--http", http, &api.http);
+        !ok.ok()) {
+      std::cerr << "connex-stage: " << ok.message() << "\n";
       return 2;
     }
     if (options.stage != 0) {
@@ -96,8 +87,6 @@ int main(int argc, char** argv) {
                 << options.stage << ")\n";
       return 2;
     }
-    api.http.host = http.substr(0, colon);
-    api.http.port = static_cast<uint16_t>(port);
   }
 
   // Signals are taken synchronously by this thread; block them before any thread starts.
