@@ -226,17 +226,17 @@ TEST(SafetensorsTest, HeaderLengthMustEndWhereTheDataStarts) {
 }
 
 TEST(SafetensorsTest, EveryDataByteBelongsToExactlyOneTensor) {
-  EXPECT_THAT(ParseError(WithHeader(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
-                                    12)),
+  EXPECT_THAT(ParseError(WithHeader(
+                  R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 12)),
               HasSubstr("8 trailing bytes belong to no tensor"));
   EXPECT_THAT(ParseError(WithHeader(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
                                         "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
                                     12)),
               HasSubstr("bytes [4, 8) of the data section belong to no tensor (a hole before "
                         "tensor 'b')"));
-  EXPECT_THAT(ParseError(WithHeader(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
-                                    8)),
-              HasSubstr("bytes [0, 4)"));
+  EXPECT_THAT(
+      ParseError(WithHeader(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8)),
+      HasSubstr("bytes [0, 4)"));
   EXPECT_THAT(ParseError(WithHeader("{}", 1)), HasSubstr("1 trailing bytes"));
   // Empty tensors take no bytes and may sit anywhere inside the section.
   EXPECT_TRUE(ParseSafetensorsHeader(
@@ -247,13 +247,14 @@ TEST(SafetensorsTest, EveryDataByteBelongsToExactlyOneTensor) {
 }
 
 TEST(SafetensorsTest, OpenNamesTheFileOfAMisdeclaredHeader) {
-  std::vector<uint8_t> bytes = WithHeader(
-      R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}  )", 4);
+  std::vector<uint8_t> bytes =
+      WithHeader(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}  )", 4);
   bytes[0] -= 1;
-  std::string path = ::testing::TempDir() + "/short-header." + std::to_string(::getpid()) +
-                     ".safetensors";
+  std::string path =
+      ::testing::TempDir() + "/short-header." + std::to_string(::getpid()) + ".safetensors";
   std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
   auto file = SafetensorsFile::Open(path);
   ::unlink(path.c_str());
   ASSERT_FALSE(file.ok());

@@ -17,8 +17,8 @@ namespace connex::transport::testing {
 // Limits of the benchmarks' settings (connex-bench range-checks its flags with them).
 inline constexpr uint64_t kMaxBenchBytes = uint64_t{4} << 30;  // one read, copy or peer buffer
 inline constexpr int kMaxBenchInflight = 256;                  // reader threads
-inline constexpr int kMaxBenchRuns = 10'000;                    // peers killed
-inline constexpr double kMaxBenchSeconds = 3600;                // per size
+inline constexpr int kMaxBenchRuns = 10'000;                   // peers killed
+inline constexpr double kMaxBenchSeconds = 3600;               // per size
 
 struct ReadBenchOptions {
   TransportOptions transport;   // the reader's engine (backend, heartbeat, ...)
