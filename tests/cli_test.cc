@@ -190,6 +190,9 @@ TEST_F(CliTest, EveryBinaryValidatesLogLevelAndExitsTwoOnUsageErrors) {
                      {"CONNEX_LOG_LEVEL=bogus"});
     ExpectUsageError(command({"--definitely-not-a-flag"}), "--definitely-not-a-flag");
   }
+  // Google Benchmark's main takes its own flags; ours are parsed after.
+  ExpectUsageError({"bench_engine", "--log-level", "bogus"}, "--log-level",
+                   "trace, debug, info, warn, error, off");
   ExpectUsageError({"bench_handover", "--runs", "0"}, "--runs");
   ExpectUsageError({"bench_handover", "--stages", "3", "--kill-stage", "3"}, "--kill-stage");
   ExpectUsageError({"pp_test_node", "--stage", "3", "--stages", "3"}, "--stage");
