@@ -23,14 +23,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
-struct Run {
+struct Outcome {
   std::optional<int> code;  // nullopt: still running at the deadline (killed)
   std::string out;          // stdout and stderr
 };
 
 // Runs `args` (args[0] names a binary of BinDir()) to its exit, at most `timeout_ms`.
-Run RunBinary(std::vector<std::string> args, std::vector<std::string> env = {},
-              int64_t timeout_ms = 60000) {
+Outcome RunBinary(std::vector<std::string> args, std::vector<std::string> env = {},
+                  int64_t timeout_ms = 60000) {
   args[0] = BinDir() + "/" + args[0];
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   auto left = [&] {
@@ -42,7 +42,7 @@ Run RunBinary(std::vector<std::string> args, std::vector<std::string> env = {},
   if (!p) return {};
   while (p->ReadLine(left())) {
   }
-  Run run;
+  Outcome run;
   run.code = p->Wait(left());
   run.out = p->transcript();
   return run;
@@ -57,11 +57,13 @@ std::string Joined(const std::vector<std::string>& args) {
 // Asserts that `args` is refused as a usage error: exit 2, a message naming `flag` (and `also`).
 void ExpectUsageError(const std::vector<std::string>& args, const std::string& flag,
                       const std::string& also = "", std::vector<std::string> env = {}) {
-  Run r = RunBinary(args, env);
+  Outcome r = RunBinary(args, env);
   ASSERT_TRUE(r.code.has_value()) << Joined(args) << ": still running (hung?)\n" << r.out;
   EXPECT_EQ(*r.code, 2) << Joined(args) << "\n" << r.out;
   EXPECT_THAT(r.out, HasSubstr(flag)) << Joined(args);
-  if (!also.empty()) EXPECT_THAT(r.out, HasSubstr(also)) << Joined(args);
+  if (!also.empty()) {
+    EXPECT_THAT(r.out, HasSubstr(also)) << Joined(args);
+  }
 }
 
 class CliTest : public ::testing::Test {
@@ -117,8 +119,8 @@ TEST_F(CliTest, MkmodelRefusesACheckpointTooLargeToBuild) {
 
 TEST_F(CliTest, GenerateRefusesADirectoryOfPromptsAndAMisdeclaredHeader) {
   const std::string model = dir_ + "/model.safetensors";
-  Run mk = RunBinary({"connex-mkmodel", "--out", model, "--layers", "1", "--dim", "16", "--heads",
-                      "2", "--kv-heads", "1", "--ffn", "16"});
+  Outcome mk = RunBinary({"connex-mkmodel", "--out", model, "--layers", "1", "--dim", "16",
+                          "--heads", "2", "--kv-heads", "1", "--ffn", "16"});
   ASSERT_EQ(mk.code, 0) << mk.out;
   ExpectUsageError({"connex-generate", "--model", model, "--prompts-file", dir_}, "--prompts-file",
                    "is a directory");
@@ -139,7 +141,8 @@ TEST_F(CliTest, GenerateRefusesADirectoryOfPromptsAndAMisdeclaredHeader) {
   std::ofstream(shifted, std::ios::binary) << bytes;
   ExpectUsageError({"connex-generate", "--model", shifted, "--prompt", "x"},
                    "short-header.safetensors");
-  Run ok = RunBinary({"connex-generate", "--model", model, "--prompt", "x", "--max-tokens", "2"});
+  Outcome ok =
+      RunBinary({"connex-generate", "--model", model, "--prompt", "x", "--max-tokens", "2"});
   EXPECT_EQ(ok.code, 0) << ok.out;
 }
 
@@ -211,10 +214,12 @@ TEST_F(CliTest, EveryFlagAndVariableOfEveryBinaryIsDocumented) {
   const std::string doc = doc_text.str();
   const std::regex flag("--[a-z][a-z0-9-]*"), variable("CONNEX_[A-Z0-9_]+");
   for (const auto& command : HelpCommands()) {
-    Run help = RunBinary(command);
+    Outcome help = RunBinary(command);
     ASSERT_EQ(help.code, 0) << Joined(command) << "\n" << help.out;
     // A sub-command's help shows only its own flags; --log-level belongs to the binary.
-    if (command.size() == 2) EXPECT_THAT(help.out, HasSubstr("--log-level")) << Joined(command);
+    if (command.size() == 2) {
+      EXPECT_THAT(help.out, HasSubstr("--log-level")) << Joined(command);
+    }
     for (const std::regex& pattern : {flag, variable}) {
       for (std::sregex_iterator it(help.out.begin(), help.out.end(), pattern), end; it != end;
            ++it) {
