@@ -184,6 +184,10 @@ TEST_F(CliTest, EveryBinaryValidatesLogLevelAndExitsTwoOnUsageErrors) {
       args.insert(args.begin(), binary);
       if (binary == "connex-bench") args.push_back("memcpy");
       if (binary == "connexctl") args.push_back("status");
+      // Required flags are checked before unknown ones.
+      if (binary == "connex-mkmodel") args.insert(args.end(), {"--out", "unused"});
+      if (binary == "connex-generate")
+        args.insert(args.end(), {"--model", "unused", "--prompt", "x"});
       return args;
     };
     // "bogus" used to turn logging off (spdlog maps unknown names to off), or was refused as an
