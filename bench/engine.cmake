@@ -2,7 +2,7 @@
 # (connex-mkmodel's defaults), next to the machine's fp32 matrix-vector bound (streaming read
 # bandwidth and the engine's own sgemv kernel on a matrix larger than the caches).
 add_executable(bench_engine ${CMAKE_CURRENT_LIST_DIR}/engine_bench.cc)
-target_link_libraries(bench_engine PRIVATE connex_engine benchmark::benchmark)
+target_link_libraries(bench_engine PRIVATE connex_engine connex_cli benchmark::benchmark)
 target_compile_options(bench_engine PRIVATE -O3)
 if(CONNEX_MARCH)
   target_compile_options(bench_engine PRIVATE -march=${CONNEX_MARCH})

@@ -6,7 +6,7 @@
 //   BM_Sgemv:      the engine's own matrix-vector kernel on a 4096x4096 fp32 matrix (64 MiB, larger
 //                  than the caches): the fp32 matrix-vector bound in GB/s and GFLOP/s.
 // The model is CONNEX_BENCH_MODEL when set, else connex-mkmodel's default written to a temporary
-// file.
+// file. Flags: Google Benchmark's (--benchmark_filter, ...) and --log-level.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "connex/base/cli.h"
 #include "connex/engine/kernels.h"
 #include "connex/engine/pipeline.h"
 #include "connex/engine/random_model.h"
@@ -155,4 +156,12 @@ BENCHMARK(BM_Sgemv)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 }  // namespace
 }  // namespace connex::engine
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);  // takes its own flags out of argv
+  CLI::App app{"bench_engine: reference-engine figures (also Google Benchmark's flags)"};
+  connex::AddLogLevelFlag(app);
+  if (std::optional<int> code = connex::ParseFlags(app, argc, argv)) return *code;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

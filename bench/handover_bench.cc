@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "connex/base/cli.h"
 #include "connex/base/stats.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
@@ -46,6 +47,7 @@ struct Config {
   int warmup_tokens = 30;
   int inflight = 0;  // 0: the node's default (CONNEX_PP_INFLIGHT)
   std::string model_path;
+  std::string log_level = "warn";  // of the stage processes
   bool json = false;
 };
 
@@ -90,10 +92,7 @@ std::optional<Subprocess> StartNode(const Config& c, const std::string& bind, in
                                    "--model-path",
                                    c.model_path};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  const char* log_level = std::getenv("CONNEX_LOG_LEVEL");
-  std::vector<std::string> env = {
-      std::string("CONNEX_LOG_LEVEL=") + (log_level != nullptr ? log_level : "warn"),
-      "CONNEX_ENGINE_THREADS=1"};
+  std::vector<std::string> env = {"CONNEX_LOG_LEVEL=" + c.log_level, "CONNEX_ENGINE_THREADS=1"};
   if (c.inflight > 0) env.push_back("CONNEX_PP_INFLIGHT=" + std::to_string(c.inflight));
   auto p = Subprocess::Start(argv, env);
   if (!p || !p->WaitForLine("ready ", 30000)) return std::nullopt;
@@ -193,25 +192,45 @@ RunResult RunOnce(const Config& c, connex::engine::Pipeline& reference) {
 int main(int argc, char** argv) {
   CLI::App app{"bench_handover: kill a pipeline stage mid-generation, time the handover"};
   Config c;
-  app.add_option("--backend", c.backend, "data plane between stages: tcp, shm, ucx, auto");
-  app.add_option("--runs", c.runs, "deployments to start and kill a stage in");
-  app.add_option("--stages", c.stages, "pipeline stages per replica chain (>= 2)");
-  app.add_option("--kill-stage", c.kill_stage, "the stage of replica 0 to SIGKILL (>= 1)");
-  app.add_option("--requests", c.requests, "requests the owner generates together");
-  app.add_option("--max-new-tokens", c.max_new, "tokens per request");
-  app.add_option("--warmup-tokens", c.warmup_tokens, "tokens every request has before the kill");
-  app.add_option("--inflight", c.inflight, "steps in flight per route (0: CONNEX_PP_INFLIGHT)");
+  app.add_option("--backend", c.backend, "data plane between stages: tcp, shm, ucx, auto")
+      ->check(CLI::IsMember({"tcp", "shm", "ucx", "auto"}))
+      ->capture_default_str();
+  app.add_option("--runs", c.runs, "deployments to start and kill a stage in")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--stages", c.stages, "pipeline stages per replica chain (>= 2)")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
+  app.add_option("--kill-stage", c.kill_stage, "the stage of replica 0 to SIGKILL (>= 1)")
+      ->check(CLI::Range(1, 63))
+      ->capture_default_str();
+  app.add_option("--requests", c.requests, "requests the owner generates together")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--max-new-tokens", c.max_new, "tokens per request")
+      ->check(CLI::Range(3, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--warmup-tokens", c.warmup_tokens, "tokens every request has before the kill")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--inflight", c.inflight, "steps in flight per route (0: CONNEX_PP_INFLIGHT)")
+      ->check(CLI::Range(0, 1024))  // as CONNEX_PP_INFLIGHT, 0 for "unset"
+      ->capture_default_str();
   app.add_option("--model-path", c.model_path,
                  "checkpoint (default: connex-mkmodel's default model, written to a temp dir)");
   app.add_flag("--json", c.json, "print one JSON object");
-  CLI11_PARSE(app, argc, argv);
-  if (c.stages < 2 || c.kill_stage < 1 || c.kill_stage >= c.stages || c.runs < 1 ||
-      c.requests < 1 || c.warmup_tokens < 2 || c.max_new <= c.warmup_tokens) {
-    std::fprintf(stderr,
-                 "bench_handover: need --stages >= 2, 1 <= --kill-stage < --stages, --runs >= 1, "
-                 "--requests >= 1, --warmup-tokens >= 2 and --max-new-tokens > --warmup-tokens\n");
-    return 2;
+  // This process and the stages log at the level given (flag or CONNEX_LOG_LEVEL), else at warn.
+  CLI::Option* log_level = connex::AddLogLevelFlag(app, "warn");
+  if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
+        if (c.kill_stage >= c.stages || c.max_new <= c.warmup_tokens) {
+          throw CLI::ValidationError(
+              "--kill-stage, --max-new-tokens",
+              "need 1 <= --kill-stage < --stages and --max-new-tokens > --warmup-tokens");
+        }
+      })) {
+    return *code;
   }
+  c.log_level = log_level->as<std::string>();
   std::string tmp;
   if (c.model_path.empty()) {
     tmp = (std::filesystem::temp_directory_path() / ("bench-handover-" + std::to_string(getpid())))

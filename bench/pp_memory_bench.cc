@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "connex/base/cli.h"
 #include "connex/base/logging.h"
 #include "connex/directory/testing/test_directory.h"
 #include "connex/pp/testing/cluster.h"
@@ -40,12 +41,8 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", vocab, "width of the last stage's logits")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--tokens", tokens, "tokens generated per request")->check(CLI::Range(1, 1000));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  if (std::getenv("CONNEX_LOG_LEVEL") == nullptr) connex::Log().set_level(spdlog::level::warn);
+  connex::AddLogLevelFlag(app, "warn");
+  if (std::optional<int> code = connex::ParseFlags(app, argc, argv)) return *code;
   auto server = connex::directory::testing::StartTestDirectory();
   if (!server.ok()) {
     std::cerr << "bench_pp_memory: directory: " << server.status().message() << "\n";

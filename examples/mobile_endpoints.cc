@@ -16,6 +16,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "connex/base/cli.h"
 #include "connex/base/logging.h"
 #include "connex/base/mutex.h"
 #include "connex/base/strings.h"
@@ -110,12 +111,8 @@ int main(int argc, char** argv) {
   app.add_option("--backend", backend, "transport of every endpoint: mem, tcp, shm, ucx or auto")
       ->envname("CONNEX_PP_BACKEND")
       ->check(CLI::IsMember({"mem", "tcp", "shm", "ucx", "auto"}));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  connex::Log().set_level(spdlog::level::warn);
+  connex::AddLogLevelFlag(app, "warn");
+  if (std::optional<int> code = connex::ParseFlags(app, argc, argv)) return *code;
 
   std::unique_ptr<connex::directory::DirectoryServer> server;
   if (directory.empty()) {

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "connex/base/cli.h"
 #include "connex/base/logging.h"
 #include "connex/base/strings.h"
 #include "connex/directory/client.h"
@@ -146,12 +147,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--role", role)->group("");  // internal: the spawned stage 1
   app.add_option("--directory", directory)->group("");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  connex::Log().set_level(spdlog::level::warn);
+  connex::AddLogLevelFlag(app, "warn");
+  if (std::optional<int> code = connex::ParseFlags(app, argc, argv)) return *code;
   if (auto parsed = connex::transport::ParseBackend(backend); !parsed.ok()) {
     std::cerr << "two_stage_pipeline: --backend: " << parsed.status().message() << "\n";
     return 2;

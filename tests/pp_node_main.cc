@@ -12,6 +12,7 @@
 #include <random>
 
 #include "CLI/CLI.hpp"
+#include "connex/base/cli.h"
 #include "connex/base/logging.h"
 #include "connex/directory/client.h"
 #include "connex/engine/stage_engine.h"
@@ -30,27 +31,50 @@ int main(int argc, char** argv) {
   uint32_t stage = 0, stages = 3, replica = 0;
   int requests = 0, max_new = 50;
   uint64_t first_id = 1;
-  app.add_option("--directory", directory)->envname("CONNEX_DIRECTORY");
-  app.add_option("--model", model);
-  app.add_option("--backend", backend)->envname("CONNEX_PP_BACKEND");
-  app.add_option("--stage", stage);
-  app.add_option("--stages", stages);
-  app.add_option("--replica", replica);
-  app.add_option("--requests", requests, "stage 0: requests to submit");
-  app.add_option("--max-new-tokens", max_new);
-  app.add_option("--first-id", first_id);
+  app.add_option("--directory", directory, "the directory's request endpoint")
+      ->envname("CONNEX_DIRECTORY")
+      ->capture_default_str();
+  app.add_option("--model", model, "model name of the LID")
+      ->check([](const std::string& m) {
+        absl::Status ok = connex::Lid::ValidateModel(m);
+        return ok.ok() ? std::string() : std::string(ok.message());
+      })
+      ->capture_default_str();
+  app.add_option("--backend", backend, "tcp, shm, ucx, mem or auto")
+      ->envname("CONNEX_PP_BACKEND")
+      ->check(CLI::IsMember({"auto", "mem", "tcp", "shm", "ucx"}))
+      ->capture_default_str();
+  app.add_option("--stage", stage, "this node's stage, < --stages")
+      ->check(CLI::Range(0u, 1023u))
+      ->capture_default_str();
+  app.add_option("--stages", stages, "stages of the pipeline")
+      ->check(CLI::Range(1u, 1024u))
+      ->capture_default_str();
+  app.add_option("--replica", replica, "replica chain")->capture_default_str();
+  app.add_option("--requests", requests, "stage 0: requests to submit")
+      ->check(CLI::Range(0, 1'000'000))
+      ->capture_default_str();
+  app.add_option("--max-new-tokens", max_new, "stage 0: tokens per request")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--first-id", first_id, "stage 0: id of the first request")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 62))
+      ->capture_default_str();
   std::string engine_name = "test";
   std::string model_path;
-  app.add_option("--engine", engine_name, "test (the deterministic test engine) or llama");
+  app.add_option("--engine", engine_name, "test (the deterministic test engine) or llama")
+      ->check(CLI::IsMember({"test", "llama"}))
+      ->capture_default_str();
   app.add_option("--model-path", model_path, "llama: the checkpoint");
   bool stream = false;
   app.add_flag("--stream", stream,
                "stage 0: print every generated token as a JSON line with its time "
                "(steady clock, microseconds; the same clock in every process of this host)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+  connex::AddLogLevelFlag(app);
+  if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
+        if (stage >= stages) throw CLI::ValidationError("--stage", "must be below --stages");
+      })) {
+    return *code;
   }
   sigset_t signals;
   sigemptyset(&signals);
@@ -61,7 +85,7 @@ int main(int argc, char** argv) {
   // Bad flags or settings (InvalidArgument) exit 2, like a usage error; anything else 1.
   auto fail = [](const absl::Status& s) {
     std::cerr << "pp_test_node: " << s.message() << "\n";
-    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    return s.code() == absl::StatusCode::kInvalidArgument ? connex::kUsageExitCode : 1;
   };
   // Every setting a directory client honours (token, admin token, timeouts) from the
   // environment, as for every other client; the flag names the directory.

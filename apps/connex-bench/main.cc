@@ -12,6 +12,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_split.h"
+#include "connex/base/cli.h"
 #include "connex/base/config.h"
 #include "connex/base/strings.h"
 #include "connex/transport/testing/transport_bench.h"
@@ -23,9 +24,18 @@ namespace {
 using namespace connex;
 using namespace connex::transport;
 
+// A bad value (InvalidArgument) exits 2 like a usage error; anything else 1.
 int Fail(const absl::Status& s) {
   std::cerr << "connex-bench: " << s << "\n";
-  return 1;
+  return s.code() == absl::StatusCode::kInvalidArgument ? kUsageExitCode : 1;
+}
+
+std::vector<uint64_t> ParseSizes(const std::string& text) {
+  std::vector<uint64_t> sizes;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    sizes.push_back(ParseSize(AsStd(part)).value());  // validated by SizeRange
+  }
+  return sizes;
 }
 
 }  // namespace
@@ -33,6 +43,8 @@ int Fail(const absl::Status& s) {
 int main(int argc, char** argv) {
   CLI::App app{"connex-bench: data-plane benchmarks"};
   app.require_subcommand(1);
+  app.fallthrough();  // --log-level also after the sub-command
+  AddLogLevelFlag(app);
   std::string backend_text = "tcp";
   std::string sizes_text = "4K,64K,1M,16M,64M";
   double seconds = 1.0;
@@ -46,44 +58,72 @@ int main(int argc, char** argv) {
   int heartbeat_ms = 250, suspect_ms = 1000, connections = 4, spin_us = 50;
   std::string ucx_peer_errors = "auto";
 
+  // Ranges as TransportOptions::FromEnv checks the variables.
   auto add_common = [&](CLI::App* sub) {
     sub->add_option("--backend", backend_text, "auto|mem|tcp|shm|ucx")
-        ->envname("CONNEX_PP_BACKEND");
+        ->envname("CONNEX_PP_BACKEND")
+        ->check(CLI::IsMember({"auto", "mem", "tcp", "shm", "ucx"}))
+        ->capture_default_str();
     sub->add_option("--heartbeat-ms", heartbeat_ms, "transport heartbeat period")
-        ->envname("CONNEX_TRANSPORT_HEARTBEAT_MS");
+        ->envname("CONNEX_TRANSPORT_HEARTBEAT_MS")
+        ->check(CLI::Range(1, 600'000))
+        ->capture_default_str();
     sub->add_option("--suspect-ms", suspect_ms, "silence before a peer is suspected")
-        ->envname("CONNEX_TRANSPORT_SUSPECT_MS");
+        ->envname("CONNEX_TRANSPORT_SUSPECT_MS")
+        ->check(CLI::Range(1, 3'600'000))
+        ->capture_default_str();
     sub->add_option("--tcp-connections", connections, "tcp data connections per peer")
-        ->envname("CONNEX_TRANSPORT_TCP_CONNECTIONS");
+        ->envname("CONNEX_TRANSPORT_TCP_CONNECTIONS")
+        ->check(CLI::Range(1, 64))
+        ->capture_default_str();
     sub->add_option("--spin-us", spin_us, "busy-poll before blocking")
-        ->envname("CONNEX_TRANSPORT_SPIN_US");
+        ->envname("CONNEX_TRANSPORT_SPIN_US")
+        ->check(CLI::Range(0, 100'000))
+        ->capture_default_str();
     sub->add_option("--ucx-peer-errors", ucx_peer_errors,
                     "auto|on|off: UCX endpoints with peer error handling (auto: off for a "
                     "peer on this host, so UCX can use shared memory)")
-        ->envname("CONNEX_TRANSPORT_UCX_PEER_ERRORS");
+        ->envname("CONNEX_TRANSPORT_UCX_PEER_ERRORS")
+        ->capture_default_str();
   };
+  const CLI::Validator sizes_check = SizeRange(1, testing::kMaxBenchBytes, /*list=*/true);
+  const CLI::Range seconds_check(0.001, testing::kMaxBenchSeconds);
   CLI::App* transport = app.add_subcommand("transport", "one-sided read bandwidth and latency");
   add_common(transport);
-  transport->add_option("--sizes", sizes_text, "read sizes, e.g. 4K,64K,1M");
-  transport->add_option("--seconds", seconds, "seconds per size");
-  transport->add_option("--inflight", inflight, "reads outstanding (one reader thread each)");
+  transport->add_option("--sizes", sizes_text, "read sizes, e.g. 4K,64K,1M")
+      ->check(sizes_check)
+      ->capture_default_str();
+  transport->add_option("--seconds", seconds, "seconds per size")
+      ->check(seconds_check)
+      ->capture_default_str();
+  transport->add_option("--inflight", inflight, "reads outstanding (one reader thread each)")
+      ->check(CLI::Range(1, testing::kMaxBenchInflight))
+      ->capture_default_str();
   transport->add_option("--peer", peer, "a peer started with `connex-bench serve` (its spec)");
   transport->add_flag("--json", json, "print one JSON object");
   CLI::App* death = app.add_subcommand("peer-death", "delay from SIGKILL/SIGSTOP to the event");
   add_common(death);
-  death->add_option("--runs", runs, "number of peers to kill");
+  death->add_option("--runs", runs, "number of peers to kill")
+      ->check(CLI::Range(1, testing::kMaxBenchRuns))
+      ->capture_default_str();
   death->add_flag("--stop", stop, "SIGSTOP (time to suspicion) instead of SIGKILL");
   death->add_flag("--json", json, "print one JSON object");
   CLI::App* memcpy_cmd =
       app.add_subcommand("memcpy", "single-thread memcpy bandwidth (the shm reference)");
-  memcpy_cmd->add_option("--sizes", sizes_text, "copy sizes, e.g. 4K,64K,1M");
-  memcpy_cmd->add_option("--seconds", seconds, "seconds per size");
+  memcpy_cmd->add_option("--sizes", sizes_text, "copy sizes, e.g. 4K,64K,1M")
+      ->check(sizes_check)
+      ->capture_default_str();
+  memcpy_cmd->add_option("--seconds", seconds, "seconds per size")
+      ->check(seconds_check)
+      ->capture_default_str();
   memcpy_cmd->add_flag("--json", json, "print one JSON object");
   CLI::App* serve = app.add_subcommand("serve", "a peer for `transport --peer`");
   add_common(serve);
-  serve->add_option("--size", size_text, "buffer size");
-  serve->add_option("--lid", lid_text, "the peer's LID");
-  CLI11_PARSE(app, argc, argv);
+  serve->add_option("--size", size_text, "buffer size")
+      ->check(SizeRange(1, testing::kMaxBenchBytes))
+      ->capture_default_str();
+  serve->add_option("--lid", lid_text, "the peer's LID")->capture_default_str();
+  if (std::optional<int> code = ParseFlags(app, argc, argv)) return *code;
 
   absl::StatusOr<Backend> backend = ParseBackend(backend_text);
   if (!backend.ok()) return Fail(backend.status());
@@ -109,24 +149,17 @@ int main(int argc, char** argv) {
   if (serve->parsed()) {
     absl::StatusOr<Lid> lid = Lid::Parse(lid_text);
     if (!lid.ok()) return Fail(lid.status());
-    absl::StatusOr<uint64_t> size = ParseSize(size_text);
-    if (!size.ok()) return Fail(size.status());
     options.local_lid = *lid;
-    absl::Status s = testing::RunServe(options, *size);
+    absl::Status s = testing::RunServe(options, ParseSize(size_text).value());
     return s.ok() ? 0 : Fail(s);
   }
   if (memcpy_cmd->parsed()) {
-    std::vector<uint64_t> sizes;
-    for (absl::string_view part : absl::StrSplit(sizes_text, ',')) {
-      absl::StatusOr<uint64_t> size = ParseSize(AsStd(part));
-      if (!size.ok()) return Fail(size.status());
-      sizes.push_back(*size);
-    }
-    auto results = testing::RunMemcpyBench(sizes, seconds);
+    auto results = testing::RunMemcpyBench(ParseSizes(sizes_text), seconds);
+    if (!results.ok()) return Fail(results.status());
     nlohmann::json j;
     j["backend"] = "memcpy";
     j["results"] = nlohmann::json::array();
-    for (const auto& r : results) {
+    for (const auto& r : *results) {
       if (json) {
         j["results"].push_back(
             {{"size", r.size}, {"gbps", r.gbps}, {"p50_us", r.p50_us}, {"p99_us", r.p99_us}});
@@ -141,11 +174,7 @@ int main(int argc, char** argv) {
   if (transport->parsed()) {
     testing::ReadBenchOptions o;
     o.transport = options;
-    for (absl::string_view part : absl::StrSplit(sizes_text, ',')) {
-      absl::StatusOr<uint64_t> size = ParseSize(AsStd(part));
-      if (!size.ok()) return Fail(size.status());
-      o.sizes.push_back(*size);
-    }
+    o.sizes = ParseSizes(sizes_text);
     o.seconds = seconds;
     o.inflight = inflight;
     o.peer = peer;

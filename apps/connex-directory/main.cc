@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "connex/base/cli.h"
 #include "connex/base/logging.h"
 #include "connex/directory/secret.h"
 #include "connex/directory/server.h"
@@ -69,15 +70,8 @@ int main(int argc, char** argv) {
       ->envname("CONNEX_DIRECTORY_MAX_RECORD_BYTES")
       ->check(CLI::Range(size_t{256}, size_t{1} << 24))
       ->capture_default_str();
-  std::string log_level;
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
-      ->envname("CONNEX_LOG_LEVEL");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  if (!log_level.empty()) connex::Log().set_level(spdlog::level::from_str(log_level));
+  connex::AddLogLevelFlag(app);
+  if (std::optional<int> code = connex::ParseFlags(app, argc, argv)) return *code;
   if (!token_file.empty()) {
     absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(token_file);
     if (!token.ok()) {

@@ -4,11 +4,12 @@
 // as n pipeline stages passing tensor dicts (--stages) and with the KV cache dropped and rebuilt
 // after K tokens (--recompute-at): the output must not change.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
-#include "connex/base/logging.h"
+#include "connex/base/cli.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
 #include "connex/engine/tokenizer.h"
@@ -18,14 +19,14 @@ namespace {
 
 int Fail(const absl::Status& status) {
   std::cerr << "connex-generate: " << status.message() << "\n";
-  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  return status.code() == absl::StatusCode::kInvalidArgument ? connex::kUsageExitCode : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace connex::engine;
-  std::string model, prompt, prompts_file, log_level;
+  std::string model, prompt, prompts_file;
   bool json = false, ignore_eos = false;
   int stages = 1;
   GenerateOptions options;
@@ -81,26 +82,29 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", sampling.seed, "the sampling seed of every prompt")
       ->capture_default_str();
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
-      ->envname("CONNEX_LOG_LEVEL");
-  try {
-    app.parse(argc, argv);
-    if (prompt_opt->count() == 0 && file_opt->count() == 0) {
-      throw CLI::RequiredError("--prompt or --prompts-file");
-    }
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+  connex::AddLogLevelFlag(app);
+  if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
+        if (prompt_opt->count() == 0 && file_opt->count() == 0) {
+          throw CLI::RequiredError("--prompt or --prompts-file");
+        }
+      })) {
+    return *code;
   }
-  if (!log_level.empty()) connex::Log().set_level(spdlog::level::from_str(log_level));
   options.stop_at_eos = !ignore_eos;
   if (absl::Status ok = sampling.Validate(); !ok.ok()) return Fail(ok);
 
   std::vector<std::vector<int32_t>> prompts;
   if (file_opt->count() > 0) {
+    // A directory opens as a stream that reads nothing: it would run no prompt and exit 0.
+    if (std::error_code ec; std::filesystem::is_directory(prompts_file, ec)) {
+      return Fail(absl::InvalidArgumentError("--prompts-file " + prompts_file +
+                                             ": is a directory, not a file of prompts"));
+    }
     std::ifstream in(prompts_file, std::ios::binary);
     if (!in) return Fail(absl::NotFoundError(prompts_file + ": cannot open the prompts file"));
     std::string line;
     while (std::getline(in, line)) prompts.push_back(Tokenize(line, /*add_bos=*/true));
+    if (in.bad()) return Fail(absl::DataLossError(prompts_file + ": reading the prompts failed"));
   } else {
     prompts.push_back(Tokenize(prompt, /*add_bos=*/true));
   }

@@ -12,6 +12,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_join.h"
+#include "connex/base/cli.h"
 #include "connex/base/config.h"
 #include "connex/base/logging.h"
 #include "connex/base/status.h"
@@ -128,10 +129,7 @@ int main(int argc, char** argv) {
                  "heartbeat interval for `join` (0: what the directory advises)")
       ->envname("CONNEX_HEARTBEAT_MS")
       ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}));
-  std::string log_level = "warn";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
-      ->envname("CONNEX_LOG_LEVEL")
-      ->capture_default_str();
+  connex::AddLogLevelFlag(app, "warn");
 
   bool json = false;
   CLI::App* status =
@@ -183,12 +181,7 @@ int main(int argc, char** argv) {
     }
     break;
   }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  connex::Log().set_level(spdlog::level::from_str(log_level));
+  if (std::optional<int> code = connex::ParseFlags(app, argc, argv)) return *code;
   if (!token_file.empty()) {
     absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(token_file);
     if (!token.ok()) return Fail(Annotate(token.status(), "--token-file"));

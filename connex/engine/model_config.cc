@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
+#include "connex/base/check.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "nlohmann/json.hpp"
@@ -74,6 +75,14 @@ absl::Status ModelConfig::Validate() const {
     return Bad(StrCat("'rms_norm_eps' = ", rms_norm_eps, " must be in (0, 1)"));
   }
   return absl::OkStatus();
+}
+
+std::pair<int64_t, int64_t> ModelConfig::FieldRange(std::string_view name) {
+  for (const IntField& f : kIntFields) {
+    if (name == f.name) return {f.min, f.max};
+  }
+  CONNEX_CHECK(false && "FieldRange of a name that is no integer field of ModelConfig");
+  return {0, 0};
 }
 
 std::map<std::string, std::string, std::less<>> ModelConfig::ToMetadata() const {

@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -32,6 +33,10 @@ struct ModelConfig {
 
   // InvalidArgument naming the first inconsistent field.
   absl::Status Validate() const;
+
+  // The range [min, max] that Validate accepts for integer field `name` (a config.json key such
+  // as "hidden_size"); for range-checking a flag that sets it. `name` must be a field.
+  static std::pair<int64_t, int64_t> FieldRange(std::string_view name);
 
   // The `__metadata__` form: every field as a decimal string, plus "format": "connex-llama".
   std::map<std::string, std::string, std::less<>> ToMetadata() const;

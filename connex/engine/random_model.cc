@@ -1,6 +1,7 @@
 #include "connex/engine/random_model.h"
 
 #include <cmath>
+#include <new>
 #include <vector>
 
 #include "connex/base/status.h"
@@ -68,6 +69,13 @@ TensorDict RandomModelTensors(const ModelConfig& c, uint64_t seed, DType dtype) 
   return out;
 }
 
+int64_t ParameterCount(const ModelConfig& c) {
+  const int64_t d = c.hidden_size;
+  const int64_t per_layer = 2 * d + 2 * d * c.head_dim() * c.num_attention_heads +
+                            2 * d * c.kv_dim() + 3 * d * c.intermediate_size;
+  return per_layer * c.num_hidden_layers + 2 * c.vocab_size * d + d;
+}
+
 absl::Status WriteRandomModel(const std::string& path, const ModelConfig& config, uint64_t seed,
                               DType dtype) {
   CONNEX_RETURN_IF_ERROR(config.Validate());
@@ -75,7 +83,18 @@ absl::Status WriteRandomModel(const std::string& path, const ModelConfig& config
     return absl::InvalidArgumentError(
         StrCat("weights dtype ", DTypeName(dtype), " is not F32, F16 or BF16"));
   }
-  return WriteSafetensors(path, RandomModelTensors(config, seed, dtype), config.ToMetadata());
+  const uint64_t bytes = static_cast<uint64_t>(ParameterCount(config)) * DTypeSize(dtype);
+  if (bytes > kMaxRandomModelBytes) {
+    return absl::InvalidArgumentError(StrCat("the weights would take ", bytes,
+                                             " bytes, over the limit of ", kMaxRandomModelBytes,
+                                             " bytes: fewer layers or smaller dimensions"));
+  }
+  try {
+    return WriteSafetensors(path, RandomModelTensors(config, seed, dtype), config.ToMetadata());
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        StrCat(path, ": out of memory building a checkpoint of ", bytes, " bytes"));
+  }
 }
 
 }  // namespace connex::engine

@@ -18,8 +18,16 @@ namespace connex::engine {
 // deviation 1, norm weights are 1.
 TensorDict RandomModelTensors(const ModelConfig& config, uint64_t seed, DType dtype);
 
+// The number of weights of `config` (every tensor of RandomModelTensors). `config` must be valid.
+int64_t ParameterCount(const ModelConfig& config);
+
+// WriteRandomModel refuses a checkpoint whose weights are larger than this: it builds the model
+// in memory and serialises it, so it needs about twice the file size.
+inline constexpr uint64_t kMaxRandomModelBytes = uint64_t{16} << 30;
+
 // Writes RandomModelTensors(...) to `path` as safetensors with the config in __metadata__.
-// InvalidArgument when the config is invalid; the write's error otherwise.
+// InvalidArgument when the config is invalid or its weights exceed kMaxRandomModelBytes;
+// ResourceExhausted when the memory to build it cannot be allocated; the write's error otherwise.
 absl::Status WriteRandomModel(const std::string& path, const ModelConfig& config, uint64_t seed,
                               DType dtype);
 

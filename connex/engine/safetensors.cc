@@ -112,18 +112,35 @@ absl::StatusOr<SafetensorsHeader> ParseHeaderOrThrow(std::span<const uint8_t> fi
     CONNEX_ASSIGN_OR_RETURN(TensorInfo info, ParseTensorInfo(key, value, data_size));
     header.tensors.emplace(key, std::move(info));
   }
-  // Byte ranges must not overlap (empty tensors excepted).
+  // The tensors tile the data section exactly, as the format requires: no overlap, no hole, no
+  // byte after the last tensor (empty tensors aside). A header length that is off by a few bytes
+  // passes every check above when the header ends in padding, and shifts every tensor; it shows
+  // here as uncovered bytes at the end (or as a tensor beyond the data section).
   std::vector<std::pair<const std::string*, const TensorInfo*>> order;
   for (const auto& [name, info] : header.tensors) {
     if (info.end > info.begin) order.emplace_back(&name, &info);
   }
   std::sort(order.begin(), order.end(),
             [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
-  for (size_t i = 1; i < order.size(); ++i) {
-    if (order[i].second->begin < order[i - 1].second->end) {
+  uint64_t covered = 0;  // the data section is covered up to here
+  for (size_t i = 0; i < order.size(); ++i) {
+    const TensorInfo& info = *order[i].second;
+    if (info.begin < covered) {
       return Bad(StrCat("tensor '", *order[i].first, "': data_offsets overlap tensor '",
                         *order[i - 1].first, "'"));
     }
+    if (info.begin > covered) {
+      return Bad(StrCat("bytes [", covered, ", ", info.begin,
+                        ") of the data section belong to no tensor (a hole before tensor '",
+                        *order[i].first, "')"));
+    }
+    covered = info.end;
+  }
+  if (covered != data_size) {
+    return Bad(StrCat("the data section is ", data_size, " bytes but the tensors cover ", covered,
+                      ": ", data_size - covered,
+                      " trailing bytes belong to no tensor (header length ", header_size,
+                      " does not end where the data starts?)"));
   }
   return header;
 }

@@ -199,6 +199,70 @@ TEST(SafetensorsTest, CorruptHeadersNameTheCulprit) {
               HasSubstr("__metadata__ 'k' is not a string"));
 }
 
+// The tensors must tile the data section: a header length off by one (the header ends in padding,
+// so its JSON still parses) shifts every tensor by a byte and leaves a byte no tensor covers.
+TEST(SafetensorsTest, HeaderLengthMustEndWhereTheDataStarts) {
+  const std::string header = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}  )";
+  std::vector<uint8_t> exact = WithHeader(header, 4);
+  ASSERT_TRUE(ParseSafetensorsHeader(exact).ok());
+  std::vector<uint8_t> short_by_one = exact;
+  short_by_one[0] -= 1;
+  EXPECT_THAT(ParseError(short_by_one),
+              HasSubstr("the data section is 5 bytes but the tensors cover 4: 1 trailing bytes "
+                        "belong to no tensor"));
+  std::vector<uint8_t> long_by_one = exact;
+  long_by_one[0] += 1;
+  EXPECT_FALSE(ParseSafetensorsHeader(long_by_one).ok());
+  // A real checkpoint with its header length one short: refused whatever its last header byte.
+  std::vector<uint8_t> bytes = SerializeSafetensors(SampleTensors(), {{"k", "v"}});
+  ASSERT_TRUE(ParseSafetensorsHeader(bytes).ok());
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | bytes[i];
+  for (int shift : {-8, -1, 1, 8}) {
+    std::vector<uint8_t> off = bytes;
+    for (int i = 0; i < 8; ++i) off[i] = static_cast<uint8_t>((length + shift) >> (8 * i));
+    EXPECT_FALSE(ParseSafetensorsHeader(off).ok()) << shift;
+  }
+}
+
+TEST(SafetensorsTest, EveryDataByteBelongsToExactlyOneTensor) {
+  EXPECT_THAT(ParseError(WithHeader(
+                  R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 12)),
+              HasSubstr("8 trailing bytes belong to no tensor"));
+  EXPECT_THAT(ParseError(WithHeader(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                                        "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                                    12)),
+              HasSubstr("bytes [4, 8) of the data section belong to no tensor (a hole before "
+                        "tensor 'b')"));
+  EXPECT_THAT(
+      ParseError(WithHeader(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8)),
+      HasSubstr("bytes [0, 4)"));
+  EXPECT_THAT(ParseError(WithHeader("{}", 1)), HasSubstr("1 trailing bytes"));
+  // Empty tensors take no bytes and may sit anywhere inside the section.
+  EXPECT_TRUE(ParseSafetensorsHeader(
+                  WithHeader(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                                 "e": {"dtype": "F32", "shape": [0], "data_offsets": [2, 2]}})",
+                             4))
+                  .ok());
+}
+
+TEST(SafetensorsTest, OpenNamesTheFileOfAMisdeclaredHeader) {
+  std::vector<uint8_t> bytes =
+      WithHeader(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}  )", 4);
+  bytes[0] -= 1;
+  std::string path =
+      ::testing::TempDir() + "/short-header." + std::to_string(::getpid()) + ".safetensors";
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+  auto file = SafetensorsFile::Open(path);
+  ::unlink(path.c_str());
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(file.status().message(), HasSubstr(path));
+  EXPECT_THAT(file.status().message(), HasSubstr("belong to no tensor"));
+}
+
 TEST(SafetensorsTest, EveryTruncationIsAnErrorNotACrash) {
   std::vector<uint8_t> bytes = SerializeSafetensors(SampleTensors(), {{"k", "v"}});
   ASSERT_TRUE(ParseSafetensorsHeader(bytes).ok());

@@ -18,6 +18,7 @@
 
 #include "absl/time/time.h"
 #include "connex/base/mutex.h"
+#include "connex/base/wait.h"
 #include "connex/transport/mem/mem_engine.h"
 #include "connex/transport/shm/shm_engine.h"
 #include "connex/transport/testing/peer_server.h"
@@ -371,6 +372,7 @@ TEST_P(ConformanceTest, PeerKilledMidReadFailsPromptlyAndIsReported) {
   ASSERT_TRUE(engine_->Connect(peer_->ref).ok());
   ASSERT_TRUE(rec.WaitFor(PeerEventKind::kConnected, peer_lid_));
   std::atomic<bool> failed{false};
+  std::atomic<int> reads{0};
   absl::Status last;
   std::thread reader([&] {
     auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -381,9 +383,13 @@ TEST_P(ConformanceTest, PeerKilledMidReadFailsPromptlyAndIsReported) {
         failed = true;
         return;
       }
+      ++reads;
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  // Once a 64 MiB read has completed the reader is back-to-back in the next one: the kill lands
+  // mid-read, with the connections up and data flowing.
+  ASSERT_TRUE(WaitUntil([&] { return reads.load() >= 1 || failed.load(); }, 20000));
+  ASSERT_FALSE(failed.load()) << "a read failed before the kill: " << last;
   auto killed_at = std::chrono::steady_clock::now();
   peer_->Kill();
   reader.join();

@@ -1,9 +1,9 @@
 #include "connex/transport/internal/region_table.h"
 
 #include <atomic>
-#include <chrono>
 #include <thread>
 
+#include "connex/base/wait.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -35,14 +35,17 @@ TEST(RegionTableTest, UnregisterWaitsForPins) {
   RegionTable t;
   ASSERT_TRUE(t.Register({0x1000, 0x100}).ok());
   auto pin = std::make_unique<RegionTable::Pin>(t.Acquire(0x1000, 1, "x").value());
-  std::atomic<bool> done{false};
+  std::atomic<bool> done{false}, released{false};
   std::thread th([&] {
     EXPECT_TRUE(t.Unregister(0x1000).ok());
+    EXPECT_TRUE(released.load()) << "Unregister returned while a pin was held";
     done = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  // Unregister has begun once the region takes no new pins (a pin taken before that is released
+  // at once); from then on it must wait for `pin`.
+  ASSERT_TRUE(WaitUntil([&] { return !t.Acquire(0x1000, 1, "x").ok(); }, 10000));
   EXPECT_FALSE(done.load());
-  EXPECT_FALSE(t.Acquire(0x1000, 1, "x").ok());  // no new pins while draining
+  released = true;
   pin.reset();
   th.join();
   EXPECT_TRUE(done.load());

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <new>
 #include <sstream>
 #include <thread>
 
@@ -117,9 +118,30 @@ class Child {
   int to_ = -1, from_ = -1;
 };
 
+// The checks behind the limits of transport_bench.h (the CLI checks its flags first; this keeps a
+// library caller from a crash or a hang).
+absl::Status ValidateSizes(const std::vector<uint64_t>& sizes, double seconds) {
+  if (sizes.empty()) return absl::InvalidArgumentError("no sizes to measure");
+  for (uint64_t size : sizes) {
+    if (size < 1 || size > kMaxBenchBytes) {
+      return absl::InvalidArgumentError(
+          StrCat("size ", size, " is outside [1, ", kMaxBenchBytes, "] bytes"));
+    }
+  }
+  if (!(seconds > 0 && seconds <= kMaxBenchSeconds)) {
+    return absl::InvalidArgumentError(
+        StrCat("seconds ", seconds, " is outside (0, ", kMaxBenchSeconds, "]"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunServe(const TransportOptions& options, uint64_t size) {
+  if (size < 1 || size > kMaxBenchBytes) {
+    return absl::InvalidArgumentError(
+        StrCat("buffer size ", size, " is outside [1, ", kMaxBenchBytes, "] bytes"));
+  }
   CONNEX_ASSIGN_OR_RETURN(TransferEnginePtr engine, CreateTransferEngine(options));
   CONNEX_ASSIGN_OR_RETURN(void* buffer, engine->AllocateManagedBuffer(size));
   auto* bytes = static_cast<uint8_t*>(buffer);
@@ -137,6 +159,11 @@ absl::Status RunServe(const TransportOptions& options, uint64_t size) {
 }
 
 absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions& options) {
+  CONNEX_RETURN_IF_ERROR(ValidateSizes(options.sizes, options.seconds));
+  if (options.inflight < 1 || options.inflight > kMaxBenchInflight) {
+    return absl::InvalidArgumentError(
+        StrCat("inflight ", options.inflight, " is outside [1, ", kMaxBenchInflight, "]"));
+  }
   uint64_t max_size = *std::max_element(options.sizes.begin(), options.sizes.end());
   Child child;
   PeerInfo peer;
@@ -151,7 +178,7 @@ absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions
         StrCat("peer buffer of ", peer.size, " bytes is smaller than ", max_size));
   }
   CONNEX_ASSIGN_OR_RETURN(TransferEnginePtr engine, CreateTransferEngine(options.transport));
-  int threads = std::max(1, options.inflight);
+  const int threads = options.inflight;
   std::vector<void*> locals;
   for (int t = 0; t < threads; ++t) {
     CONNEX_ASSIGN_OR_RETURN(void* b, engine->AllocateManagedBuffer(max_size));
@@ -216,9 +243,18 @@ absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions
   return results;
 }
 
-std::vector<ReadBenchResult> RunMemcpyBench(const std::vector<uint64_t>& sizes, double seconds) {
+absl::StatusOr<std::vector<ReadBenchResult>> RunMemcpyBench(const std::vector<uint64_t>& sizes,
+                                                            double seconds) {
+  CONNEX_RETURN_IF_ERROR(ValidateSizes(sizes, seconds));
   uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  std::vector<uint8_t> src(max_size, 1), dst(max_size, 0);
+  std::vector<uint8_t> src, dst;
+  try {
+    src.assign(max_size, 1);
+    dst.assign(max_size, 0);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        StrCat("cannot allocate two buffers of ", max_size, " bytes for the copies"));
+  }
   std::vector<ReadBenchResult> results;
   for (uint64_t size : sizes) {
     std::vector<double> latencies;
@@ -247,6 +283,10 @@ std::vector<ReadBenchResult> RunMemcpyBench(const std::vector<uint64_t>& sizes, 
 }
 
 absl::StatusOr<DeathBenchResult> RunDeathBench(const DeathBenchOptions& options) {
+  if (options.runs < 1 || options.runs > kMaxBenchRuns) {
+    return absl::InvalidArgumentError(
+        StrCat("runs ", options.runs, " is outside [1, ", kMaxBenchRuns, "]"));
+  }
   CONNEX_ASSIGN_OR_RETURN(TransferEnginePtr engine, CreateTransferEngine(options.transport));
   const PeerEventKind wanted = options.stop ? PeerEventKind::kSuspected : PeerEventKind::kDead;
   Mutex mu;
@@ -311,7 +351,7 @@ absl::StatusOr<DeathBenchResult> RunDeathBench(const DeathBenchOptions& options)
   CONNEX_RETURN_IF_ERROR(status);
   result.p50_ms = Percentile(result.delays_ms, 0.50);
   result.p99_ms = Percentile(result.delays_ms, 0.99);
-  result.max_ms = *std::max_element(result.delays_ms.begin(), result.delays_ms.end());
+  result.max_ms = Percentile(result.delays_ms, 1.0);
   return result;
 }
 

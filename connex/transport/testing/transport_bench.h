@@ -14,6 +14,12 @@
 
 namespace connex::transport::testing {
 
+// Limits of the benchmarks' settings (connex-bench range-checks its flags with them).
+inline constexpr uint64_t kMaxBenchBytes = uint64_t{4} << 30;  // one read, copy or peer buffer
+inline constexpr int kMaxBenchInflight = 256;                  // reader threads
+inline constexpr int kMaxBenchRuns = 10'000;                   // peers killed
+inline constexpr double kMaxBenchSeconds = 3600;               // per size
+
 struct ReadBenchOptions {
   TransportOptions transport;   // the reader's engine (backend, heartbeat, ...)
   std::vector<uint64_t> sizes;  // bytes per read
@@ -31,10 +37,13 @@ struct ReadBenchResult {
   uint64_t reads = 0;
 };
 
+// InvalidArgument: no size, a size, `inflight` or `seconds` outside the limits above.
 absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions& options);
 
 // Single-thread memcpy between two pre-faulted buffers, the same access pattern as an shm read.
-std::vector<ReadBenchResult> RunMemcpyBench(const std::vector<uint64_t>& sizes, double seconds);
+// InvalidArgument as RunReadBench; ResourceExhausted when the buffers cannot be allocated.
+absl::StatusOr<std::vector<ReadBenchResult>> RunMemcpyBench(const std::vector<uint64_t>& sizes,
+                                                            double seconds);
 
 struct DeathBenchOptions {
   TransportOptions transport;
@@ -48,6 +57,7 @@ struct DeathBenchResult {
   double p50_ms = 0, p99_ms = 0, max_ms = 0;
 };
 
+// InvalidArgument: `runs` outside [1, kMaxBenchRuns].
 absl::StatusOr<DeathBenchResult> RunDeathBench(const DeathBenchOptions& options);
 
 // `serve`: a peer with a `size`-byte buffer; prints the --peer line and serves until stdin EOF.

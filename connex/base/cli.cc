@@ -1,0 +1,66 @@
+#include "connex/base/cli.h"
+
+#include <string>
+
+#include "absl/strings/str_split.h"
+#include "connex/base/config.h"
+#include "connex/base/logging.h"
+#include "connex/base/strings.h"
+
+namespace connex {
+
+CLI::Option* AddLogLevelFlag(CLI::App& app, std::string_view default_level) {
+  CLI::Validator names(
+      [](std::string& text) -> std::string {
+        absl::StatusOr<spdlog::level::level_enum> level = ParseLogLevel(text);
+        return level.ok() ? std::string() : std::string(level.status().message());
+      },
+      "LEVEL");
+  return app
+      .add_option_function<std::string>(
+          "--log-level",
+          [](const std::string& text) {
+            absl::StatusOr<spdlog::level::level_enum> level = ParseLogLevel(text);
+            if (level.ok()) Log().set_level(*level);
+          },
+          StrCat("log level: ", kLogLevelNames))
+      ->envname("CONNEX_LOG_LEVEL")
+      ->check(names)
+      ->default_str(std::string(default_level))
+      ->force_callback();
+}
+
+CLI::Validator SizeRange(uint64_t min, uint64_t max, bool list) {
+  return CLI::Validator(
+      [min, max, list](std::string& text) -> std::string {
+        std::vector<std::string> items;
+        if (list) {
+          items = absl::StrSplit(text, ',');
+        } else {
+          items = {text};
+        }
+        for (const std::string& item : items) {
+          absl::StatusOr<uint64_t> size = ParseSize(item);
+          if (!size.ok()) return std::string(size.status().message());
+          if (*size < min || *size > max) {
+            return StrCat(item, " (", *size, " bytes) is outside the limits [", min, ", ", max,
+                          "] bytes");
+          }
+        }
+        return std::string();
+      },
+      list ? "SIZE,..." : "SIZE");
+}
+
+std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv,
+                              const std::function<void()>& also) {
+  try {
+    app.parse(argc, argv);
+    if (also) also();
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kUsageExitCode;
+  }
+  return std::nullopt;
+}
+
+}  // namespace connex

@@ -1,0 +1,38 @@
+// Flag parsing shared by every binary (CLI11): the --log-level flag, size flags with limits, and
+// the exit codes of a parse (0 after --help, 2 for a usage error, in every binary alike).
+// Thread-compatible: binaries call these from main before starting threads.
+#ifndef CONNEX_BASE_CLI_H_
+#define CONNEX_BASE_CLI_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string_view>
+
+#include "CLI/CLI.hpp"
+
+namespace connex {
+
+// The exit code of a usage error (a bad flag or value) in every binary.
+inline constexpr int kUsageExitCode = 2;
+
+// Adds --log-level (variable CONNEX_LOG_LEVEL) to `app`: one of kLogLevelNames, anything else is
+// a usage error naming the accepted names. The level applies while `app` is parsed;
+// `default_level` when neither the flag nor the variable is given.
+CLI::Option* AddLogLevelFlag(CLI::App& app, std::string_view default_level = "info");
+
+// A validator for a size flag (`4096`, `4K`, `64KiB`, `1M`, `1G`: ParseSize) that must lie in
+// [min, max] bytes; with `list`, every item of a comma-separated list must. The message names the
+// value and the limit (CLI11 prefixes the flag).
+CLI::Validator SizeRange(uint64_t min, uint64_t max, bool list = false);
+
+// Parses `argv` into `app`; `also` (optional) runs right after, for checks across flags that
+// throw a CLI::ParseError. Returns nullopt to go on, otherwise the exit code with CLI11's message
+// printed: 0 after --help, kUsageExitCode for any parse or validation error. (CLI11's own
+// `app.exit(e)` returns 105..114 for errors, which scripts cannot tell from a crash.)
+std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv,
+                              const std::function<void()>& also = {});
+
+}  // namespace connex
+
+#endif  // CONNEX_BASE_CLI_H_
