@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake make g++-12 clang-14 libclang-rt-14-dev lld-14 clang-format
+  build-essential cmake make ninja-build g++-12 clang-14 libclang-rt-14-dev lld-14 lld clang-format
   libgtest-dev libgmock-dev libbenchmark-dev
   libabsl-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
   libucx-dev ucx-utils
