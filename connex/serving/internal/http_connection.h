@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
 
 #include "absl/base/thread_annotations.h"
 #include "boost/asio.hpp"

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "boost/asio.hpp"
 #include "boost/beast/core.hpp"
