@@ -179,11 +179,12 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
 };
 
 // Issue 9 finding 7: a node that could not start (a stage outside the pipeline, no stages) hung
-// for ever and ignored SIGTERM; it exits at once with the reason (2: a bad setting).
+// for ever and ignored SIGTERM; it exits at once with the reason (2: a bad setting; the flags
+// are range-checked before anything starts, issue 12).
 TEST_P(PpProcessTest, ANodeThatCannotStartExitsAtOnceNamingWhy) {
   for (auto [stage, stages, why] :
-       {std::tuple{"5", "3", "stage 5 is outside a pipeline of 3 stages"},
-        std::tuple{"0", "0", "stages must be at least 1"}}) {
+       {std::tuple{"5", "3", "--stage: must be below --stages"},
+        std::tuple{"0", "0", "--stages: Value 0 not in range 1 to 1024"}}) {
     auto p = Subprocess::Start({BinDir() + "/pp_test_node", "--directory", bind_, "--backend",
                                 GetParam(), "--model", "pp", "--stage", stage, "--stages", stages},
                                {"CONNEX_LOG_LEVEL=warn"}, /*capture_stderr=*/true);
