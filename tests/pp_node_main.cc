@@ -12,6 +12,7 @@
 #include <random>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "connex/base/cli.h"
 #include "connex/base/logging.h"
 #include "connex/directory/client.h"
@@ -47,8 +48,12 @@ int main(int argc, char** argv) {
   app.add_option("--stage", stage, "this node's stage, < --stages")
       ->check(CLI::Range(0u, 1023u))
       ->capture_default_str();
-  app.add_option("--stages", stages, "stages of the pipeline")
-      ->check(CLI::Range(1u, 1024u))
+  app.add_option("--stages", stages, "stages of the pipeline (1 .. 1024)")
+      ->check([](const std::string& text) -> std::string {
+        uint32_t n = 0;
+        if (absl::SimpleAtoi(text, &n) && n >= 1 && n <= 1024) return "";
+        return "stages must be at least 1 and at most 1024, not " + text;
+      })
       ->capture_default_str();
   app.add_option("--replica", replica, "replica chain")->capture_default_str();
   app.add_option("--requests", requests, "stage 0: requests to submit")
@@ -72,7 +77,11 @@ int main(int argc, char** argv) {
                "(steady clock, microseconds; the same clock in every process of this host)");
   connex::AddLogLevelFlag(app);
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
-        if (stage >= stages) throw CLI::ValidationError("--stage", "must be below --stages");
+        if (stage >= stages) {
+          throw CLI::ValidationError("--stage", "stage " + std::to_string(stage) +
+                                                    " is outside a pipeline of " +
+                                                    std::to_string(stages) + " stages");
+        }
       })) {
     return *code;
   }
