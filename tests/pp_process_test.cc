@@ -183,8 +183,8 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
 // are range-checked before anything starts, issue 12).
 TEST_P(PpProcessTest, ANodeThatCannotStartExitsAtOnceNamingWhy) {
   for (auto [stage, stages, why] :
-       {std::tuple{"5", "3", "--stage: must be below --stages"},
-        std::tuple{"0", "0", "--stages: Value 0 not in range 1 to 1024"}}) {
+       {std::tuple{"5", "3", "stage 5 is outside a pipeline of 3 stages"},
+        std::tuple{"0", "0", "stages must be at least 1"}}) {
     auto p = Subprocess::Start({BinDir() + "/pp_test_node", "--directory", bind_, "--backend",
                                 GetParam(), "--model", "pp", "--stage", stage, "--stages", stages},
                                {"CONNEX_LOG_LEVEL=warn"}, /*capture_stderr=*/true);

@@ -175,8 +175,8 @@ class DirectoryClient::Impl {
       }
     } join_done{this, lid};
     // A previous holder that died keeps the LID until its lease runs out: wait that long.
-    const int64_t give_up_ms = clock_->NowMs() +
-                               (options_.join_waits_for_lease ? lease_ttl_ms_ + heartbeat_ms_ : 0);
+    const int64_t give_up_ms =
+        clock_->NowMs() + (options_.join_waits_for_lease ? lease_ttl_ms_ + heartbeat_ms_ : 0);
     while (true) {
       wire::MapBuilder body;
       body.Str("lid", lid.ToString()).StrList("addresses", addresses).StrMap("metadata", metadata);

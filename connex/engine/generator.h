@@ -1,7 +1,7 @@
-// Generation (greedy, or sampled per request) of several prompts as one continuous batch over a Pipeline: requests join
-// while others decode, prefills may be chunked, and a request's KV cache can be dropped and
-// rebuilt mid-way (recompute) — the reference run that connex-generate prints and that the
-// invariance tests compare. Thread-compatible.
+// Generation (greedy, or sampled per request) of several prompts as one continuous batch over a
+// Pipeline: requests join while others decode, prefills may be chunked, and a request's KV cache
+// can be dropped and rebuilt mid-way (recompute) — the reference run that connex-generate prints
+// and that the invariance tests compare. Thread-compatible.
 #ifndef CONNEX_ENGINE_GENERATOR_H_
 #define CONNEX_ENGINE_GENERATOR_H_
 

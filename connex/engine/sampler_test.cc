@@ -77,7 +77,7 @@ TEST(SampleTokenTest, TopKAndTopPKeepOnlyTheMostProbable) {
   std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
   for (uint64_t p = 0; p < 2000; ++p) {
     ASSERT_NE(SampleToken(logits, Sampled(1.0f, 1, /*top_k=*/2), p), 2);
-    ASSERT_EQ(SampleToken(logits, Sampled(1.0f, /*top_p=*/0.5f), p), 0);  // 0.5 reaches 0.5
+    ASSERT_EQ(SampleToken(logits, Sampled(1.0f, /*top_p=*/0.5f), p), 0);   // 0.5 reaches 0.5
     ASSERT_NE(SampleToken(logits, Sampled(1.0f, /*top_p=*/0.75f), p), 2);  // 0.5 + 0.3 reach it
   }
 }

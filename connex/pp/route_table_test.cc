@@ -4,8 +4,8 @@
 #include "connex/pp/route_table.h"
 
 #include "connex/base/wait.h"
-#include "connex/pp/signal_transport.h"
 #include "connex/directory/testing/test_directory.h"
+#include "connex/pp/signal_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -83,13 +83,13 @@ std::string ErrorEnvelope(int http_status, std::string_view message, std::string
                           {"type", std::string(ErrorTypeOf(http_status))},
                           {"param", NullIfEmpty(param)},
                           {"code", NullIfEmpty(code)}};
-  return nlohmann::json{{"error", std::move(error)}}.dump(
-      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return nlohmann::json{{"error", std::move(error)}}.dump(-1, ' ', false,
+                                                          nlohmann::json::error_handler_t::replace);
 }
 
 std::string ErrorEnvelope(const absl::Status& status) {
-  return ErrorEnvelope(HttpStatusOf(status), AsStd(status.message()),
-                       ApiParam(status).value_or(""), ApiCode(status).value_or(""));
+  return ErrorEnvelope(HttpStatusOf(status), AsStd(status.message()), ApiParam(status).value_or(""),
+                       ApiCode(status).value_or(""));
 }
 
 }  // namespace connex::serving

@@ -28,8 +28,8 @@ absl::StatusOr<size_t> EnvSize(std::string_view name, size_t default_value, size
   if (!text) return default_value;
   absl::StatusOr<uint64_t> size = ParseSize(*text);
   if (!size.ok() || *size < min || *size > max) {
-    return absl::InvalidArgumentError(AsAbsl(
-        StrCat(name, "='", *text, "' is not a size in [", min, ", ", max, "] bytes")));
+    return absl::InvalidArgumentError(
+        AsAbsl(StrCat(name, "='", *text, "' is not a size in [", min, ", ", max, "] bytes")));
   }
   return static_cast<size_t>(*size);
 }
@@ -42,9 +42,8 @@ constexpr int kMaxRefusing = 1024;
 
 absl::StatusOr<HttpServerOptions> HttpServerOptions::FromEnv() {
   HttpServerOptions o;
-  CONNEX_ASSIGN_OR_RETURN(o.max_header_bytes,
-                          EnvSize("CONNEX_HTTP_MAX_HEADER_BYTES", o.max_header_bytes, 1024,
-                                  1 << 20));
+  CONNEX_ASSIGN_OR_RETURN(o.max_header_bytes, EnvSize("CONNEX_HTTP_MAX_HEADER_BYTES",
+                                                      o.max_header_bytes, 1024, 1 << 20));
   CONNEX_ASSIGN_OR_RETURN(o.max_body_bytes, EnvSize("CONNEX_HTTP_MAX_BODY_BYTES", o.max_body_bytes,
                                                     1024, size_t{1} << 30));
   CONNEX_ASSIGN_OR_RETURN(o.read_timeout_ms,
@@ -54,7 +53,8 @@ absl::StatusOr<HttpServerOptions> HttpServerOptions::FromEnv() {
   CONNEX_ASSIGN_OR_RETURN(int64_t connections,
                           EnvInt("CONNEX_HTTP_MAX_CONNECTIONS", o.max_connections, 1, 1'000'000));
   o.max_connections = static_cast<int>(connections);
-  CONNEX_ASSIGN_OR_RETURN(int64_t threads, EnvInt("CONNEX_HTTP_THREADS", o.handler_threads, 1, 256));
+  CONNEX_ASSIGN_OR_RETURN(int64_t threads,
+                          EnvInt("CONNEX_HTTP_THREADS", o.handler_threads, 1, 256));
   o.handler_threads = static_cast<int>(threads);
   CONNEX_ASSIGN_OR_RETURN(o.drain_timeout_ms, EnvInt("CONNEX_HTTP_DRAIN_TIMEOUT_MS",
                                                      o.drain_timeout_ms, 0, 86'400'000));
@@ -108,8 +108,8 @@ class BeastHttpServer final : public HttpServer {
     if (!ec) acceptor_->bind(endpoint, ec);
     if (!ec) acceptor_->listen(net::socket_base::max_listen_connections, ec);
     if (ec) {
-      return absl::UnavailableError(AsAbsl(
-          StrCat("http: cannot listen on ", options_.host, ":", options_.port, ": ", ec.message())));
+      return absl::UnavailableError(AsAbsl(StrCat("http: cannot listen on ", options_.host, ":",
+                                                  options_.port, ": ", ec.message())));
     }
     port_ = acceptor_->local_endpoint(ec).port();
     return absl::OkStatus();
@@ -183,17 +183,21 @@ class BeastHttpServer final : public HttpServer {
   }
 
   internal::ConnectionContext Context() {
-    return internal::ConnectionContext{
-        options_, handler_, core_, pool_, requests_, [this] { return stopping_; },
-        [this](internal::ConnectionHandle* c) {
-          auto it = connections_.find(c);
-          if (it != connections_.end()) {
-            --(it->second ? refusing_ : serving_);
-            connections_.erase(it);
-          }
-          MutexLock lock(&mu_);
-          --open_;
-        }};
+    return internal::ConnectionContext{options_,
+                                       handler_,
+                                       core_,
+                                       pool_,
+                                       requests_,
+                                       [this] { return stopping_; },
+                                       [this](internal::ConnectionHandle* c) {
+                                         auto it = connections_.find(c);
+                                         if (it != connections_.end()) {
+                                           --(it->second ? refusing_ : serving_);
+                                           connections_.erase(it);
+                                         }
+                                         MutexLock lock(&mu_);
+                                         --open_;
+                                       }};
   }
 
   void Accept() {
@@ -261,8 +265,8 @@ class BeastHttpServer final : public HttpServer {
 absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpServer(const HttpServerOptions& options,
                                                             HttpHandler handler) {
   if (!handler) return absl::InvalidArgumentError("http: a handler is required");
-  if (options.max_connections < 1 || options.handler_threads < 1 ||
-      options.read_timeout_ms < 1 || options.write_timeout_ms < 1) {
+  if (options.max_connections < 1 || options.handler_threads < 1 || options.read_timeout_ms < 1 ||
+      options.write_timeout_ms < 1) {
     return absl::InvalidArgumentError(
         "http: max_connections, handler_threads and the timeouts must be positive");
   }

@@ -30,7 +30,7 @@ namespace connex::serving {
 // The limits are the CONNEX_HTTP_* variables of docs/configuration.md.
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
-  uint16_t port = 0;  // 0: pick a free port (HttpServer::port() tells which)
+  uint16_t port = 0;                    // 0: pick a free port (HttpServer::port() tells which)
   size_t max_header_bytes = 16 * 1024;  // request line and headers; more is a 431
   size_t max_body_bytes = 1 << 20;      // more is a 413, refused before the body is read
   // A request (head and body) must arrive whole within this time from when the connection is

@@ -29,8 +29,7 @@ void Echo(std::shared_ptr<HttpExchange> exchange) {
 }
 
 std::unique_ptr<HttpServer> Start(HttpServerOptions options, HttpHandler handler) {
-  absl::StatusOr<std::unique_ptr<HttpServer>> server =
-      StartHttpServer(options, std::move(handler));
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = StartHttpServer(options, std::move(handler));
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? std::move(*server) : nullptr;
 }
@@ -129,9 +128,10 @@ TEST(HttpServerTest, ServesOnAFreePortWithKeepAlive) {
 TEST(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
   std::unique_ptr<HttpServer> server = Start({}, Echo);
   TestConnection c(server->port());
-  ASSERT_TRUE(c.SendRaw("GET /a HTTP/1.1\r\nHost: t\r\n\r\n"
-                        "POST /b HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi"
-                        "GET /c HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"));
+  ASSERT_TRUE(
+      c.SendRaw("GET /a HTTP/1.1\r\nHost: t\r\n\r\n"
+                "POST /b HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi"
+                "GET /c HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"));
   for (std::string expected : {"GET /a ", "POST /b hi", "GET /c "}) {
     std::optional<Response> r = c.Read();
     ASSERT_TRUE(r.has_value()) << expected;
@@ -142,7 +142,8 @@ TEST(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
 
 TEST(HttpServerTest, HeadersReachTheHandler) {
   std::unique_ptr<HttpServer> server = Start({}, [](std::shared_ptr<HttpExchange> exchange) {
-    exchange->Respond(HttpResponse{201, "text/plain",
+    exchange->Respond(HttpResponse{201,
+                                   "text/plain",
                                    std::string(exchange->request().Header("x-CUSTOM")),
                                    {{"X-Reply", "yes"}}});
   });
@@ -182,11 +183,11 @@ TEST(HttpServerTest, StreamsChunksAsTheyAreProduced) {
 
 TEST(HttpServerTest, MalformedRequestsGet400AndTheServerGoesOn) {
   std::unique_ptr<HttpServer> server = Start({}, Echo);
-  for (std::string bad : {std::string("GARBAGE\r\n\r\n"),
-                          std::string("GET / HTTP/1.1\r\nBad Header Line\r\n\r\n"),
-                          std::string("GET / HTTP/9.9\r\n\r\n"),
-                          std::string("POST / HTTP/1.1\r\nContent-Length: abc\r\n\r\n"),
-                          std::string("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")}) {
+  for (std::string bad :
+       {std::string("GARBAGE\r\n\r\n"), std::string("GET / HTTP/1.1\r\nBad Header Line\r\n\r\n"),
+        std::string("GET / HTTP/9.9\r\n\r\n"),
+        std::string("POST / HTTP/1.1\r\nContent-Length: abc\r\n\r\n"),
+        std::string("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")}) {
     TestConnection c(server->port());
     ASSERT_TRUE(c.SendRaw(bad));
     std::optional<Response> r = c.Read();
@@ -206,8 +207,10 @@ TEST(HttpServerTest, OversizedBodyIs413WithoutReadingIt) {
   {
     // 100 MB announced; the client sends a first slice and then waits for the answer.
     TestConnection c(server->port());
-    ASSERT_TRUE(c.SendRaw("POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 100000000"
-                          "\r\n\r\n" + std::string(64 * 1024, 'x')));
+    ASSERT_TRUE(
+        c.SendRaw("POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 100000000"
+                  "\r\n\r\n" +
+                  std::string(64 * 1024, 'x')));
     std::optional<Response> r = c.Read();
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->result_int(), 413u);
@@ -241,8 +244,9 @@ TEST(HttpServerTest, OversizedBodyIs413WithoutReadingIt) {
 TEST(HttpServerTest, ExpectContinueIsAnswered) {
   std::unique_ptr<HttpServer> server = Start({}, Echo);
   TestConnection c(server->port());
-  ASSERT_TRUE(c.SendRaw("POST /x HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
-                        "Content-Length: 5\r\n\r\n"));
+  ASSERT_TRUE(
+      c.SendRaw("POST /x HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
+                "Content-Length: 5\r\n\r\n"));
   std::optional<Response> interim = c.Read();
   ASSERT_TRUE(interim.has_value());
   EXPECT_EQ(interim->result_int(), 100u);
