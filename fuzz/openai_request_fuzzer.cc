@@ -32,8 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ChunkBuilder chunks(header, request->include_usage);
     (void)chunks.Delta(streamed, request->prompt_token_ids, request->prompt_token_ids,
                        FinishReason::kStop);
-    (void)CompletionResponse(header, Completion{streamed, {}, request->prompt_token_ids,
-                                                FinishReason::kLength});
+    (void)CompletionResponse(
+        header, Completion{streamed, {}, request->prompt_token_ids, FinishReason::kLength});
   }
   return 0;
 }

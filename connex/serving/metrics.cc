@@ -70,11 +70,17 @@ std::string_view TypeName(MetricType type) {
 template <typename Series>
 constexpr MetricType TypeOf();
 template <>
-constexpr MetricType TypeOf<Counter>() { return MetricType::kCounter; }
+constexpr MetricType TypeOf<Counter>() {
+  return MetricType::kCounter;
+}
 template <>
-constexpr MetricType TypeOf<Gauge>() { return MetricType::kGauge; }
+constexpr MetricType TypeOf<Gauge>() {
+  return MetricType::kGauge;
+}
 template <>
-constexpr MetricType TypeOf<Histogram>() { return MetricType::kHistogram; }
+constexpr MetricType TypeOf<Histogram>() {
+  return MetricType::kHistogram;
+}
 
 template <typename Series>
 std::unique_ptr<Series> NewSeries(const std::vector<double>& bounds) {
@@ -173,11 +179,11 @@ Family<Series>::Family(std::string name, std::string help, std::vector<std::stri
                        std::vector<double> bounds)
     : FamilyBase(std::move(name), std::move(help), TypeOf<Series>(), std::move(label_names)),
       bounds_(std::move(bounds)) {
-  CheckOrDie(std::is_sorted(bounds_.begin(), bounds_.end()) &&
-                 std::adjacent_find(bounds_.begin(), bounds_.end()) == bounds_.end() &&
-                 std::all_of(bounds_.begin(), bounds_.end(),
-                             [](double b) { return std::isfinite(b); }),
-             StrCat("histogram '", name_, "' needs finite, strictly ascending bounds"));
+  CheckOrDie(
+      std::is_sorted(bounds_.begin(), bounds_.end()) &&
+          std::adjacent_find(bounds_.begin(), bounds_.end()) == bounds_.end() &&
+          std::all_of(bounds_.begin(), bounds_.end(), [](double b) { return std::isfinite(b); }),
+      StrCat("histogram '", name_, "' needs finite, strictly ascending bounds"));
   // A family without labels has its one series from the start, so it renders as 0.
   MutexLock lock(&mu_);
   if (label_names_.empty()) series_.emplace(std::vector<std::string>{}, NewSeries<Series>(bounds_));
@@ -200,7 +206,8 @@ void Family<Series>::Render(std::string* out) const {
     if constexpr (std::is_same_v<Series, Histogram>) {
       Histogram::Snapshot snap = series->snapshot();
       for (size_t i = 0; i < snap.cumulative.size(); ++i) {
-        std::string le = StrCat("le=\"", i < bounds_.size() ? FormatValue(bounds_[i]) : "+Inf", "\"");
+        std::string le =
+            StrCat("le=\"", i < bounds_.size() ? FormatValue(bounds_[i]) : "+Inf", "\"");
         *out += StrCat(name_, "_bucket", LabelSet(values, le), " ", snap.cumulative[i], "\n");
       }
       *out += StrCat(name_, "_sum", LabelSet(values), " ", FormatValue(snap.sum), "\n");

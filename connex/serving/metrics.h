@@ -1,6 +1,7 @@
 // Metrics: a small Prometheus registry — counters, gauges and fixed-bucket histograms, each a
 // family of series keyed by label values — rendered in the Prometheus text exposition format
-// (version 0.0.4: `# HELP`, `# TYPE`, `name{label="value"} number`, histograms as `_bucket{le=...}`,
+// (version 0.0.4: `# HELP`, `# TYPE`, `name{label="value"} number`, histograms as
+// `_bucket{le=...}`,
 // `_sum`, `_count`). What /metrics of connex-stage and connex-proxy serves.
 //
 // Thread-safe: families are registered and series looked up, updated and rendered from any thread.
@@ -149,7 +150,8 @@ class MetricsRegistry {
   std::vector<std::unique_ptr<FamilyBase>> families_ ABSL_GUARDED_BY(mu_);
 };
 
-inline constexpr std::string_view kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
+inline constexpr std::string_view kPrometheusContentType =
+    "text/plain; version=0.0.4; charset=utf-8";
 
 }  // namespace connex::serving
 

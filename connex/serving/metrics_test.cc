@@ -58,11 +58,10 @@ TEST(MetricsTest, CountersWithLabelsAndGauges) {
   EXPECT_EQ(e.samples["connex_request_success_total{finished_reason=\"stop\"}"], "3");
   EXPECT_EQ(e.samples["connex_request_success_total{finished_reason=\"length\"}"], "1");
   EXPECT_EQ(e.samples["connex_requests_running"], "2");
-  EXPECT_THAT(e.comments,
-              ElementsAre("# HELP connex_request_success_total Requests that finished.",
-                          "# TYPE connex_request_success_total counter",
-                          "# HELP connex_requests_running Requests running now.",
-                          "# TYPE connex_requests_running gauge"));
+  EXPECT_THAT(e.comments, ElementsAre("# HELP connex_request_success_total Requests that finished.",
+                                      "# TYPE connex_request_success_total counter",
+                                      "# HELP connex_requests_running Requests running now.",
+                                      "# TYPE connex_requests_running gauge"));
   // Registering again returns the same family.
   EXPECT_EQ(&registry.AddGauge("connex_requests_running", "again"), &running);
   EXPECT_EQ(success.WithLabels({"stop"}).value(), 3.0);
@@ -92,16 +91,15 @@ TEST(MetricsTest, HistogramBucketsAreCumulative) {
   EXPECT_EQ(e.samples[n + "_count"], "5");
   EXPECT_DOUBLE_EQ(std::stod(e.samples[n + "_sum"]), 3.15);
   EXPECT_THAT(e.order, ElementsAre(n + "_bucket{le=\"0.1\"}", n + "_bucket{le=\"0.5\"}",
-                                   n + "_bucket{le=\"1\"}", n + "_bucket{le=\"+Inf\"}",
-                                   n + "_sum", n + "_count"));
+                                   n + "_bucket{le=\"1\"}", n + "_bucket{le=\"+Inf\"}", n + "_sum",
+                                   n + "_count"));
   EXPECT_EQ(e.comments[1], "# TYPE " + n + " histogram");
 }
 
 TEST(MetricsTest, LabelledHistogramAndEscaping) {
   MetricsRegistry registry;
-  HistogramFamily& latency =
-      registry.AddHistogram("connex_e2e_request_latency_seconds", "Line one\nand \\ two.",
-                            LatencyBuckets(), {"route"});
+  HistogramFamily& latency = registry.AddHistogram(
+      "connex_e2e_request_latency_seconds", "Line one\nand \\ two.", LatencyBuckets(), {"route"});
   latency.WithLabels({"a\"b\\c\nd"}).Observe(0.002);
   std::string text = registry.Render();
   Exposition e = Parse(text);
@@ -112,15 +110,14 @@ TEST(MetricsTest, LabelledHistogramAndEscaping) {
   EXPECT_EQ(e.samples["connex_e2e_request_latency_seconds_bucket{route=\"a\\\"b\\\\c\\nd\","
                       "le=\"0.005\"}"],
             "1");
-  EXPECT_EQ(e.samples["connex_e2e_request_latency_seconds_count{route=\"a\\\"b\\\\c\\nd\"}"],
-            "1");
+  EXPECT_EQ(e.samples["connex_e2e_request_latency_seconds_count{route=\"a\\\"b\\\\c\\nd\"}"], "1");
 }
 
 TEST(MetricsTest, ConcurrentUpdatesAreAllCounted) {
   MetricsRegistry registry;
   CounterFamily& tokens = registry.AddCounter("connex_generation_tokens_total", "Tokens.");
-  HistogramFamily& itl = registry.AddHistogram("connex_inter_token_latency_seconds", "ITL.",
-                                               {0.5}, {"stage"});
+  HistogramFamily& itl =
+      registry.AddHistogram("connex_inter_token_latency_seconds", "ITL.", {0.5}, {"stage"});
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {

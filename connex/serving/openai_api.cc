@@ -63,9 +63,9 @@ absl::StatusOr<Json> ParseBody(std::string_view body, int max_depth) {
   try {
     Json parsed = Json::parse(body.begin(), body.end(), depth_guard);
     if (!parsed.is_object()) {
-      return InvalidRequest("", "invalid_type",
-                            StrCat("the request body must be a JSON object, got ",
-                                   TypeName(parsed)));
+      return InvalidRequest(
+          "", "invalid_type",
+          StrCat("the request body must be a JSON object, got ", TypeName(parsed)));
     }
     return parsed;
   } catch (const TooDeep&) {
@@ -337,8 +337,8 @@ absl::Status ParseSampling(const FieldReader& fields, CompletionRequest* request
 
 absl::Status ParseLength(const FieldReader& fields, const RequestLimits& limits,
                          CompletionRequest* request) {
-  int64_t max = limits.max_tokens_limit > 0 ? limits.max_tokens_limit
-                                            : std::numeric_limits<int32_t>::max();
+  int64_t max =
+      limits.max_tokens_limit > 0 ? limits.max_tokens_limit : std::numeric_limits<int32_t>::max();
   CONNEX_ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens, fields.Int("max_tokens", 1, max));
   request->max_tokens = max_tokens.value_or(limits.default_max_tokens);
   if (request->endpoint == Endpoint::kChatCompletions) {
@@ -403,8 +403,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(Endpoint endpoint, std:
 
   // The model is checked last so that a malformed request is a 400 whatever its model.
   if (!limits.models.empty() &&
-      std::find(limits.models.begin(), limits.models.end(), request.model) ==
-          limits.models.end()) {
+      std::find(limits.models.begin(), limits.models.end(), request.model) == limits.models.end()) {
     return ModelNotFound(request.model);
   }
   return request;

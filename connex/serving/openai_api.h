@@ -65,7 +65,8 @@ struct CompletionRequest {
 // Parses `body` as a request to `endpoint`. Unknown fields are ignored, as OpenAI does; fields
 // OpenAI defines that Connex does not implement (logprobs, echo, best_of > 1, logit_bias, tools,
 // response_format other than text, n > 1, suffix, penalties other than 0, ...) are refused with
-// code "unsupported_parameter" or "unsupported_value". A JSON `null` is the same as an absent field.
+// code "unsupported_parameter" or "unsupported_value". A JSON `null` is the same as an absent
+// field.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(Endpoint endpoint, std::string_view body,
                                                          const RequestLimits& limits);
 

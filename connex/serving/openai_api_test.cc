@@ -87,8 +87,7 @@ TEST(OpenAiApiTest, PromptForms) {
                 "unsupported_value");
   ExpectRefused(Completions(R"({"model": "tiny", "prompt": [[1], [2]]})"), 400, "prompt",
                 "unsupported_value");
-  ExpectRefused(Completions(R"({"model": "tiny", "prompt": []})"), 400, "prompt",
-                "invalid_value");
+  ExpectRefused(Completions(R"({"model": "tiny", "prompt": []})"), 400, "prompt", "invalid_value");
   ExpectRefused(Completions(R"({"model": "tiny", "prompt": [[]]})"), 400, "prompt",
                 "invalid_value");
   ExpectRefused(Completions(R"({"model": "tiny", "prompt": [1, "a"]})"), 400, "prompt",
@@ -151,8 +150,7 @@ TEST(OpenAiApiTest, RangesAndTypes) {
   ExpectRefused(with(R"("stop": ["a", "b", "c", "d", "e"])"), 400, "stop", "invalid_value");
   ExpectRefused(with(R"("stop": [""])"), 400, "stop", "invalid_value");
   ExpectRefused(with(R"("stop": [1])"), 400, "stop", "invalid_type");
-  ExpectRefused(with(R"("stop": ")" + std::string(257, 'x') + "\""), 400, "stop",
-                "invalid_value");
+  ExpectRefused(with(R"("stop": ")" + std::string(257, 'x') + "\""), 400, "stop", "invalid_value");
   ExpectRefused(with(R"("user": 7)"), 400, "user", "invalid_type");
   RequestLimits limits = Limits();
   limits.max_tokens_limit = 100;
@@ -231,7 +229,8 @@ TEST(OpenAiApiTest, ErrorEnvelopeNamesTheField) {
   EXPECT_EQ(envelope["error"]["type"], "invalid_request_error");
   EXPECT_EQ(envelope["error"]["param"], "top_p");
   EXPECT_EQ(envelope["error"]["code"], "invalid_value");
-  EXPECT_THAT(envelope["error"]["message"].get<std::string>(), HasSubstr("'top_p' must be in (0, 1]"));
+  EXPECT_THAT(envelope["error"]["message"].get<std::string>(),
+              HasSubstr("'top_p' must be in (0, 1]"));
   envelope = nlohmann::json::parse(ErrorEnvelope(absl::InternalError("boom")));
   EXPECT_EQ(envelope["error"]["type"], "server_error");
   EXPECT_TRUE(envelope["error"]["param"].is_null());

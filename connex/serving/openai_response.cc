@@ -15,9 +15,7 @@ std::string Dump(const Json& json) {
   return json.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-bool IsChat(const ResponseHeader& header) {
-  return header.endpoint == Endpoint::kChatCompletions;
-}
+bool IsChat(const ResponseHeader& header) { return header.endpoint == Endpoint::kChatCompletions; }
 
 Json Envelope(const ResponseHeader& header, std::string_view object) {
   return Json{{"id", header.id},
@@ -37,7 +35,9 @@ Json UsageJson(const Usage& usage) {
               {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
 }
 
-Json Ids(std::span<const int32_t> ids) { return Json(std::vector<int32_t>(ids.begin(), ids.end())); }
+Json Ids(std::span<const int32_t> ids) {
+  return Json(std::vector<int32_t>(ids.begin(), ids.end()));
+}
 
 }  // namespace
 
@@ -76,7 +76,8 @@ ChunkBuilder::ChunkBuilder(ResponseHeader header, bool include_usage)
 std::string ChunkBuilder::Delta(std::string_view text, std::span<const int32_t> token_ids,
                                 std::span<const int32_t> prompt_token_ids,
                                 std::optional<FinishReason> finish) {
-  Json choice = {{"index", 0}, {"finish_reason", FinishJson(finish)}, {"token_ids", Ids(token_ids)}};
+  Json choice = {
+      {"index", 0}, {"finish_reason", FinishJson(finish)}, {"token_ids", Ids(token_ids)}};
   if (first_) choice["prompt_token_ids"] = Ids(prompt_token_ids);
   if (IsChat(header_)) {
     Json delta = Json::object();
@@ -108,7 +109,8 @@ std::string ChunkBuilder::ErrorEvent(const absl::Status& status) {
 std::string ModelsResponse(std::span<const std::string> models, int64_t created) {
   Json data = Json::array();
   for (const std::string& model : models) {
-    data.push_back({{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "connex"}});
+    data.push_back(
+        {{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "connex"}});
   }
   return Dump(Json{{"object", "list"}, {"data", std::move(data)}});
 }

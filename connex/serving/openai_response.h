@@ -32,8 +32,8 @@ struct Usage {
 // What every response and chunk of one request repeats.
 struct ResponseHeader {
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string id;        // MakeResponseId
-  int64_t created = 0;   // Unix seconds
+  std::string id;       // MakeResponseId
+  int64_t created = 0;  // Unix seconds
   std::string model;
 };
 

@@ -46,8 +46,8 @@ TEST(OpenAiResponseTest, NonStreamingCompletionAndChat) {
   EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(body["choices"][0]["token_ids"], Json({104, 105, 33}));
   EXPECT_EQ(body["choices"][0]["prompt_token_ids"], Json({256, 72}));
-  EXPECT_EQ(body["usage"], Json({{"prompt_tokens", 2}, {"completion_tokens", 3},
-                                 {"total_tokens", 5}}));
+  EXPECT_EQ(body["usage"],
+            Json({{"prompt_tokens", 2}, {"completion_tokens", 3}, {"total_tokens", 5}}));
 
   completion.finish_reason = FinishReason::kStop;
   body = Json::parse(CompletionResponse(Header(Endpoint::kChatCompletions), completion));
@@ -111,8 +111,8 @@ TEST(OpenAiResponseTest, ErrorEventModelsAndHealth) {
   Json list = Json::parse(ModelsResponse(models, 5));
   EXPECT_EQ(list["object"], "list");
   ASSERT_EQ(list["data"].size(), 2u);
-  EXPECT_EQ(list["data"][1], Json({{"id", "small"}, {"object", "model"}, {"created", 5},
-                                   {"owned_by", "connex"}}));
+  EXPECT_EQ(list["data"][1],
+            Json({{"id", "small"}, {"object", "model"}, {"created", 5}, {"owned_by", "connex"}}));
   EXPECT_EQ(Json::parse(HealthResponse(true, "")), Json({{"status", "ok"}}));
   EXPECT_EQ(Json::parse(HealthResponse(false, "stage 1 missing"))["reason"], "stage 1 missing");
 }

@@ -39,9 +39,10 @@ TEST(ScanForStopTest, NeverCutsAUtf8Character) {
   EXPECT_EQ(CompleteUtf8Prefix("a" + euro), 4u);
   EXPECT_EQ(CompleteUtf8Prefix("a" + euro.substr(0, 2)), 1u);
   EXPECT_EQ(CompleteUtf8Prefix("a" + euro.substr(0, 1)), 1u);
-  EXPECT_EQ(CompleteUtf8Prefix("a\xC3"), 1u);          // first of two bytes
-  EXPECT_EQ(CompleteUtf8Prefix("a\xC3\xA9"), 3u);      // é
-  EXPECT_EQ(CompleteUtf8Prefix("a\x80\x80\x80\x80"), 5u);  // stray continuations: nothing to wait for
+  EXPECT_EQ(CompleteUtf8Prefix("a\xC3"), 1u);      // first of two bytes
+  EXPECT_EQ(CompleteUtf8Prefix("a\xC3\xA9"), 3u);  // é
+  EXPECT_EQ(CompleteUtf8Prefix("a\x80\x80\x80\x80"),
+            5u);  // stray continuations: nothing to wait for
   EXPECT_EQ(CompleteUtf8Prefix(""), 0u);
   EXPECT_EQ(ScanForStop("ok" + euro.substr(0, 2), {}).safe_length, 2u);
 }

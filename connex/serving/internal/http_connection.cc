@@ -76,12 +76,10 @@ void HttpExchange::Written(size_t bytes) {
   pending_bytes_ -= std::min(bytes, pending_bytes_);
 }
 
-
 namespace internal {
 
 // One client connection. Every member is used on the I/O thread only.
-class Connection final : public ConnectionHandle,
-                         public std::enable_shared_from_this<Connection> {
+class Connection final : public ConnectionHandle, public std::enable_shared_from_this<Connection> {
  public:
   Connection(ConnectionContext server, tcp::socket socket)
       : server_(std::move(server)),
@@ -133,7 +131,9 @@ class Connection final : public ConnectionHandle,
     Queue(Write{Write::kHead, nullptr, {}, false});
   }
 
-  void WriteChunk(std::string data) { Queue(Write{Write::kChunk, nullptr, std::move(data), false}); }
+  void WriteChunk(std::string data) {
+    Queue(Write{Write::kChunk, nullptr, std::move(data), false});
+  }
   void WriteLastChunk() { Queue(Write{Write::kLast, nullptr, {}, true}); }
 
   void ClientGone() {
@@ -182,8 +182,9 @@ class Connection final : public ConnectionHandle,
     parser_->body_limit(server_.options.max_body_bytes);
     if (!keep_alive_ && requests_ > 0) return GracefulClose();
     ArmReadDeadline(server_.options.read_timeout_ms);
-    http::async_read_header(socket_, buffer_, *parser_,
-                            [self = shared_from_this()](ErrorCode ec, size_t) { self->OnHead(ec); });
+    http::async_read_header(
+        socket_, buffer_, *parser_,
+        [self = shared_from_this()](ErrorCode ec, size_t) { self->OnHead(ec); });
   }
 
   void OnHead(ErrorCode ec) {
@@ -230,11 +231,11 @@ class Connection final : public ConnectionHandle,
                         "request_too_large");
     }
     if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
-      return WriteError(431,
-                        StrCat("the request line and headers are larger than ",
-                               server_.options.max_header_bytes,
-                               " bytes (CONNEX_HTTP_MAX_HEADER_BYTES)"),
-                        "headers_too_large");
+      return WriteError(
+          431,
+          StrCat("the request line and headers are larger than ", server_.options.max_header_bytes,
+                 " bytes (CONNEX_HTTP_MAX_HEADER_BYTES)"),
+          "headers_too_large");
     }
     if (ec == http::error::end_of_stream || ec == net::error::eof ||
         ec == net::error::connection_reset || ec == net::error::operation_aborted ||
@@ -262,9 +263,9 @@ class Connection final : public ConnectionHandle,
     }
     request.body = std::move(message.body());
     response_complete_ = false;
-    exchange_ = std::make_shared<HttpExchange>(HttpExchange::Passkey(), server_.core,
-                                               weak_from_this(), std::move(request),
-                                               server_.options.max_pending_write_bytes);
+    exchange_ =
+        std::make_shared<HttpExchange>(HttpExchange::Passkey(), server_.core, weak_from_this(),
+                                       std::move(request), server_.options.max_pending_write_bytes);
     Monitor();
     net::post(server_.pool, [handler = &server_.handler, exchange = exchange_] {
       try {
@@ -272,7 +273,8 @@ class Connection final : public ConnectionHandle,
       } catch (const std::exception& e) {
         CONNEX_LOG_ERROR("http: handler of {} {} threw: {}", exchange->request().method,
                          exchange->request().target, e.what());
-        exchange->Respond(HttpResponse{500, "application/json",
+        exchange->Respond(HttpResponse{500,
+                                       "application/json",
                                        ErrorEnvelope(500, "internal error", "", "internal_error"),
                                        {}});
       }
@@ -285,10 +287,9 @@ class Connection final : public ConnectionHandle,
   void Monitor() {
     if (monitor_pending_ || buffer_.size() >= server_.options.max_header_bytes) return;
     monitor_pending_ = true;
-    socket_.async_read_some(buffer_.prepare(4096),
-                            [self = shared_from_this()](ErrorCode ec, size_t n) {
-                              self->OnMonitor(ec, n);
-                            });
+    socket_.async_read_some(
+        buffer_.prepare(4096),
+        [self = shared_from_this()](ErrorCode ec, size_t n) { self->OnMonitor(ec, n); });
   }
 
   void OnMonitor(ErrorCode ec, size_t n) {
@@ -306,8 +307,8 @@ class Connection final : public ConnectionHandle,
     keep_alive_ = false;
     phase_ = Phase::kHandling;
     response_complete_ = false;
-    WriteResponse(HttpResponse{status, "application/json", ErrorEnvelope(status, message, "", code),
-                               {}});
+    WriteResponse(
+        HttpResponse{status, "application/json", ErrorEnvelope(status, message, "", code), {}});
   }
 
   void Queue(Write write) {
@@ -385,12 +386,12 @@ class Connection final : public ConnectionHandle,
       phase_ = Phase::kLingering;
       ArmReadDeadline(std::min(kMaxLingerMs, server_.options.read_timeout_ms));
     }
-    socket_.async_read_some(net::buffer(discard_), [self = shared_from_this()](ErrorCode ec,
-                                                                               size_t) {
-      if (self->phase_ == Phase::kClosed) return;
-      if (ec) return self->Close();
-      self->Linger();
-    });
+    socket_.async_read_some(net::buffer(discard_),
+                            [self = shared_from_this()](ErrorCode ec, size_t) {
+                              if (self->phase_ == Phase::kClosed) return;
+                              if (ec) return self->Close();
+                              self->Linger();
+                            });
   }
 
   void Close() {
@@ -426,7 +427,6 @@ class Connection final : public ConnectionHandle,
   std::optional<http::response_serializer<http::empty_body>> stream_serializer_;
   std::array<char, 4096> discard_;
 };
-
 
 std::shared_ptr<ConnectionHandle> NewConnection(ConnectionContext context, tcp::socket socket) {
   return std::make_shared<Connection>(std::move(context), std::move(socket));

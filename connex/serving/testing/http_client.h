@@ -38,8 +38,9 @@ class TestConnection {
             const std::string& extra_headers = "") {
     std::string request = method + " " + target + " HTTP/1.1\r\nHost: test\r\n" + extra_headers;
     if (!body.empty() || method == "POST") {
-      request += "Content-Type: application/json\r\nContent-Length: " +
-                 std::to_string(body.size()) + "\r\n";
+      request +=
+          "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+          "\r\n";
     }
     return SendRaw(request + "\r\n" + body);
   }
@@ -47,35 +48,31 @@ class TestConnection {
   // The next whole response, or nullopt when the connection closed (or the bound passed) first.
   std::optional<Response> Read() {
     Response response;
-    boost::system::error_code ec = Bounded([&](auto done) {
-      http::async_read(socket_, buffer_, response, std::move(done));
-    });
+    boost::system::error_code ec =
+        Bounded([&](auto done) { http::async_read(socket_, buffer_, response, std::move(done)); });
     if (ec) return std::nullopt;
     return response;
   }
 
   // For streams: reads the head, then body bytes as they come.
   bool ReadHead() {
-    return !Bounded([&](auto done) {
-      http::async_read_header(socket_, buffer_, parser_, std::move(done));
-    });
+    return !Bounded(
+        [&](auto done) { http::async_read_header(socket_, buffer_, parser_, std::move(done)); });
   }
   // Reads until the streamed body so far contains `needle`; false when it ended or broke first.
   bool ReadUntil(const std::string& needle) {
     while (parser_.get().body().find(needle) == std::string::npos) {
       if (parser_.is_done()) return false;
-      boost::system::error_code ec = Bounded([&](auto done) {
-        http::async_read_some(socket_, buffer_, parser_, std::move(done));
-      });
+      boost::system::error_code ec = Bounded(
+          [&](auto done) { http::async_read_some(socket_, buffer_, parser_, std::move(done)); });
       if (ec) return false;
     }
     return true;
   }
   // Reads the rest of a streamed response.
   bool ReadToEnd() {
-    return !Bounded([&](auto done) {
-      http::async_read(socket_, buffer_, parser_, std::move(done));
-    });
+    return !Bounded(
+        [&](auto done) { http::async_read(socket_, buffer_, parser_, std::move(done)); });
   }
   http::response_parser<http::string_body>& parser() { return parser_; }
 
