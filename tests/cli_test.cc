@@ -158,6 +158,7 @@ const std::vector<std::vector<std::string>>& HelpCommands() {
       {"connex-directory", "--help"},
       {"connex-generate", "--help"},
       {"connex-mkmodel", "--help"},
+      {"connex-stage", "--help"},
       {"connexctl", "--help"},
       {"connexctl", "status", "--help"},
       {"connexctl", "watch", "--help"},
@@ -188,6 +189,8 @@ TEST_F(CliTest, EveryBinaryValidatesLogLevelAndExitsTwoOnUsageErrors) {
       if (binary == "connex-mkmodel") args.insert(args.end(), {"--out", "unused"});
       if (binary == "connex-generate")
         args.insert(args.end(), {"--model", "unused", "--prompt", "x"});
+      if (binary == "connex-stage")
+        args.insert(args.end(), {"--model", "unused", "--stage", "0", "--stages", "1"});
       return args;
     };
     // "bogus" used to turn logging off (spdlog maps unknown names to off), or was refused as an

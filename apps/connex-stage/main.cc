@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "connex/base/cli.h"
 #include "connex/base/logging.h"
 #include "connex/serving/listen_address.h"
 #include "connex/serving/openai_server.h"
@@ -59,15 +60,8 @@ int main(int argc, char** argv) {
       ->envname("CONNEX_DEFAULT_MAX_TOKENS")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
-  std::string log_level;
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
-      ->envname("CONNEX_LOG_LEVEL");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  if (!log_level.empty()) connex::Log().set_level(spdlog::level::from_str(log_level));
+  connex::AddLogLevelFlag(app);
+  if (std::optional<int> exit = connex::ParseFlags(app, argc, argv)) return *exit;
   connex::serving::OpenAiServerOptions api;
   api.default_max_tokens = default_max_tokens;
   if (!http.empty()) {
