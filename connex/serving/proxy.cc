@@ -1,0 +1,883 @@
+#include "connex/serving/proxy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <span>
+#include <thread>
+#include <unordered_set>
+
+#include "boost/asio.hpp"
+#include "boost/beast/core.hpp"
+#include "boost/beast/http.hpp"
+#include "connex/base/logging.h"
+#include "connex/base/mutex.h"
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
+#include "connex/serving/api_error.h"
+#include "connex/serving/listen_address.h"
+#include "connex/serving/metrics.h"
+#include "connex/serving/openai_api.h"
+#include "connex/serving/openai_response.h"
+#include "connex/serving/router.h"
+#include "nlohmann/json.hpp"
+
+namespace connex::serving {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using Json = nlohmann::json;
+using SteadyClock = std::chrono::steady_clock;
+
+// An upstream error body (before the stream) or event larger than this is a broken upstream.
+constexpr size_t kMaxUpstreamMessageBytes = 1 << 20;
+// A replica whose connection failed is not picked again for this long (unless it is the only
+// way forward and the wait ran out): the directory drops a dead one within a lease.
+constexpr int64_t kReplicaDownMs = 1'000;
+constexpr int64_t kFirstBackoffMs = 50;
+constexpr int64_t kMaxBackoffMs = 1'000;
+
+int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             SteadyClock::now().time_since_epoch())
+      .count();
+}
+
+int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The body of one upstream attempt: the client's request with the proxy's seed, always
+// streamed with usage; a resume sends the prompt's token ids plus those delivered, to
+// /v1/completions, with what is left of max_tokens.
+std::string UpstreamBody(const CompletionRequest& r, std::span<const int32_t> resume_prompt,
+                         int64_t max_tokens) {
+  Json body = Json::object();
+  body["model"] = r.model;
+  if (!resume_prompt.empty()) {
+    body["prompt"] = std::vector<int32_t>(resume_prompt.begin(), resume_prompt.end());
+  } else if (r.endpoint == Endpoint::kChatCompletions) {
+    Json messages = Json::array();
+    for (const ChatMessage& m : r.messages) {
+      messages.push_back({{"role", m.role}, {"content", m.content}});
+    }
+    body["messages"] = std::move(messages);
+  } else if (r.prompt_text) {
+    body["prompt"] = *r.prompt_text;
+  } else {
+    body["prompt"] = r.prompt_token_ids;
+  }
+  body["max_tokens"] = max_tokens;
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  if (!r.stop.empty()) body["stop"] = r.stop;
+  if (r.seed) body["seed"] = *r.seed;
+  body["temperature"] = r.temperature;
+  body["top_p"] = r.top_p;
+  if (r.top_k > 0) body["top_k"] = r.top_k;
+  return body.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// One event of an upstream stream.
+struct UpstreamEvent {
+  enum class Kind { kChunk, kUsage, kDone, kError } kind = Kind::kChunk;
+  // kChunk
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::vector<int32_t> prompt_token_ids;
+  std::optional<FinishReason> finish;
+  // kError: the envelope as sent, and whether it is the server's fault (worth a retry).
+  std::string error_json;
+  std::string error_message;
+  bool server_error = false;
+};
+
+std::vector<int32_t> TokenIds(const Json& value) {
+  std::vector<int32_t> out;
+  if (!value.is_array()) return out;
+  out.reserve(value.size());
+  for (const Json& v : value) {
+    if (v.is_number_integer()) out.push_back(v.get<int32_t>());
+  }
+  return out;
+}
+
+// `data` is what follows "data: " in one event.
+absl::StatusOr<UpstreamEvent> ParseUpstreamEvent(std::string_view data) {
+  UpstreamEvent event;
+  if (data == "[DONE]") {
+    event.kind = UpstreamEvent::Kind::kDone;
+    return event;
+  }
+  Json json = Json::parse(data, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) {
+    return absl::DataLossError(StrCat("an event that is not a JSON object: ",
+                                      data.substr(0, std::min<size_t>(data.size(), 80))));
+  }
+  if (auto error = json.find("error"); error != json.end()) {
+    event.kind = UpstreamEvent::Kind::kError;
+    event.error_json = std::string(data);
+    if (error->is_object()) {
+      if (auto m = error->find("message"); m != error->end() && m->is_string()) {
+        event.error_message = m->get<std::string>();
+      }
+      auto type = error->find("type");
+      event.server_error = type != error->end() && type->is_string() && *type == "server_error";
+    }
+    return event;
+  }
+  auto choices = json.find("choices");
+  if (choices == json.end() || !choices->is_array()) {
+    return absl::DataLossError("a chunk without choices");
+  }
+  if (choices->empty()) {
+    event.kind = UpstreamEvent::Kind::kUsage;
+    return event;
+  }
+  const Json& choice = (*choices)[0];
+  if (!choice.is_object()) return absl::DataLossError("a choice that is not an object");
+  if (auto text = choice.find("text"); text != choice.end() && text->is_string()) {
+    event.text = text->get<std::string>();
+  } else if (auto delta = choice.find("delta"); delta != choice.end() && delta->is_object()) {
+    if (auto content = delta->find("content"); content != delta->end() && content->is_string()) {
+      event.text = content->get<std::string>();
+    }
+  }
+  if (auto ids = choice.find("token_ids"); ids != choice.end()) event.token_ids = TokenIds(*ids);
+  if (auto ids = choice.find("prompt_token_ids"); ids != choice.end()) {
+    event.prompt_token_ids = TokenIds(*ids);
+  }
+  if (auto finish = choice.find("finish_reason"); finish != choice.end() && finish->is_string()) {
+    event.finish = *finish == "stop" ? FinishReason::kStop : FinishReason::kLength;
+  }
+  return event;
+}
+
+}  // namespace
+
+absl::Status ProxyOptions::Validate() const {
+  if (model.empty()) return absl::InvalidArgumentError("--model: the served model's name is empty");
+  if (retry_budget_ms < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("retry budget ", retry_budget_ms, " ms must not be negative"));
+  }
+  if (max_attempts < 1) {
+    return absl::InvalidArgumentError(StrCat("max attempts ", max_attempts, " must be at least 1"));
+  }
+  if (default_max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        StrCat("default max_tokens ", default_max_tokens, " must be at least 1"));
+  }
+  if (connect_timeout_ms < 1 || idle_timeout_ms < 1) {
+    return absl::InvalidArgumentError("the connect and idle timeouts must be at least 1 ms");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<Replica> StageZeroReplicas(const std::vector<directory::Record>& view,
+                                       std::string_view model) {
+  std::vector<Replica> out;
+  for (const directory::Record& r : view) {
+    if (r.lid.model != model || r.lid.group != 0) continue;
+    auto http_address = r.metadata.find("http");
+    if (http_address == r.metadata.end() || http_address->second.empty()) continue;
+    out.push_back(Replica{StrCat(r.lid.ToString(), "@", r.epoch), http_address->second});
+  }
+  return out;
+}
+
+absl::StatusOr<uint64_t> WatchReplicas(directory::DirectoryClient& directory,
+                                       const std::string& model, ResumeProxy& proxy) {
+  CONNEX_RETURN_IF_ERROR(directory.Watch(model));
+  auto update = [&directory, &proxy, model] {
+    proxy.SetReplicas(StageZeroReplicas(directory.View(model, 0), model));
+  };
+  const uint64_t id = directory.Subscribe([update](const directory::Event&) { update(); });
+  update();
+  return id;
+}
+
+class ResumeProxy::Impl {
+ public:
+  explicit Impl(ProxyOptions options)
+      : options_(std::move(options)),
+        work_(asio::make_work_guard(io_)),
+        created_(UnixSeconds()) {
+    std::random_device rd;
+    next_id_ = (static_cast<uint64_t>(rd()) << 24) | 1;
+    running_ = &metrics_.AddGauge("connex_requests_running", "Requests being answered").Get();
+    replicas_gauge_ =
+        &metrics_.AddGauge("connex_proxy_replicas", "Stage-0 replicas known from the directory")
+             .Get();
+    prompt_tokens_ =
+        &metrics_.AddCounter("connex_prompt_tokens_total", "Prompt tokens of answered requests")
+             .Get();
+    generation_tokens_ =
+        &metrics_.AddCounter("connex_generation_tokens_total", "Tokens delivered to clients").Get();
+    ttft_ = &metrics_
+                 .AddHistogram("connex_time_to_first_token_seconds",
+                               "From a request's arrival to its first token", LatencyBuckets())
+                 .Get();
+    itl_ = &metrics_
+                .AddHistogram("connex_inter_token_latency_seconds",
+                              "Between two tokens of one request (resumes included)",
+                              LatencyBuckets())
+                .Get();
+    e2e_ = &metrics_
+                .AddHistogram("connex_e2e_request_latency_seconds",
+                              "From a request's arrival to its end", LatencyBuckets())
+                .Get();
+    success_ = &metrics_.AddCounter("connex_request_success_total",
+                                    "Requests that completed, by finish reason",
+                                    {"finished_reason"});
+    failures_ = &metrics_
+                     .AddCounter("connex_request_failure_total",
+                                 "Requests that ended with an error after their retries")
+                     .Get();
+    retries_ = &metrics_
+                    .AddCounter("connex_proxy_retries_total",
+                                "Upstream attempts made after a replica failed a request")
+                    .Get();
+    resumes_ = &metrics_
+                    .AddCounter("connex_proxy_resumes_total",
+                                "Retries that continued a response already under way")
+                    .Get();
+  }
+
+  absl::Status Start() {
+    for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+      router_.Add("POST", std::string(EndpointPath(endpoint)),
+                  [this, endpoint](std::shared_ptr<HttpExchange> x) { Accept(endpoint, x); });
+    }
+    router_.Add("GET", "/v1/models", [this](std::shared_ptr<HttpExchange> x) {
+      std::vector<std::string> models = {options_.model};
+      x->Respond(JsonResponse(200, ModelsResponse(models, created_)));
+    });
+    router_.Add("GET", "/health", [this](std::shared_ptr<HttpExchange> x) {
+      const size_t n = replicas().size();
+      const bool ok = n > 0;
+      x->Respond(JsonResponse(
+          ok ? 200 : 503,
+          HealthResponse(ok, ok ? "" : StrCat("no stage-0 replica of ", options_.model,
+                                              " is registered in the directory"))));
+    });
+    router_.Add("GET", "/metrics", [this](std::shared_ptr<HttpExchange> x) {
+      HttpResponse r;
+      r.content_type = std::string(kPrometheusContentType);
+      r.body = metrics_.Render();
+      x->Respond(std::move(r));
+    });
+    io_thread_ = std::thread([this] { io_.run(); });
+    absl::StatusOr<std::unique_ptr<HttpServer>> http =
+        StartHttpServer(options_.http, router_.AsHandler());
+    if (!http.ok()) {
+      StopIo();
+      return http.status();
+    }
+    http_ = *std::move(http);
+    return absl::OkStatus();
+  }
+
+  ~Impl() { Stop(); }
+
+  void Stop() {
+    if (http_) http_->Stop();  // cancels the exchanges left after the drain
+    StopIo();
+  }
+
+  std::string address() const { return http_->address(); }
+
+  void SetReplicas(std::vector<Replica> replicas) {
+    {
+      MutexLock lock(&mu_);
+      if (replicas == replicas_) return;
+      for (const Replica& r : replicas) {
+        if (std::find(replicas_.begin(), replicas_.end(), r) == replicas_.end()) {
+          CONNEX_LOG_INFO("proxy: replica {} at {}", r.name, r.http_address);
+        }
+      }
+      replicas_ = std::move(replicas);
+      replicas_gauge_->Set(static_cast<double>(replicas_.size()));
+    }
+    asio::post(io_, [this] { WakeWaiting(); });
+  }
+
+  std::vector<Replica> replicas() const {
+    MutexLock lock(&mu_);
+    return replicas_;
+  }
+
+  Stats stats() const {
+    MutexLock lock(&mu_);
+    return stats_;
+  }
+
+ private:
+  // One upstream attempt of a request: a connection to one replica and its streamed answer.
+  struct Attempt {
+    explicit Attempt(asio::io_context& io) : stream(io) {}
+    beast::tcp_stream stream;
+    beast::flat_buffer buffer;
+    http::request<http::string_body> request;
+    http::response_parser<http::string_body> parser;
+    Replica replica;
+    std::string events;  // streamed bytes not yet split into events
+    bool streaming = false;
+    bool over = false;  // closed; late completions are ignored
+  };
+
+  // One client request. Touched on the I/O thread only (after Accept posts it there).
+  struct Proxied {
+    explicit Proxied(asio::io_context& io) : wait(io) {}
+    uint64_t id = 0;
+    std::shared_ptr<HttpExchange> exchange;
+    CompletionRequest request;
+    ResponseHeader header;
+    std::optional<ChunkBuilder> chunks;  // the client streams
+    std::vector<int32_t> prompt;         // from the first chunk of the first attempt that sent one
+    std::vector<int32_t> tokens;         // delivered to the client
+    std::string text;                    // delivered (non-streaming: the response's text)
+    std::optional<FinishReason> finish;
+    bool stream_started = false;
+    bool first_chunk_sent = false;
+    bool ended = false;
+    int attempts = 0;
+    std::optional<SteadyClock::time_point> outage_deadline;  // set by a failure, cleared by progress
+    int64_t backoff_ms = 0;
+    std::string avoid;  // the replica that failed last
+    std::string last_error;
+    std::shared_ptr<Attempt> attempt;
+    asio::steady_timer wait;  // backing off / waiting for a replica
+    bool waiting = false;
+    int64_t start_us = 0;
+    int64_t last_token_us = 0;
+  };
+  using ProxiedPtr = std::shared_ptr<Proxied>;
+  using AttemptPtr = std::shared_ptr<Attempt>;
+
+  struct ReplicaState {
+    int inflight = 0;
+    SteadyClock::time_point down_until{};
+  };
+
+  void StopIo() {
+    if (!io_thread_.joinable()) return;
+    asio::post(io_, [this] {
+      // Whatever the HTTP server's stop left (it cancelled every open exchange) ends now.
+      std::vector<ProxiedPtr> live(live_.begin(), live_.end());
+      for (const ProxiedPtr& p : live) Cancel(p);
+    });
+    work_.reset();
+    io_thread_.join();
+  }
+
+  // ---- handler threads ----
+
+  void Accept(Endpoint endpoint, const std::shared_ptr<HttpExchange>& exchange) {
+    RequestLimits limits;
+    limits.models = {options_.model};
+    limits.vocab_size = int64_t{1} << 31;  // the replicas check ids against their vocabulary
+    limits.default_max_tokens = options_.default_max_tokens;
+    absl::StatusOr<CompletionRequest> parsed =
+        ParseCompletionRequest(endpoint, exchange->request().body, limits);
+    if (!parsed.ok()) {
+      exchange->Respond(ErrorResponse(parsed.status()));
+      return;
+    }
+    auto p = std::make_shared<Proxied>(io_);
+    p->request = *std::move(parsed);
+    if (!p->request.seed) {
+      // Chosen here, once, so that every attempt samples the same tokens at the same positions.
+      std::random_device rd;
+      p->request.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    }
+    p->exchange = exchange;
+    p->start_us = NowUs();
+    {
+      MutexLock lock(&mu_);
+      p->id = next_id_++;
+      ++stats_.requests;
+    }
+    p->header = ResponseHeader{endpoint, MakeResponseId(endpoint, p->id), UnixSeconds(),
+                               options_.model};
+    if (p->request.stream) p->chunks.emplace(p->header, p->request.include_usage);
+    running_->Increment();
+    asio::post(io_, [this, p] {
+      live_.insert(p);
+      StartAttempt(p);
+    });
+    std::weak_ptr<Proxied> weak = p;
+    exchange->OnCancel([this, weak] {
+      asio::post(io_, [this, weak] {
+        if (ProxiedPtr p = weak.lock()) Cancel(p);
+      });
+    });
+  }
+
+  // ---- I/O thread ----
+
+  // The least busy live replica, preferring one other than the last to fail; nullopt when none
+  // is up.
+  std::optional<Replica> PickReplica(const Proxied& p) {
+    std::vector<Replica> replicas = this->replicas();
+    const SteadyClock::time_point now = SteadyClock::now();
+    const Replica* best = nullptr;
+    auto better = [&](const Replica& r) {
+      if (best == nullptr) return true;
+      const bool r_avoided = r.name == p.avoid;
+      const bool best_avoided = best->name == p.avoid;
+      if (r_avoided != best_avoided) return best_avoided;
+      return state_[r.name].inflight < state_[best->name].inflight;
+    };
+    for (const Replica& r : replicas) {
+      if (state_[r.name].down_until > now) continue;
+      if (better(r)) best = &r;
+    }
+    // Forget the state of replicas that left.
+    for (auto it = state_.begin(); it != state_.end();) {
+      const bool known = std::any_of(replicas.begin(), replicas.end(),
+                                     [&](const Replica& r) { return r.name == it->first; });
+      it = known || it->second.inflight > 0 ? std::next(it) : state_.erase(it);
+    }
+    if (best == nullptr) return std::nullopt;
+    return *best;
+  }
+
+  // When the earliest replica that is down comes back, if any does.
+  std::optional<SteadyClock::time_point> NextReplicaUp() {
+    std::optional<SteadyClock::time_point> next;
+    for (const Replica& r : replicas()) {
+      auto it = state_.find(r.name);
+      if (it == state_.end()) continue;
+      if (!next || it->second.down_until < *next) next = it->second.down_until;
+    }
+    return next;
+  }
+
+  void StartAttempt(const ProxiedPtr& p) {
+    if (p->ended) return;
+    const int64_t left = p->request.max_tokens - static_cast<int64_t>(p->tokens.size());
+    if (left <= 0) {  // the replica died between the last token and the end of its stream
+      p->finish = p->finish.value_or(FinishReason::kLength);
+      return Complete(p);
+    }
+    std::optional<Replica> replica = PickReplica(*p);
+    if (!replica) {
+      if (!p->outage_deadline) {
+        p->outage_deadline = SteadyClock::now() + std::chrono::milliseconds(options_.retry_budget_ms);
+        p->last_error = StrCat("no stage-0 replica of ", options_.model, " is registered");
+      }
+      return WaitAndRetry(p, /*alternative=*/false);
+    }
+    if (p->attempts >= options_.max_attempts) return GiveUp(p);
+    ++p->attempts;
+    {
+      MutexLock lock(&mu_);
+      ++stats_.attempts;
+    }
+    auto a = std::make_shared<Attempt>(io_);
+    a->replica = *replica;
+    ++state_[a->replica.name].inflight;
+    p->attempt = a;
+
+    // A resume continues from the prompt's tokens plus those delivered.
+    std::vector<int32_t> resume_prompt;
+    const bool resume = !p->tokens.empty();
+    Endpoint endpoint = p->request.endpoint;
+    if (resume) {
+      resume_prompt = p->prompt;
+      resume_prompt.insert(resume_prompt.end(), p->tokens.begin(), p->tokens.end());
+      endpoint = Endpoint::kCompletions;
+    }
+    a->request.method(http::verb::post);
+    a->request.target(std::string(EndpointPath(endpoint)));
+    a->request.version(11);
+    a->request.set(http::field::host, a->replica.http_address);
+    a->request.set(http::field::content_type, "application/json");
+    a->request.set(http::field::accept, "text/event-stream");
+    a->request.body() = UpstreamBody(p->request, resume_prompt, left);
+    a->request.prepare_payload();
+    // A stream's bytes are consumed as they come, so its length is not bounded here (not
+    // boost::none: Beast 1.74 then refuses every body with a Content-Length).
+    a->parser.body_limit(std::numeric_limits<uint64_t>::max());
+    a->parser.header_limit(16 * 1024);
+
+    HttpServerOptions parsed;
+    absl::Status address = ParseListenAddress("http", a->replica.http_address, &parsed);
+    boost::system::error_code ec;
+    asio::ip::address ip = asio::ip::make_address(parsed.host, ec);
+    if (!address.ok() || ec || parsed.port == 0) {
+      return AttemptFailed(p, a, StrCat("its API address ", a->replica.http_address,
+                                        " is not a numeric HOST:PORT"));
+    }
+    a->stream.expires_after(std::chrono::milliseconds(options_.connect_timeout_ms));
+    a->stream.async_connect(tcp::endpoint(ip, parsed.port), [this, p, a](beast::error_code ec) {
+      if (a->over) return;
+      if (ec) return AttemptFailed(p, a, StrCat("connect: ", ec.message()));
+      a->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
+      http::async_write(a->stream, a->request, [this, p, a](beast::error_code ec, size_t) {
+        if (a->over) return;
+        if (ec) return AttemptFailed(p, a, StrCat("sending the request: ", ec.message()));
+        a->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
+        http::async_read_header(
+            a->stream, a->buffer, a->parser, [this, p, a](beast::error_code ec, size_t) {
+              if (a->over) return;
+              if (ec) return AttemptFailed(p, a, StrCat("reading the answer: ", ec.message()));
+              a->streaming = a->parser.get().result_int() == 200;
+              Read(p, a);
+            });
+      });
+    });
+  }
+
+  void Read(const ProxiedPtr& p, const AttemptPtr& a) {
+    if (a->parser.is_done()) return AttemptEnded(p, a);
+    a->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
+    http::async_read_some(a->stream, a->buffer, a->parser,
+                          [this, p, a](beast::error_code ec, size_t) {
+                            if (a->over) return;
+                            std::string& body = a->parser.get().body();
+                            if (a->streaming) {
+                              a->events.append(body);
+                              body.clear();
+                              if (!TakeEvents(p, a)) return;  // the attempt is over
+                            } else if (body.size() > kMaxUpstreamMessageBytes) {
+                              return AttemptFailed(p, a, "an error body over 1 MiB");
+                            }
+                            if (a->parser.is_done()) return AttemptEnded(p, a);
+                            if (ec) {
+                              return AttemptFailed(p, a,
+                                                   StrCat("the stream broke: ", ec.message()));
+                            }
+                            Read(p, a);
+                          });
+  }
+
+  // Splits what was streamed into events and acts on each. False when the attempt is over.
+  bool TakeEvents(const ProxiedPtr& p, const AttemptPtr& a) {
+    size_t start = 0;
+    while (true) {
+      size_t end = a->events.find("\n\n", start);
+      if (end == std::string::npos) break;
+      std::string_view block(a->events.data() + start, end - start);
+      start = end + 2;
+      for (size_t line_start = 0; line_start < block.size();) {
+        size_t line_end = block.find('\n', line_start);
+        if (line_end == std::string_view::npos) line_end = block.size();
+        std::string_view line = block.substr(line_start, line_end - line_start);
+        line_start = line_end + 1;
+        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+        if (line.rfind("data:", 0) != 0) continue;  // comments, other SSE fields
+        line.remove_prefix(5);
+        if (!line.empty() && line.front() == ' ') line.remove_prefix(1);
+        if (!OnEvent(p, a, line)) return false;
+      }
+    }
+    a->events.erase(0, start);
+    if (a->events.size() > kMaxUpstreamMessageBytes) {
+      AttemptFailed(p, a, "an event over 1 MiB");
+      return false;
+    }
+    return true;
+  }
+
+  bool OnEvent(const ProxiedPtr& p, const AttemptPtr& a, std::string_view data) {
+    absl::StatusOr<UpstreamEvent> event = ParseUpstreamEvent(data);
+    if (!event.ok()) {
+      AttemptFailed(p, a, std::string(event.status().message()));
+      return false;
+    }
+    switch (event->kind) {
+      case UpstreamEvent::Kind::kUsage:
+        return true;
+      case UpstreamEvent::Kind::kDone:
+        CloseAttempt(p, a);
+        Complete(p);
+        return false;
+      case UpstreamEvent::Kind::kError:
+        if (event->server_error) {
+          AttemptFailed(p, a, StrCat("it answered: ", event->error_message));
+        } else {
+          CloseAttempt(p, a);
+          FailWith(p, 400, event->error_json);  // the request's fault (invalid_request_error)
+        }
+        return false;
+      case UpstreamEvent::Kind::kChunk:
+        break;
+    }
+    if (p->prompt.empty()) p->prompt = event->prompt_token_ids;
+    if (event->finish) p->finish = event->finish;
+    if (event->text.empty() && event->token_ids.empty() && !event->finish) return true;
+    const int64_t now = NowUs();
+    for (size_t i = 0; i < event->token_ids.size(); ++i) {
+      if (p->tokens.empty() && i == 0) {
+        ttft_->Observe(static_cast<double>(now - p->start_us) / 1e6);
+      } else {
+        itl_->Observe(static_cast<double>(now - p->last_token_us) / 1e6 /
+                      static_cast<double>(event->token_ids.size()));
+      }
+    }
+    if (!event->token_ids.empty()) {
+      p->last_token_us = now;
+      generation_tokens_->Increment(static_cast<double>(event->token_ids.size()));
+      // Progress: a later failure starts a new outage, with a new budget.
+      p->outage_deadline.reset();
+      p->backoff_ms = 0;
+    }
+    p->tokens.insert(p->tokens.end(), event->token_ids.begin(), event->token_ids.end());
+    p->text += event->text;
+    if (p->chunks) {
+      if (!p->stream_started) {
+        p->stream_started = true;
+        if (!p->exchange->StartStream()) {
+          Cancel(p);
+          return false;
+        }
+      }
+      std::span<const int32_t> prompt_ids;
+      if (!p->first_chunk_sent) prompt_ids = p->prompt;
+      p->first_chunk_sent = true;
+      if (!p->exchange->Send(p->chunks->Delta(event->text, event->token_ids, prompt_ids,
+                                              event->finish))) {
+        Cancel(p);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // The upstream's HTTP message ended (streaming or not).
+  void AttemptEnded(const ProxiedPtr& p, const AttemptPtr& a) {
+    const int status = a->parser.get().result_int();
+    if (a->streaming) {
+      if (p->finish) {  // only [DONE] was missing
+        CloseAttempt(p, a);
+        return Complete(p);
+      }
+      return AttemptFailed(p, a, "the stream ended before its last chunk");
+    }
+    std::string body = std::move(a->parser.get().body());
+    if (status >= 500 || status == 429) {
+      Json envelope = Json::parse(body, nullptr, false);
+      std::string message = body.substr(0, 200);
+      if (envelope.is_object() && envelope.contains("error") && envelope["error"].is_object() &&
+          envelope["error"].contains("message") && envelope["error"]["message"].is_string()) {
+        message = envelope["error"]["message"].get<std::string>();
+      }
+      return AttemptFailed(p, a, StrCat("HTTP ", status, ": ", message));
+    }
+    // The replica refused the request itself: that is the client's answer.
+    CloseAttempt(p, a);
+    FailWith(p, status, std::move(body));
+  }
+
+  void CloseAttempt(const ProxiedPtr& p, const AttemptPtr& a) {
+    if (a->over) return;
+    a->over = true;
+    beast::error_code ignored;
+    a->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    a->stream.close();
+    auto it = state_.find(a->replica.name);
+    if (it != state_.end()) --it->second.inflight;
+    if (p->attempt == a) p->attempt.reset();
+  }
+
+  void AttemptFailed(const ProxiedPtr& p, const AttemptPtr& a, std::string why) {
+    if (a->over) return;
+    CloseAttempt(p, a);
+    if (p->ended) return;
+    state_[a->replica.name].down_until =
+        SteadyClock::now() + std::chrono::milliseconds(kReplicaDownMs);
+    p->avoid = a->replica.name;
+    p->last_error = StrCat("replica ", a->replica.name, " at ", a->replica.http_address, ": ", why);
+    CONNEX_LOG_WARN("proxy: request {} ({} tokens delivered): {}", p->header.id, p->tokens.size(),
+                    p->last_error);
+    if (!p->outage_deadline) {
+      p->outage_deadline = SteadyClock::now() + std::chrono::milliseconds(options_.retry_budget_ms);
+    }
+    {
+      MutexLock lock(&mu_);
+      ++stats_.retries;
+      if (!p->tokens.empty()) ++stats_.resumes;
+    }
+    retries_->Increment();
+    if (!p->tokens.empty()) resumes_->Increment();
+    WaitAndRetry(p, /*alternative=*/PickReplica(*p).has_value());
+  }
+
+  // Retries now when another replica is up, else after a backoff (or when the replica set
+  // changes), within the outage's deadline and the attempts.
+  void WaitAndRetry(const ProxiedPtr& p, bool alternative) {
+    const SteadyClock::time_point now = SteadyClock::now();
+    if (p->attempts >= options_.max_attempts ||
+        (p->outage_deadline && now >= *p->outage_deadline)) {
+      return GiveUp(p);
+    }
+    if (alternative && p->backoff_ms == 0) {
+      p->backoff_ms = kFirstBackoffMs;
+      asio::post(io_, [this, p] { StartAttempt(p); });
+      return;
+    }
+    p->backoff_ms = std::clamp(p->backoff_ms * 2, kFirstBackoffMs, kMaxBackoffMs);
+    SteadyClock::time_point at = now + std::chrono::milliseconds(p->backoff_ms);
+    if (std::optional<SteadyClock::time_point> up = NextReplicaUp(); up && *up > now && *up < at) {
+      at = *up;
+    }
+    if (p->outage_deadline && *p->outage_deadline < at) at = *p->outage_deadline;
+    p->waiting = true;
+    p->wait.expires_at(at);
+    p->wait.async_wait([this, p](beast::error_code) {
+      p->waiting = false;
+      StartAttempt(p);
+    });
+  }
+
+  void WakeWaiting() {
+    for (const ProxiedPtr& p : live_) {
+      if (p->waiting) p->wait.cancel();
+    }
+  }
+
+  void GiveUp(const ProxiedPtr& p) {
+    Fail(p, absl::UnavailableError(StrCat(
+                "model ", options_.model, ": no replica completed the request within the retry "
+                "budget (", options_.retry_budget_ms, " ms of outage, ", p->attempts,
+                " attempts made of ", options_.max_attempts, "); last: ", p->last_error)));
+  }
+
+  // Ends `p` (once): the running gauge, the latency, the live set.
+  bool End(const ProxiedPtr& p) {
+    if (p->ended) return false;
+    p->ended = true;
+    if (p->attempt) CloseAttempt(p, p->attempt);
+    p->wait.cancel();
+    running_->Decrement();
+    e2e_->Observe(static_cast<double>(NowUs() - p->start_us) / 1e6);
+    live_.erase(p);
+    return true;
+  }
+
+  void Complete(const ProxiedPtr& p) {
+    if (!End(p)) return;
+    const FinishReason finish = p->finish.value_or(FinishReason::kLength);
+    success_->WithLabels({std::string(FinishReasonName(finish))}).Increment();
+    prompt_tokens_->Increment(static_cast<double>(p->prompt.size()));
+    {
+      MutexLock lock(&mu_);
+      ++stats_.completed;
+    }
+    HttpExchange& x = *p->exchange;
+    if (p->chunks) {
+      if (!p->stream_started) {
+        p->stream_started = true;
+        if (!x.StartStream()) return;
+      }
+      if (!p->finish) {  // the end was ours (max_tokens reached across a resume)
+        std::span<const int32_t> prompt_ids;
+        if (!p->first_chunk_sent) prompt_ids = p->prompt;
+        x.Send(p->chunks->Delta("", {}, prompt_ids, finish));
+      }
+      if (p->request.include_usage) {
+        x.Send(p->chunks->UsageChunk(Usage{static_cast<int64_t>(p->prompt.size()),
+                                           static_cast<int64_t>(p->tokens.size())}));
+      }
+      x.Send(std::string(kSseDone));
+      x.EndStream();
+      return;
+    }
+    Completion c;
+    c.text = p->text;
+    c.token_ids = p->tokens;
+    c.prompt_token_ids = p->prompt;
+    c.finish_reason = finish;
+    x.Respond(JsonResponse(200, CompletionResponse(p->header, c)));
+  }
+
+  void Fail(const ProxiedPtr& p, const absl::Status& status) {
+    FailWith(p, HttpStatusOf(status), ErrorEnvelope(status));
+  }
+
+  // Ends `p` with an error whose envelope (JSON) is `body`.
+  void FailWith(const ProxiedPtr& p, int status, std::string body) {
+    if (!End(p)) return;
+    {
+      MutexLock lock(&mu_);
+      ++stats_.failed;
+    }
+    failures_->Increment();
+    HttpExchange& x = *p->exchange;
+    if (p->stream_started) {  // the client has chunks already: the error is one more event
+      Json envelope = Json::parse(body, nullptr, false);
+      x.Send(envelope.is_object() ? SseEvent(envelope.dump())
+                                  : ChunkBuilder::ErrorEvent(absl::InternalError(body)));
+      x.Send(std::string(kSseDone));
+      x.EndStream();
+      return;
+    }
+    x.Respond(JsonResponse(status, std::move(body)));
+  }
+
+  void Cancel(const ProxiedPtr& p) {
+    if (!End(p)) return;
+    MutexLock lock(&mu_);
+    ++stats_.cancelled;
+  }
+
+  const ProxyOptions options_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::thread io_thread_;
+  Router router_;
+  std::unique_ptr<HttpServer> http_;
+  const int64_t created_;
+
+  // I/O thread only.
+  std::map<std::string, ReplicaState> state_;  // by replica name
+  std::unordered_set<ProxiedPtr> live_;        // requests not ended
+
+  mutable Mutex mu_;
+  std::vector<Replica> replicas_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+
+  MetricsRegistry metrics_;
+  Gauge* running_ = nullptr;
+  Gauge* replicas_gauge_ = nullptr;
+  Counter* prompt_tokens_ = nullptr;
+  Counter* generation_tokens_ = nullptr;
+  Histogram* ttft_ = nullptr;
+  Histogram* itl_ = nullptr;
+  Histogram* e2e_ = nullptr;
+  CounterFamily* success_ = nullptr;
+  Counter* failures_ = nullptr;
+  Counter* retries_ = nullptr;
+  Counter* resumes_ = nullptr;
+};
+
+ResumeProxy::ResumeProxy(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ResumeProxy::~ResumeProxy() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<ResumeProxy>> ResumeProxy::Start(ProxyOptions options) {
+  CONNEX_RETURN_IF_ERROR(options.Validate());
+  auto impl = std::make_unique<Impl>(std::move(options));
+  CONNEX_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<ResumeProxy>(new ResumeProxy(std::move(impl)));
+}
+
+void ResumeProxy::SetReplicas(std::vector<Replica> replicas) {
+  impl_->SetReplicas(std::move(replicas));
+}
+std::vector<Replica> ResumeProxy::replicas() const { return impl_->replicas(); }
+std::string ResumeProxy::address() const { return impl_->address(); }
+void ResumeProxy::Stop() { impl_->Stop(); }
+ResumeProxy::Stats ResumeProxy::stats() const { return impl_->stats(); }
+
+}  // namespace connex::serving
