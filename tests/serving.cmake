@@ -3,4 +3,5 @@ connex_test(serving_e2e_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/serving_e2e_test.cc
   LIBS connex_test_subprocess connex_serving connex_directory connex_base nlohmann_json::nlohmann_json
   LABELS e2e)
-add_dependencies(serving_e2e_test connex-stage connex-directory connex-mkmodel connex-generate)
+add_dependencies(serving_e2e_test connex-stage connex-proxy connex-directory connex-mkmodel
+                 connex-generate)

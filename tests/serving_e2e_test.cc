@@ -1,6 +1,6 @@
 // The serving stack end to end, with real processes on loopback: a directory, two replica chains
 // of a three-stage pipeline of the reference engine (connex-stage), stage 0 of each serving the
-// OpenAI-compatible API. Completions (greedy and sampled, whole and streamed) must carry exactly
+// OpenAI-compatible API, and the resume proxy (connex-proxy) in front of them. Completions (greedy and sampled, whole and streamed) must carry exactly
 // the token ids connex-generate prints for the same prompt and seed — also when a stage is
 // killed with SIGKILL while the response streams.
 #include <signal.h>
@@ -65,7 +65,31 @@ class ServingE2eTest : public ::testing::Test {
       ASSERT_TRUE(WaitUntil([&] { return Get(r, "/health").first == 200; }, 20000))
           << "replica " << r << " never became healthy";
     }
+    auto proxy = Subprocess::Start({BinDir() + "/connex-proxy", "--directory", bind_, "--model",
+                                    kModelName, "--listen", "127.0.0.1:0", "--log-level", "warn"});
+    ASSERT_TRUE(proxy.has_value());
+    proxy_.emplace(std::move(*proxy));
+    auto listening = proxy_->WaitForLine("listening http=", 20000);
+    ASSERT_TRUE(listening.has_value()) << proxy_->transcript();
+    std::smatch m2;
+    ASSERT_TRUE(std::regex_search(*listening, m2, std::regex("http=127\\.0\\.0\\.1:([0-9]+)")));
+    proxy_port_ = static_cast<uint16_t>(std::stoi(m2[1]));
+    ASSERT_TRUE(WaitUntil([&] { return ProxyReplicas() == 2; }, 20000))
+        << "the proxy never saw both stage-0 replicas";
   }
+
+  // The proxy's metric `name` (0 when absent).
+  double ProxyMetric(const std::string& name) {
+    TestConnection c(proxy_port_, 60000);
+    if (!c.Send("GET", "/metrics")) return -1;
+    auto r = c.Read();
+    if (!r) return -1;
+    std::smatch m;
+    std::string body = r->body();
+    if (!std::regex_search(body, m, std::regex("\n" + name + " ([0-9.e+]+)"))) return 0;
+    return std::stod(m[1]);
+  }
+  int ProxyReplicas() { return static_cast<int>(ProxyMetric("connex_proxy_replicas")); }
 
   void StartStage(int stage, int replica) {
     std::vector<std::string> argv = {BinDir() + "/connex-stage",
@@ -116,6 +140,12 @@ class ServingE2eTest : public ::testing::Test {
   // What connex-generate prints for `prompt` (its token ids), greedy or sampled.
   static std::vector<int32_t> Reference(const std::string& prompt, int max_tokens,
                                         std::vector<std::string> sampling = {}) {
+    return ReferenceLine(prompt, max_tokens, std::move(sampling))["tokens"]
+        .get<std::vector<int32_t>>();
+  }
+  // Its whole line: {"tokens": [...], "text": "..."}.
+  static nlohmann::json ReferenceLine(const std::string& prompt, int max_tokens,
+                                      std::vector<std::string> sampling = {}) {
     std::vector<std::string> argv = {BinDir() + "/connex-generate",
                                      "--model",
                                      ModelPath(),
@@ -131,8 +161,8 @@ class ServingE2eTest : public ::testing::Test {
     EXPECT_TRUE(g.has_value());
     auto line = g->WaitForLine("tokens", 60000);
     EXPECT_TRUE(line.has_value()) << g->transcript();
-    if (!line) return {};
-    return nlohmann::json::parse(*line)["tokens"].get<std::vector<int32_t>>();
+    if (!line) return {{"tokens", nlohmann::json::array()}, {"text", ""}};
+    return nlohmann::json::parse(*line);
   }
 
   // The token ids of every chunk of an SSE body, in order; `finish` gets the last finish_reason.
@@ -162,6 +192,8 @@ class ServingE2eTest : public ::testing::Test {
 
   static std::string* dir_;
   std::optional<Subprocess> directory_;
+  std::optional<Subprocess> proxy_;
+  uint16_t proxy_port_ = 0;
   std::string bind_;
   std::map<std::pair<int, int>, Subprocess> stages_;
   std::map<int, uint16_t> http_port_;
@@ -316,6 +348,158 @@ TEST_F(ServingE2eTest, AClientThatDisconnectsMidStreamCancelsItsRequest) {
       << Get(0, "/metrics").second;
   std::string metrics = Get(0, "/metrics").second;
   EXPECT_THAT(metrics, HasSubstr("connex_generation_tokens_total"));
+}
+
+
+// The mission through the resume proxy: streams (greedy and sampled) and a whole response go
+// through connex-proxy while a middle stage, the last stage and a stage 0 are killed with SIGKILL
+// in turn. Every response is exactly connex-generate's — text and token ids, no token missing or
+// repeated — and every killed stage, restarted under its LID, takes traffic again.
+TEST_F(ServingE2eTest, ThroughTheProxyNoKillChangesAToken) {
+  constexpr int kTokens = 120;
+  struct Job {
+    std::string prompt;
+    std::vector<std::string> sampling;  // connex-generate's flags
+    std::string fields;                 // the request's
+    bool stream = true;
+    nlohmann::json want;
+  };
+  // Prompts and seeds whose generation runs the whole length (no EOS), so that kills land
+  // mid-response; the reference is deterministic, so the choice is too.
+  auto full = [&](Job job) {
+    for (int k = 0; k < 40; ++k) {
+      Job j = job;
+      j.prompt += " " + std::to_string(k);
+      if (!j.sampling.empty()) {
+        j.sampling.push_back("--seed");
+        j.sampling.push_back(std::to_string(100 + k));
+        j.fields += R"(, "seed": )" + std::to_string(100 + k);
+      }
+      j.want = ReferenceLine(j.prompt, kTokens, j.sampling);
+      if (j.want["tokens"].size() == kTokens) return j;
+    }
+    ADD_FAILURE() << "no prompt of " << job.prompt << " runs " << kTokens << " tokens";
+    return job;
+  };
+  for (std::pair<int, int> victim : {std::pair{1, 0}, {2, 1}, {0, 0}}) {
+    const std::string name =
+        "stage " + std::to_string(victim.first) + " of replica " + std::to_string(victim.second);
+    SCOPED_TRACE(name);
+    std::vector<Job> jobs = {
+        full({"greedy " + name, {}, "", true, {}}),
+        full({"sampled " + name, {"--temperature", "0.8", "--top-p", "0.95"},
+              R"(, "temperature": 0.8, "top_p": 0.95)", true, {}}),
+        full({"greedy again " + name, {}, "", true, {}}),
+        full({"whole " + name, {"--temperature", "0.7"}, R"(, "temperature": 0.7)", false, {}}),
+    };
+    std::vector<std::unique_ptr<TestConnection>> connections;
+    for (const Job& j : jobs) {
+      auto c = std::make_unique<TestConnection>(proxy_port_, 60000);
+      ASSERT_TRUE(c->Send("POST", "/v1/completions",
+                          R"({"model": "tiny", "prompt": ")" + j.prompt +
+                              R"(", "max_tokens": )" + std::to_string(kTokens) +
+                              (j.stream ? R"(, "stream": true)" : "") + j.fields + "}"));
+      connections.push_back(std::move(c));
+    }
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (!jobs[i].stream) continue;
+      ASSERT_TRUE(connections[i]->ReadHead());
+      ASSERT_TRUE(connections[i]->ReadUntil("token_ids"));
+    }
+    const double resumes_before = ProxyMetric("connex_proxy_resumes_total");
+    stages_.at(victim).Signal(SIGKILL);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      SCOPED_TRACE(jobs[i].prompt);
+      std::vector<int32_t> tokens;
+      std::string text;
+      if (jobs[i].stream) {
+        ASSERT_TRUE(connections[i]->ReadToEnd());
+        const std::string& body = connections[i]->parser().get().body();
+        std::string finish;
+        bool done = false;
+        tokens = StreamedTokens(body, &finish, &done);
+        EXPECT_TRUE(done);
+        EXPECT_EQ(finish, "length");
+        size_t at = 0;
+        while ((at = body.find("data: {", at)) != std::string::npos) {
+          size_t end = body.find("\n\n", at);
+          nlohmann::json chunk = nlohmann::json::parse(body.substr(at + 6, end - at - 6));
+          for (const auto& choice : chunk["choices"]) text += choice["text"].get<std::string>();
+          at = end;
+        }
+      } else {
+        auto r = connections[i]->Read();
+        ASSERT_TRUE(r.has_value());
+        ASSERT_EQ(r->result_int(), 200) << r->body();
+        nlohmann::json j = nlohmann::json::parse(r->body());
+        tokens = j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+        text = j["choices"][0]["text"];
+        EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+      }
+      EXPECT_EQ(tokens, jobs[i].want["tokens"].get<std::vector<int32_t>>());
+      EXPECT_EQ(text, jobs[i].want["text"].get<std::string>());
+    }
+    if (victim.first == 0) {
+      // Its streams went on through the proxy, from the other replica.
+      EXPECT_GT(ProxyMetric("connex_proxy_resumes_total"), resumes_before);
+    }
+    EXPECT_EQ(ProxyMetric("connex_request_failure_total"), 0.0);
+    // The same LID comes back as a new process and takes traffic again.
+    StartStage(victim.first, victim.second);
+    ASSERT_TRUE(WaitUntil([&] { return ProxyReplicas() == 2; }, 20000));
+  }
+  // Both stage 0s serve through the proxy again (the one restarted included).
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(WaitUntil([&] { return Get(r, "/health").first == 200; }, 20000));
+  }
+  auto served = [&](int replica) {
+    std::smatch m;
+    std::string metrics = Get(replica, "/metrics").second;
+    if (!std::regex_search(metrics, m, std::regex("connex_generation_tokens_total ([0-9.e+]+)"))) {
+      return 0.0;
+    }
+    return std::stod(m[1]);
+  };
+  const double restarted_before = served(0);
+  std::vector<std::unique_ptr<TestConnection>> more;
+  for (int i = 0; i < 4; ++i) {
+    more.push_back(std::make_unique<TestConnection>(proxy_port_, 60000));
+    ASSERT_TRUE(more.back()->Send("POST", "/v1/completions",
+                                  R"({"model": "tiny", "prompt": "after )" + std::to_string(i) +
+                                      R"(", "max_tokens": 8})"));
+  }
+  for (int i = 0; i < 4; ++i) {
+    auto r = more[i]->Read();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->result_int(), 200) << r->body();
+    EXPECT_EQ(nlohmann::json::parse(r->body())["choices"][0]["token_ids"]
+                  .get<std::vector<int32_t>>(),
+              Reference("after " + std::to_string(i), 8));
+  }
+  EXPECT_GT(served(0), restarted_before) << "the restarted stage 0 took no request";
+}
+
+// The proxy answers bad input itself, with the same envelope as a stage.
+TEST_F(ServingE2eTest, TheProxyRefusesBadInputAndKeepsServing) {
+  for (const auto& [body, status] : std::vector<std::pair<std::string, int>>{
+           {"{not json", 400},
+           {R"({"model": "other", "prompt": "x"})", 404},
+           {R"({"model": "tiny", "prompt": "x", "top_k": -5})", 400},
+           {R"({"model": "tiny", "prompt": [1, 99999], "max_tokens": 2})", 400},  // the stage's
+       }) {
+    TestConnection c(proxy_port_, 60000);
+    ASSERT_TRUE(c.Send("POST", "/v1/completions", body));
+    auto r = c.Read();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->result_int(), status) << body << " -> " << r->body();
+    EXPECT_TRUE(nlohmann::json::parse(r->body()).contains("error")) << r->body();
+  }
+  TestConnection c(proxy_port_, 60000);
+  ASSERT_TRUE(c.Send("POST", "/v1/completions",
+                     R"({"model": "tiny", "prompt": "ok", "max_tokens": 4})"));
+  auto r = c.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->result_int(), 200) << r->body();
 }
 
 }  // namespace
