@@ -158,6 +158,7 @@ const std::vector<std::vector<std::string>>& HelpCommands() {
       {"connex-directory", "--help"},
       {"connex-generate", "--help"},
       {"connex-mkmodel", "--help"},
+      {"connex-proxy", "--help"},
       {"connex-stage", "--help"},
       {"connexctl", "--help"},
       {"connexctl", "status", "--help"},
@@ -191,6 +192,7 @@ TEST_F(CliTest, EveryBinaryValidatesLogLevelAndExitsTwoOnUsageErrors) {
         args.insert(args.end(), {"--model", "unused", "--prompt", "x"});
       if (binary == "connex-stage")
         args.insert(args.end(), {"--model", "unused", "--stage", "0", "--stages", "1"});
+      if (binary == "connex-proxy") args.insert(args.end(), {"--model", "unused"});
       return args;
     };
     // "bogus" used to turn logging off (spdlog maps unknown names to off), or was refused as an
