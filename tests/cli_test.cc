@@ -162,6 +162,7 @@ const std::vector<std::vector<std::string>>& HelpCommands() {
       {"connex-stage", "--help"},
       {"connexctl", "--help"},
       {"connexctl", "status", "--help"},
+      {"connexctl", "serving", "--help"},
       {"connexctl", "watch", "--help"},
       {"connexctl", "resolve", "--help"},
       {"connexctl", "join", "--help"},

@@ -4,4 +4,4 @@ connex_test(serving_e2e_test
   LIBS connex_test_subprocess connex_serving connex_directory connex_base nlohmann_json::nlohmann_json
   LABELS e2e)
 add_dependencies(serving_e2e_test connex-stage connex-proxy connex-directory connex-mkmodel
-                 connex-generate)
+                 connex-generate connexctl)

@@ -502,5 +502,43 @@ TEST_F(ServingE2eTest, TheProxyRefusesBadInputAndKeepsServing) {
   EXPECT_EQ(r->result_int(), 200) << r->body();
 }
 
+
+// connexctl shows the deployment: chains, each stage's epoch, stage 0's API and its health; a
+// killed stage shows as missing once its lease runs out.
+TEST_F(ServingE2eTest, ConnexctlShowsTheServingDeployment) {
+  auto serving = [&]() -> nlohmann::json {
+    auto p = Subprocess::Start(
+        {BinDir() + "/connexctl", "--directory", bind_, "serving", "--model", kModelName, "--json"});
+    EXPECT_TRUE(p.has_value());
+    auto line = p->WaitForLine("[", 20000);
+    EXPECT_TRUE(line.has_value()) << p->transcript();
+    EXPECT_EQ(p->Wait(20000), 0) << p->transcript();
+    return line ? nlohmann::json::parse(*line) : nlohmann::json::array();
+  };
+  nlohmann::json view = serving();
+  ASSERT_EQ(view.size(), 1u) << view.dump();
+  EXPECT_EQ(view[0]["model"], kModelName);
+  EXPECT_EQ(view[0]["stages"], kStages);
+  EXPECT_EQ(view[0]["ready"], true);
+  ASSERT_EQ(view[0]["replicas"].size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const nlohmann::json& replica = view[0]["replicas"][r];
+    EXPECT_EQ(replica["http"], "127.0.0.1:" + std::to_string(http_port_.at(r)));
+    EXPECT_EQ(replica["health"]["status"], 200) << replica.dump();
+    for (int s = 0; s < kStages; ++s) EXPECT_FALSE(replica["stages"][s].is_null());
+  }
+  stages_.at({2, 0}).Signal(SIGKILL);
+  EXPECT_TRUE(WaitUntil([&] { return serving()[0]["replicas"][0]["stages"][2].is_null(); }, 20000));
+  view = serving();
+  EXPECT_EQ(view[0]["ready"], true) << "replica 1's stage 2 serves both chains";
+  auto table = Subprocess::Start({BinDir() + "/connexctl", "--directory", bind_, "serving"});
+  ASSERT_TRUE(table.has_value());
+  auto head = table->WaitForLine("model tiny", 20000);
+  ASSERT_TRUE(head.has_value()) << table->transcript();
+  EXPECT_THAT(*head, HasSubstr("3 stages, 2 replicas, ready"));
+  EXPECT_EQ(table->Wait(20000), 0);
+  EXPECT_THAT(table->transcript(), HasSubstr("missing"));
+}
+
 }  // namespace
 }  // namespace connex::testing

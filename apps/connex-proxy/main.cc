@@ -82,8 +82,7 @@ int main(int argc, char** argv) {
   directory_options->directory = directory;
   auto client = connex::directory::DirectoryClient::Connect(*directory_options);
   if (!client.ok()) {
-    std::cerr << "connex-proxy: directory " << directory << ": " << client.status().message()
-              << "\n";
+    std::cerr << "connex-proxy: " << client.status().message() << "\n";
     return 1;
   }
   auto proxy = connex::serving::ResumeProxy::Start(options);

@@ -1,6 +1,6 @@
-// connexctl: the operator's tool for a Connex directory — live membership (status), the event
-// stream (watch), resolution of a group (resolve), and registration from the shell (join, leave,
-// report-failed). Exit codes: 0 ok, 1 a request failed, 2 bad usage, 3 a registration was lost.
+// connexctl: the operator's tool for a Connex directory — live membership (status), the serving
+// deployment (serving: chains, stages, health), the event stream (watch), resolution of a group
+// (resolve), and registration from the shell (join, leave, report-failed). Exit codes: 0 ok, 1 a request failed, 2 bad usage, 3 a registration was lost.
 #include <signal.h>
 
 #include <atomic>
@@ -19,6 +19,7 @@
 #include "connex/base/strings.h"
 #include "connex/directory/client.h"
 #include "connex/directory/secret.h"
+#include "connex/serving/deployment.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -135,6 +136,16 @@ int main(int argc, char** argv) {
   CLI::App* status =
       app.add_subcommand("status", "table of every record: LID, epoch, lease, addresses");
   status->add_flag("--json", json, "print JSON");
+  CLI::App* serving = app.add_subcommand(
+      "serving", "served models: replica chains, each stage's epoch, stage 0's API and health");
+  std::string serving_model;
+  serving->add_option("--model", serving_model, "only this model");
+  int64_t probe_timeout_ms = 1000;
+  serving->add_option("--probe-timeout-ms", probe_timeout_ms,
+                      "how long each stage 0's GET /health may take (0: do not probe)")
+      ->check(CLI::Range(int64_t{0}, int64_t{60'000}))
+      ->capture_default_str();
+  serving->add_flag("--json", json, "print JSON");
   CLI::App* watch = app.add_subcommand("watch", "print one line per event until interrupted");
   std::string watch_model;
   watch->add_option("--model", watch_model, "only events of this model");
@@ -176,7 +187,7 @@ int main(int argc, char** argv) {
     for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == word;
     if (!known) {
       std::cerr << "connexctl: unknown command '" << word
-                << "' (commands: status, watch, resolve, join, leave, report-failed)\n";
+                << "' (commands: status, serving, watch, resolve, join, leave, report-failed)\n";
       return 2;
     }
     break;
@@ -230,6 +241,34 @@ int main(int argc, char** argv) {
       std::printf("%s\n", out.dump().c_str());
     } else {
       PrintTable(snapshot->records);
+    }
+    return 0;
+  }
+  if (serving->parsed()) {
+    if (!serving_model.empty()) {
+      absl::Status ok = Lid::ValidateModel(serving_model);
+      if (!ok.ok()) return Fail(Annotate(ok, "--model"));
+    }
+    auto snapshot = serving_model.empty() ? client.GetSnapshot() : client.GetSnapshot(serving_model);
+    if (!snapshot.ok()) return Fail(snapshot.status());
+    std::vector<connex::serving::ServedModel> models =
+        connex::serving::ServedModels(snapshot->records);
+    std::map<std::string, connex::serving::HealthProbe> health;
+    if (probe_timeout_ms > 0) {
+      for (const auto& m : models) {
+        for (const auto& [replica, chain] : m.chains) {
+          auto zero = chain.find(0);
+          if (zero == chain.end()) continue;
+          auto http = zero->second.metadata.find("http");
+          if (http == zero->second.metadata.end()) continue;
+          health[http->second] = connex::serving::ProbeHealth(http->second, probe_timeout_ms);
+        }
+      }
+    }
+    if (json) {
+      std::printf("%s\n", connex::serving::ServedModelsJson(models, health).dump().c_str());
+    } else {
+      std::printf("%s", connex::serving::RenderServedModels(models, health).c_str());
     }
     return 0;
   }

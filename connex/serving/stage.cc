@@ -75,6 +75,9 @@ absl::StatusOr<std::unique_ptr<StageProcess>> StageProcess::Start(
   CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<pp::SignalTransport> signals,
                           pp::CreateZmqSignalTransport(options.signal_host));
 
+  // Every stage says how many there are: connexctl's serving view and tools find a served
+  // model's chains by it.
+  node_defaults.metadata["stages"] = StrCat(options.stages);
   node_defaults.model = options.model_name;
   node_defaults.stage = options.stage;
   node_defaults.stages = options.stages;

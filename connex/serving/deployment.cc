@@ -1,0 +1,191 @@
+#include "connex/serving/deployment.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "boost/asio.hpp"
+#include "boost/beast/core.hpp"
+#include "boost/beast/http.hpp"
+#include "connex/base/strings.h"
+#include "connex/serving/http_server.h"
+#include "connex/serving/listen_address.h"
+
+namespace connex::serving {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+
+std::optional<uint32_t> DeclaredStages(const directory::Record& r) {
+  auto it = r.metadata.find("stages");
+  if (it == r.metadata.end()) return std::nullopt;
+  try {
+    size_t used = 0;
+    unsigned long n = std::stoul(it->second, &used);
+    if (used != it->second.size() || n == 0 || n > 1024) return std::nullopt;
+    return static_cast<uint32_t>(n);
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+std::string HealthText(const std::map<std::string, HealthProbe>& health, const std::string& api) {
+  auto it = health.find(api);
+  if (it == health.end()) return "-";
+  if (it->second.status == 200) return "ok";
+  if (it->second.status == 0) return "unreachable (" + it->second.detail + ")";
+  return StrCat(it->second.status, it->second.detail.empty() ? "" : " " + it->second.detail);
+}
+
+}  // namespace
+
+std::vector<ServedModel> ServedModels(const std::vector<directory::Record>& records) {
+  std::map<std::string, ServedModel> by_name;
+  for (const directory::Record& r : records) {
+    std::optional<uint32_t> stages = DeclaredStages(r);
+    if (!stages || r.lid.shard != 0) continue;
+    ServedModel& m = by_name[r.lid.model];
+    m.model = r.lid.model;
+    m.stages = std::max(m.stages, *stages);
+    m.chains[r.lid.replica][r.lid.group] = r;
+  }
+  std::vector<ServedModel> out;
+  for (auto& [name, m] : by_name) {
+    for (uint32_t s = 0; s < m.stages; ++s) {
+      bool live = false;
+      for (const auto& [replica, chain] : m.chains) live |= chain.count(s) > 0;
+      if (!live) m.missing_stages.push_back(s);
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+HealthProbe ProbeHealth(const std::string& http_address, int64_t timeout_ms) {
+  HttpServerOptions parsed;
+  if (absl::Status ok = ParseListenAddress("http", http_address, &parsed); !ok.ok()) {
+    return {0, "not HOST:PORT"};
+  }
+  asio::io_context io;
+  beast::tcp_stream stream(io);
+  beast::flat_buffer buffer;
+  http::request<http::empty_body> request(http::verb::get, "/health", 11);
+  request.set(http::field::host, http_address);
+  http::response<http::string_body> response;
+  beast::error_code result = asio::error::timed_out;
+  boost::system::error_code bad;
+  asio::ip::address ip = asio::ip::make_address(parsed.host, bad);
+  if (bad) return {0, "not a numeric address"};
+  stream.expires_after(std::chrono::milliseconds(timeout_ms));
+  stream.async_connect(asio::ip::tcp::endpoint(ip, parsed.port), [&](beast::error_code ec) {
+    if (ec) {
+      result = ec;
+      return;
+    }
+    http::async_write(stream, request, [&](beast::error_code ec, size_t) {
+      if (ec) {
+        result = ec;
+        return;
+      }
+      http::async_read(stream, buffer, response, [&](beast::error_code ec, size_t) { result = ec; });
+    });
+  });
+  io.run();  // the stream's deadline bounds every step
+  if (result) return {0, result.message()};
+  HealthProbe probe{static_cast<int>(response.result_int()), ""};
+  nlohmann::json body = nlohmann::json::parse(response.body(), nullptr, false);
+  if (body.is_object() && body.contains("reason") && body["reason"].is_string()) {
+    probe.detail = body["reason"].get<std::string>();
+  }
+  return probe;
+}
+
+std::string RenderServedModels(const std::vector<ServedModel>& models,
+                               const std::map<std::string, HealthProbe>& health) {
+  if (models.empty()) return "no served model (no record declares \"stages\")\n";
+  std::string out;
+  for (const ServedModel& m : models) {
+    out += StrCat("model ", m.model, ": ", m.stages, " stages, ", m.chains.size(), " replica",
+                  m.chains.size() == 1 ? "" : "s", ", ");
+    if (m.ready()) {
+      out += "ready (every stage has a live replica)\n";
+    } else {
+      std::string missing;
+      for (uint32_t s : m.missing_stages) missing += StrCat(missing.empty() ? "" : ",", s);
+      out += StrCat("NOT READY: no live replica of stage ", missing, "\n");
+    }
+    out += "  REPLICA";
+    for (uint32_t s = 0; s < m.stages; ++s) {
+      char cell[32];
+      std::snprintf(cell, sizeof cell, "  %-14s", StrCat("STAGE ", s).c_str());
+      out += cell;
+    }
+    out += "  API                    HEALTH\n";
+    for (const auto& [replica, chain] : m.chains) {
+      char head[32];
+      std::snprintf(head, sizeof head, "  r%-6u", replica);
+      out += head;
+      for (uint32_t s = 0; s < m.stages; ++s) {
+        auto it = chain.find(s);
+        std::string text = it == chain.end() ? "missing" : StrCat("epoch ", it->second.epoch);
+        char cell[64];
+        std::snprintf(cell, sizeof cell, "  %-14s", text.c_str());
+        out += cell;
+      }
+      std::string api = "-";
+      if (auto zero = chain.find(0); zero != chain.end()) {
+        if (auto h = zero->second.metadata.find("http"); h != zero->second.metadata.end()) {
+          api = h->second;
+        }
+      }
+      char tail[64];
+      std::snprintf(tail, sizeof tail, "  %-21s  ", api.c_str());
+      out += tail;
+      out += (api == "-" ? "-" : HealthText(health, api)) + "\n";
+    }
+  }
+  return out;
+}
+
+nlohmann::json ServedModelsJson(const std::vector<ServedModel>& models,
+                                const std::map<std::string, HealthProbe>& health) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const ServedModel& m : models) {
+    nlohmann::json replicas = nlohmann::json::array();
+    for (const auto& [replica, chain] : m.chains) {
+      nlohmann::json stages = nlohmann::json::array();
+      for (uint32_t s = 0; s < m.stages; ++s) {
+        auto it = chain.find(s);
+        if (it == chain.end()) {
+          stages.push_back(nullptr);
+          continue;
+        }
+        stages.push_back({{"stage", s},
+                          {"lid", it->second.lid.ToString()},
+                          {"epoch", it->second.epoch},
+                          {"lease_left_ms", it->second.lease_left_ms}});
+      }
+      nlohmann::json r = {{"replica", replica}, {"stages", stages}, {"http", nullptr},
+                          {"health", nullptr}};
+      if (auto zero = chain.find(0); zero != chain.end()) {
+        if (auto h = zero->second.metadata.find("http"); h != zero->second.metadata.end()) {
+          r["http"] = h->second;
+          if (auto p = health.find(h->second); p != health.end()) {
+            r["health"] = {{"status", p->second.status}, {"detail", p->second.detail}};
+          }
+        }
+      }
+      replicas.push_back(std::move(r));
+    }
+    out.push_back({{"model", m.model},
+                   {"stages", m.stages},
+                   {"ready", m.ready()},
+                   {"missing_stages", m.missing_stages},
+                   {"replicas", std::move(replicas)}});
+  }
+  return out;
+}
+
+}  // namespace connex::serving
