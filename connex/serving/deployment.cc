@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 
 #include "boost/asio.hpp"
 #include "boost/beast/core.hpp"
@@ -116,33 +115,35 @@ std::string RenderServedModels(const std::vector<ServedModel>& models,
       for (uint32_t s : m.missing_stages) missing += StrCat(missing.empty() ? "" : ",", s);
       out += StrCat("NOT READY: no live replica of stage ", missing, "\n");
     }
-    out += "  REPLICA";
-    for (uint32_t s = 0; s < m.stages; ++s) {
-      char cell[32];
-      std::snprintf(cell, sizeof cell, "  %-14s", StrCat("STAGE ", s).c_str());
-      out += cell;
-    }
-    out += "  API                    HEALTH\n";
+    // Cells as wide as the widest of their column.
+    auto cell_text = [](const std::map<uint32_t, directory::Record>& chain, uint32_t s) {
+      auto it = chain.find(s);
+      return it == chain.end() ? std::string("missing") : StrCat("epoch ", it->second.epoch);
+    };
+    auto api_of = [](const std::map<uint32_t, directory::Record>& chain) {
+      auto zero = chain.find(0);
+      if (zero == chain.end()) return std::string("-");
+      auto h = zero->second.metadata.find("http");
+      return h == zero->second.metadata.end() ? std::string("-") : h->second;
+    };
+    size_t width = 8, api_width = 3;
+    for (uint32_t s = 0; s < m.stages; ++s) width = std::max(width, StrCat("STAGE ", s).size());
     for (const auto& [replica, chain] : m.chains) {
-      char head[32];
-      std::snprintf(head, sizeof head, "  r%-6u", replica);
-      out += head;
-      for (uint32_t s = 0; s < m.stages; ++s) {
-        auto it = chain.find(s);
-        std::string text = it == chain.end() ? "missing" : StrCat("epoch ", it->second.epoch);
-        char cell[64];
-        std::snprintf(cell, sizeof cell, "  %-14s", text.c_str());
-        out += cell;
-      }
-      std::string api = "-";
-      if (auto zero = chain.find(0); zero != chain.end()) {
-        if (auto h = zero->second.metadata.find("http"); h != zero->second.metadata.end()) {
-          api = h->second;
-        }
-      }
-      char tail[64];
-      std::snprintf(tail, sizeof tail, "  %-21s  ", api.c_str());
-      out += tail;
+      for (uint32_t s = 0; s < m.stages; ++s) width = std::max(width, cell_text(chain, s).size());
+      api_width = std::max(api_width, api_of(chain).size());
+    }
+    auto pad = [](std::string text, size_t w) {
+      text.resize(std::max(text.size(), w), ' ');
+      return text;
+    };
+    out += "  REPLICA";
+    for (uint32_t s = 0; s < m.stages; ++s) out += "  " + pad(StrCat("STAGE ", s), width);
+    out += "  " + pad("API", api_width) + "  HEALTH\n";
+    for (const auto& [replica, chain] : m.chains) {
+      out += "  " + pad(StrCat("r", replica), 7);
+      for (uint32_t s = 0; s < m.stages; ++s) out += "  " + pad(cell_text(chain, s), width);
+      const std::string api = api_of(chain);
+      out += "  " + pad(api, api_width) + "  ";
       out += (api == "-" ? "-" : HealthText(health, api)) + "\n";
     }
   }
