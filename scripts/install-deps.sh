@@ -1,7 +1,26 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Connex builds, tests and benchmarks with.
+# Installs the Debian packages Connex builds, tests and benchmarks with, and the npm package of
+# the OpenAI client test (tests/openai-client, pinned by its package-lock.json).
 # Idempotent: installs only what is missing; does nothing when all are present.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The official `openai` client library for the e2e test through connex-proxy. Without node/npm or
+# the registry the test is skipped and says why; nothing else depends on it.
+install_openai_client() {
+  local dir=tests/openai-client
+  if [ -f "$dir/node_modules/openai/package.json" ] && \
+     [ "$dir/node_modules/.package-lock.json" -nt "$dir/package-lock.json" ]; then
+    return 0
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "install-deps: npm not found; the OpenAI client test will be skipped" >&2
+    return 0
+  fi
+  echo "install-deps: npm ci in $dir (the openai client library)"
+  (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) ||
+    echo "install-deps: npm ci failed; the OpenAI client test will be skipped" >&2
+}
 
 PACKAGES=(
   build-essential cmake make ninja-build g++-12 clang-14 libclang-rt-14-dev lld-14 lld clang-format
@@ -20,6 +39,7 @@ for p in "${PACKAGES[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
+  install_openai_client
   exit 0
 fi
 
@@ -29,3 +49,4 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_openai_client

@@ -5,3 +5,5 @@ connex_test(serving_e2e_test
   LABELS e2e)
 add_dependencies(serving_e2e_test connex-stage connex-proxy connex-directory connex-mkmodel
                  connex-generate connexctl)
+# The OpenAI client test runs tests/openai-client/stream.mjs (its node_modules: scripts/install-deps.sh).
+target_compile_definitions(serving_e2e_test PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

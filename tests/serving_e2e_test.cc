@@ -4,14 +4,17 @@
 // the token ids connex-generate prints for the same prompt and seed — also when a stage is
 // killed with SIGKILL while the response streams.
 #include <signal.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <utility>
 
 #include "connex/base/wait.h"
 #include "connex/directory/client.h"
+#include "connex/serving/chat_template.h"
 #include "connex/serving/testing/http_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -538,6 +541,104 @@ TEST_F(ServingE2eTest, ConnexctlShowsTheServingDeployment) {
   EXPECT_THAT(*head, HasSubstr("3 stages, 2 replicas, ready"));
   EXPECT_EQ(table->Wait(20000), 0);
   EXPECT_THAT(table->transcript(), HasSubstr("missing"));
+}
+
+
+// The same through the official OpenAI client library (the `openai` npm package, run by Node):
+// two streams, a chat stream and a whole response, while a stage 0 is killed with SIGKILL. The
+// client sees one uninterrupted response per request — one id, text and token ids equal to
+// connex-generate's — and needs no retry of its own (maxRetries: 0).
+TEST_F(ServingE2eTest, TheOpenAiClientLibrarySeesUninterruptedResponsesThroughAKill) {
+  const std::string client_dir = std::string(CONNEX_SOURCE_DIR) + "/tests/openai-client";
+  if (!std::filesystem::exists(client_dir + "/node_modules/openai/package.json")) {
+    GTEST_SKIP() << "the openai npm package is not installed in " << client_dir
+                 << " (scripts/install-deps.sh runs npm ci there; it needs node, npm and the "
+                    "registry)";
+  }
+  std::string node_binary;
+  for (std::string_view path = std::getenv("PATH") ? std::getenv("PATH") : ""; !path.empty();) {
+    const size_t colon = std::min(path.find(':'), path.size());
+    const std::string candidate = std::string(path.substr(0, colon)) + "/node";
+    if (node_binary.empty() && access(candidate.c_str(), X_OK) == 0) node_binary = candidate;
+    path.remove_prefix(std::min(colon + 1, path.size()));
+  }
+  if (node_binary.empty()) GTEST_SKIP() << "node is not on PATH";
+  constexpr int kTokens = 120;
+  struct Job {
+    std::string name;
+    bool chat = false;
+    bool stream = true;
+    double temperature = 0.0;
+    std::string prompt;  // completions: the prompt; chat: the user message
+    int seed = 0;
+    nlohmann::json want;
+  };
+  std::vector<Job> jobs = {{"greedy", false, true, 0.0, "client greedy", 0, {}},
+                           {"sampled", false, true, 0.8, "client sampled", 0, {}},
+                           {"chat", true, true, 0.0, "client chat", 0, {}},
+                           {"whole", false, false, 0.7, "client whole", 0, {}}};
+  for (Job& j : jobs) {
+    // A prompt and seed that run the whole length (no EOS), so that the kill lands mid-response.
+    for (int k = 0; k < 40; ++k) {
+      const std::string prompt = j.prompt + " " + std::to_string(k);
+      std::vector<std::string> sampling = {"--seed", std::to_string(200 + k)};
+      if (j.temperature > 0) {
+        sampling.push_back("--temperature");
+        sampling.push_back(std::to_string(j.temperature));
+      }
+      // A chat is the reference model's template rendered as the prompt (what stage 0 does).
+      const std::vector<serving::ChatMessage> chat = {{"user", prompt}};
+      nlohmann::json want =
+          ReferenceLine(j.chat ? serving::RenderChatPrompt(chat) : prompt, kTokens, sampling);
+      if (want["tokens"].size() == kTokens) {
+        j.prompt = prompt;
+        j.seed = 200 + k;
+        j.want = want;
+        break;
+      }
+    }
+    ASSERT_EQ(j.want["tokens"].size(), static_cast<size_t>(kTokens)) << j.name;
+  }
+  std::vector<std::string> argv = {node_binary, client_dir + "/stream.mjs",
+                                   "http://127.0.0.1:" + std::to_string(proxy_port_) + "/v1",
+                                   kModelName, std::to_string(kTokens)};
+  for (const Job& j : jobs) {
+    nlohmann::json job = {{"name", j.name},
+                          {"endpoint", j.chat ? "chat" : "completions"},
+                          {"stream", j.stream},
+                          {"seed", j.seed},
+                          {"temperature", j.temperature}};
+    if (j.chat) {
+      job["messages"] = {{{"role", "user"}, {"content", j.prompt}}};
+    } else {
+      job["prompt"] = j.prompt;
+    }
+    argv.push_back(job.dump());
+  }
+  const double resumes_before = ProxyMetric("connex_proxy_resumes_total");
+  auto node = Subprocess::Start(argv);
+  ASSERT_TRUE(node.has_value());
+  ASSERT_TRUE(node->WaitForLine("streaming", 60000).has_value()) << node->transcript();
+  stages_.at({0, 1}).Signal(SIGKILL);
+  ASSERT_TRUE(node->WaitForLine("done", 120000).has_value()) << node->transcript();
+  EXPECT_EQ(node->Wait(20000), 0) << node->transcript();
+  std::map<std::string, nlohmann::json> seen;
+  std::istringstream lines(node->transcript());
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("{", 0) != 0) continue;
+    nlohmann::json r = nlohmann::json::parse(line);
+    seen[r["name"]] = r;
+  }
+  for (const Job& j : jobs) {
+    SCOPED_TRACE(j.name);
+    ASSERT_TRUE(seen.count(j.name)) << node->transcript();
+    const nlohmann::json& r = seen[j.name];
+    EXPECT_EQ(r["token_ids"], j.want["tokens"]);
+    EXPECT_EQ(r["text"], j.want["text"]);
+    EXPECT_EQ(r["finish_reason"], "length");
+    EXPECT_EQ(r["ids"].size(), 1u) << "one response id";
+  }
+  EXPECT_GT(ProxyMetric("connex_proxy_resumes_total"), resumes_before);
 }
 
 }  // namespace
