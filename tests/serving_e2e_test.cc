@@ -69,7 +69,8 @@ class ServingE2eTest : public ::testing::Test {
           << "replica " << r << " never became healthy";
     }
     auto proxy = Subprocess::Start({BinDir() + "/connex-proxy", "--directory", bind_, "--model",
-                                    kModelName, "--listen", "127.0.0.1:0", "--log-level", "warn"});
+                                    kModelName, "--listen", "127.0.0.1:0", "--log-level", "warn"},
+                                   {"CONNEX_HTTP_READ_TIMEOUT_MS=2000"});
     ASSERT_TRUE(proxy.has_value());
     proxy_.emplace(std::move(*proxy));
     auto listening = proxy_->WaitForLine("listening http=", 20000);
@@ -113,8 +114,10 @@ class ServingE2eTest : public ::testing::Test {
       argv.push_back("127.0.0.1:0");
     }
     // Short step and probe timeouts, so that a killed stage is found within a second.
+    // A short HTTP read timeout, so that the slow-client test sees its 408 soon.
     auto p = Subprocess::Start(argv, {"CONNEX_ENGINE_THREADS=1", "CONNEX_PP_STEP_TIMEOUT_MS=1000",
-                                      "CONNEX_PP_PROBE_TIMEOUT_MS=300"});
+                                      "CONNEX_PP_PROBE_TIMEOUT_MS=300",
+                                      "CONNEX_HTTP_READ_TIMEOUT_MS=2000"});
     ASSERT_TRUE(p.has_value());
     if (stage == 0) {
       auto line = p->WaitForLine("listening http=", 20000);
@@ -639,6 +642,81 @@ TEST_F(ServingE2eTest, TheOpenAiClientLibrarySeesUninterruptedResponsesThroughAK
     EXPECT_EQ(r["ids"].size(), 1u) << "one response id";
   }
   EXPECT_GT(ProxyMetric("connex_proxy_resumes_total"), resumes_before);
+}
+
+
+// Hostile clients, at a stage 0 and at the proxy: a 100 MB body is a 413 before it is read, a
+// client that sends half a request a 408, 200 connections at once are all answered; a client
+// that goes away mid-stream is cancelled; afterwards nothing runs and both keep serving.
+TEST_F(ServingE2eTest, HostileClientsGetA4xxAndBothTheStageAndTheProxyKeepServing) {
+  for (uint16_t port : {http_port_.at(0), proxy_port_}) {
+    SCOPED_TRACE(port == proxy_port_ ? "proxy" : "stage 0");
+    {
+      TestConnection c(port, 30000);
+      ASSERT_TRUE(c.SendRaw("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                            "Content-Type: application/json\r\nContent-Length: 104857600\r\n\r\n" +
+                            std::string(64 * 1024, 'x')));
+      auto r = c.Read();
+      ASSERT_TRUE(r.has_value());
+      EXPECT_EQ(r->result_int(), 413) << r->body();
+      EXPECT_THAT(r->body(), HasSubstr("\"error\""));
+    }
+    {
+      TestConnection c(port, 30000);
+      ASSERT_TRUE(c.SendRaw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le"));
+      auto r = c.Read();  // the server's read timeout (2 s here) passes first
+      ASSERT_TRUE(r.has_value());
+      EXPECT_EQ(r->result_int(), 408) << r->body();
+    }
+    {
+      TestConnection c(port, 30000);
+      ASSERT_TRUE(c.Send("POST", "/v1/completions",
+                         R"({"model": "tiny", "prompt": "gone", "max_tokens": 4000,
+                             "stream": true})"));
+      ASSERT_TRUE(c.ReadHead());
+      ASSERT_TRUE(c.ReadUntil("token_ids"));
+      c.Close();
+    }
+    std::vector<std::unique_ptr<TestConnection>> crowd;
+    for (int i = 0; i < 200; ++i) {
+      crowd.push_back(std::make_unique<TestConnection>(port, 120000));
+      ASSERT_TRUE(crowd.back()->Send(
+          "POST", "/v1/completions",
+          R"({"model": "tiny", "prompt": "crowd )" + std::to_string(i % 7) +
+              R"(", "max_tokens": 2})"));
+    }
+    int ok = 0;
+    for (int i = 0; i < 200; ++i) {
+      auto r = crowd[i]->Read();
+      ASSERT_TRUE(r.has_value()) << "connection " << i << " got no answer";
+      EXPECT_EQ(r->result_int(), 200) << r->body();
+      ok += r->result_int() == 200;
+    }
+    EXPECT_EQ(ok, 200);
+  }
+  // Nothing runs any more on either stage 0 (the cancelled stream included) ...
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(WaitUntil(
+        [&] {
+          return Get(r, "/metrics").second.find("connex_requests_running 0") != std::string::npos;
+        },
+        20000))
+        << Get(r, "/metrics").second;
+  }
+  EXPECT_EQ(ProxyMetric("connex_requests_running"), 0.0);
+  // ... and both still answer exactly.
+  auto [status, body] = Request(0, "POST", "/v1/completions",
+                                R"({"model": "tiny", "prompt": "still here", "max_tokens": 8})");
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(nlohmann::json::parse(body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+            Reference("still here", 8));
+  TestConnection c(proxy_port_, 60000);
+  ASSERT_TRUE(c.Send("POST", "/v1/completions",
+                     R"({"model": "tiny", "prompt": "still here", "max_tokens": 8})"));
+  auto r = c.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(nlohmann::json::parse(r->body())["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+            Reference("still here", 8));
 }
 
 }  // namespace
