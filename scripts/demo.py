@@ -645,17 +645,10 @@ def wait_until_increase(read, before, timeout_s):
 
 
 def proxy_resume_count(stack):
-    if stack.proxy is None:
+    """connex-proxy's resumes (retries that continued a response under way); None without it."""
+    if stack.proxy is None or not stack.proxy.alive():
         return None
-    status, body = http_get(stack.proxy_addr, "/metrics")
-    if status != 200:
-        return None
-    names = sorted({m.group(1) for m in re.finditer(r"^(connex_proxy_\w*resum\w*|"
-                                                    r"connex_\w*resumes?_total)\b",
-                                                    body, re.M)})
-    if not names:
-        return None
-    return sum(metric(body, n) or 0.0 for n in names)
+    return scrape(stack.proxy_addr, "connex_proxy_resumes_total")
 
 
 # --- the reference ------------------------------------------------------------------------------
