@@ -2,6 +2,7 @@
 # install what is missing (scripts/install-deps.sh), configure, build, then test / run.
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
+DEMO_ARGS ?=
 # The test labels `make test-tsan` builds and runs (TSan covers the concurrent layers).
 TSAN_LABELS := directory elastic pp transport
 empty :=
@@ -51,7 +52,7 @@ demo-build: deps build/CMakeCache.txt
 # The serving stack under load, a middle stage and a stage 0 SIGKILLed mid-generation
 # (README.md, "Demo"; its flags in docs/configuration.md).
 demo: demo-build
-	/usr/bin/python3 scripts/demo.py --bin build/bin
+	/usr/bin/python3 scripts/demo.py --bin build/bin $(DEMO_ARGS)
 
 demo-mobile: deps build/CMakeCache.txt
 	cmake --build build -j$(JOBS) --target mobile_endpoints
