@@ -368,8 +368,11 @@ def scrape(addr, name):
 class Completion:
     """One streamed request: what was asked, what came back, when each token arrived."""
 
-    def __init__(self, index, client, prompt, max_tokens, temperature, seed):
+    def __init__(self, index, client, prompt, max_tokens, temperature, seed, usage):
         self.index = index
+        self.usage_asked = usage  # stream_options.include_usage
+        self.usage = None  # the usage chunk's
+        self.ids = set()  # the response ids of its chunks (one expected)
         self.client = client
         self.prompt = prompt
         self.max_tokens = max_tokens
@@ -387,6 +390,8 @@ class Completion:
     def body(self):
         b = {"model": MODEL_NAME, "prompt": self.prompt, "max_tokens": self.max_tokens,
              "stream": True}
+        if self.usage_asked:
+            b["stream_options"] = {"include_usage": True}
         if self.temperature > 0:
             b["temperature"] = self.temperature
             b["seed"] = self.seed
@@ -442,7 +447,7 @@ class Load:
             temperature, seed = 0.0, None
         else:
             temperature, seed = 0.8, SEEDS[(i // 6) % len(SEEDS)]
-        c = Completion(i, client, prompt, max_tokens, temperature, seed)
+        c = Completion(i, client, prompt, max_tokens, temperature, seed, usage=i % 3 == 0)
         with self.lock:
             self.completions.append(c)
         return c
@@ -478,6 +483,9 @@ class Load:
                     c.error = f"error event: {json.dumps(j['error'])[:300]}"
                     return
                 now = time.monotonic()
+                c.ids.add(j.get("id"))
+                if j.get("usage"):
+                    c.usage = j["usage"]
                 for ch in j.get("choices", []):
                     ids = ch.get("token_ids") or []
                     c.token_ids.extend(ids)
@@ -568,16 +576,15 @@ def kill_mid_generation(stack, load, stage, replica, settle_s):
     stream's kill-to-next-token, restarts it under the same LID and waits for its ready line."""
     k = Kill(stage, replica, stack.lids[(stage, replica)])
     victim = stack.stages[(stage, replica)]
-    # Mid-generation: at least two streams have tokens and are far from their end, and for a
-    # stage 0, it owns a running request.
+    # Mid-generation: at least two streams have tokens and are far from their end, and the
+    # stage 0 of the victim's replica owns a running request.
     def ready_to_kill():
         _, _, running, _ = load.snapshot()
         mid = [c for c in running if 8 <= len(c.token_ids) <= c.max_tokens - 40]
         if len(mid) < 2:
             return False
-        if stage == 0 and (scrape(stack.http[replica], "connex_requests_running") or 0) < 1:
-            return False
-        return True
+        # The victim's chain is generating (its stage 0 owns a running request).
+        return (scrape(stack.http[replica], "connex_requests_running") or 0) >= 1
 
     time.sleep(settle_s)  # pacing: let the load run before the kill
     wait_for(ready_to_kill, 60, f"streams mid-generation before killing {k.lid}", stack)
@@ -850,6 +857,15 @@ def report(args, stack, load, kills, load_s, ref_s, restarted, shutdown):
         want_finish = "stop" if c.token_ids and c.token_ids[-1] == EOS else "length"
         if c.finish != want_finish:
             why.append(f"finish_reason {c.finish}, expected {want_finish}")
+        if len(c.ids) != 1:
+            why.append(f"{len(c.ids)} response ids in one stream: {sorted(map(str, c.ids))}")
+        if c.usage_asked:
+            want = {"prompt_tokens": len(c.prompt.encode()) + 1,  # BOS + bytes
+                    "completion_tokens": len(c.token_ids)}
+            want["total_tokens"] = want["prompt_tokens"] + want["completion_tokens"]
+            got = {k: (c.usage or {}).get(k) for k in want}
+            if got != want:
+                why.append(f"usage {got}, expected {want}")
         if why:
             mismatched.append((c, why))
     bad = {id(c) for c, _ in mismatched}
@@ -895,7 +911,8 @@ def report(args, stack, load, kills, load_s, ref_s, restarted, shutdown):
         log(f"             the restarted {stack.lids[(0, 1)]} then completed {restarted:.0f} "
             "requests")
     log(f"exactness    {len(done) - len(mismatched)}/{len(done)} completions identical to "
-        f"connex-generate, token ids and text ({ref_s:.1f} s to compute)")
+        f"connex-generate in token ids and text, with the right finish_reason, usage and one "
+        f"response id ({ref_s:.1f} s to compute)")
     log("shutdown     " + ("every process exited 0 on SIGTERM" if not shutdown else
                            f"{len(shutdown)} problems"))
     for c, why in mismatched[:10]:
