@@ -540,6 +540,7 @@ class Kill:
         self.in_flight = []  # completions streaming at the kill, with a token already
         self.gaps = []  # per such stream: seconds from the kill to its next token
         self.noticed = None  # what shows the kill was felt, or None
+        self.retries = None  # the proxy's retries from the kill to the restart (a stage 0)
         self.restart_s = None
         self.new_epoch = None
 
@@ -590,6 +591,7 @@ def kill_mid_generation(stack, load, stage, replica, settle_s):
     wait_for(ready_to_kill, 60, f"streams mid-generation before killing {k.lid}", stack)
     before = failovers(stack)
     proxy_resumes = proxy_resume_count(stack)
+    proxy_retries = proxy_retry_count(stack)
     stack.killed.add(victim)
     k.at = time.monotonic()
     victim.signal(signal.SIGKILL)
@@ -620,9 +622,7 @@ def kill_mid_generation(stack, load, stage, replica, settle_s):
         if proxy_resumes is not None:
             after = wait_until_increase(lambda: proxy_resume_count(stack), proxy_resumes, 10)
             if after is not None:
-                k.noticed = f"proxy resumes {proxy_resumes:.0f} -> {after:.0f}"
-        else:
-            k.noticed = "its stage 0 was generating (connex_requests_running >= 1)"
+                k.noticed = f"connex_proxy_resumes_total {proxy_resumes:.0f} -> {after:.0f}"
     else:
         after = wait_until_increase(lambda: failovers(stack), before, 10)
         if after is not None:
@@ -635,6 +635,10 @@ def kill_mid_generation(stack, load, stage, replica, settle_s):
     if stage == 0:
         wait_healthy(stack.http[replica], f"restarted {k.lid}", START_TIMEOUT_S, stack.procs)
     k.restart_s = time.monotonic() - t0
+    if stage == 0 and proxy_retries is not None:
+        retries = proxy_retry_count(stack)
+        if retries is not None:
+            k.retries = f"connex_proxy_retries_total {proxy_retries:.0f} -> {retries:.0f}"
     k.new_epoch = stack.epochs[(stage, replica)]
     log(f"* {t_rel(load, time.monotonic()):5.1f} s  {k.lid} ready again, epoch={k.new_epoch} "
         f"({k.restart_s:.1f} s after the restart)")
@@ -649,6 +653,13 @@ def wait_until_increase(read, before, timeout_s):
             return v
         time.sleep(0.1)
     return None
+
+
+def proxy_retry_count(stack):
+    """connex-proxy's retries (attempts after a failure, resumes included)."""
+    if stack.proxy is None or not stack.proxy.alive():
+        return None
+    return scrape(stack.proxy_addr, "connex_proxy_retries_total")
 
 
 def proxy_resume_count(stack):
@@ -903,6 +914,8 @@ def report(args, stack, load, kills, load_s, ref_s, restarted, shutdown):
         log(f"             noticed: {k.noticed or 'NOT NOTICED'}")
         log(f"             restarted under the same LID: ready in {k.restart_s:.1f} s "
             f"(epoch {k.new_epoch})")
+        if k.retries:
+            log(f"             {k.retries} from the kill to the restart (resumes included)")
         if not k.in_flight:
             problems.append(f"the kill of {k.lid} found no stream in flight")
         if not k.noticed:
