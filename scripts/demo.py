@@ -20,6 +20,7 @@ import http.client
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -936,6 +937,15 @@ def report(args, stack, load, kills, load_s, ref_s, restarted, shutdown):
                         f"prompt {c.prompt!r}): " + "; ".join(why))
     if len(mismatched) > 10:
         problems.append(f"... and {len(mismatched) - 10} more mismatches")
+    if mismatched:
+        c = mismatched[0][0]
+        model = os.path.join(stack.model_dir, "model.safetensors")
+        flags = "" if c.temperature == 0 else f" --temperature {c.temperature} --seed {c.seed}"
+        problems.append(
+            f"to reproduce request #{c.index} (the work directory below is kept): "
+            f"{stack.exe('connex-generate')} --model {model} --prompt {shlex.quote(c.prompt)} "
+            f"--max-tokens {c.max_tokens}{flags} --json; and the same POST /v1/completions "
+            f"{json.dumps(c.body())} to a stage 0 or the proxy")
     for c in failed[:10]:
         problems.append(f"request #{c.index} ({c.sampling()}, prompt {c.prompt!r}) failed: "
                         f"{c.error}")
