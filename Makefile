@@ -2,13 +2,15 @@
 # install what is missing (scripts/install-deps.sh), configure, build, then test / run.
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
+DEMO_ARGS ?=
 # The test labels `make test-tsan` builds and runs (TSan covers the concurrent layers).
 TSAN_LABELS := directory elastic pp transport
 empty :=
 space := $(empty) $(empty)
 TSAN_LABEL_REGEX := $(subst $(space),|,$(strip $(TSAN_LABELS)))
 
-.PHONY: all deps build build-asan build-tsan test test-asan test-tsan demo bench fuzz clean
+.PHONY: all deps build build-asan build-tsan test test-asan test-tsan demo demo-build demo-mobile \
+	bench fuzz clean
 
 all: build
 
@@ -41,7 +43,19 @@ test-asan: build-asan
 test-tsan: build-tsan
 	cd build-tsan && CONNEX_TEST_SEEDS=25 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tsan.supp" ctest --output-on-failure -j$(JOBS) -L '^($(TSAN_LABEL_REGEX))$$' $(CTEST_ARGS)
 
-demo: build
+# The binaries `make demo` runs (scripts/demo.py): only these are built for it.
+DEMO_TARGETS := connex-mkmodel connex-directory connex-stage connex-proxy connex-generate
+
+demo-build: deps build/CMakeCache.txt
+	cmake --build build -j$(JOBS) --target $(DEMO_TARGETS)
+
+# The serving stack under load, a middle stage and a stage 0 SIGKILLed mid-generation
+# (README.md, "Demo"; its flags in docs/configuration.md).
+demo: demo-build
+	/usr/bin/python3 scripts/demo.py --bin build/bin $(DEMO_ARGS)
+
+demo-mobile: deps build/CMakeCache.txt
+	cmake --build build -j$(JOBS) --target mobile_endpoints
 	./build/bin/mobile_endpoints
 
 bench: build

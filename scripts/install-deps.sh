@@ -29,6 +29,7 @@ PACKAGES=(
   libucx-dev ucx-utils
   libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   iperf3 iproute2 procps
+  python3  # scripts/demo.py (make demo)
 )
 
 missing=()
