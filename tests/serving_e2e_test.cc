@@ -1,8 +1,8 @@
 // The serving stack end to end, with real processes on loopback: a directory, two replica chains
 // of a three-stage pipeline of the reference engine (connex-stage), stage 0 of each serving the
-// OpenAI-compatible API, and the resume proxy (connex-proxy) in front of them. Completions (greedy and sampled, whole and streamed) must carry exactly
-// the token ids connex-generate prints for the same prompt and seed — also when a stage is
-// killed with SIGKILL while the response streams.
+// OpenAI-compatible API, and the resume proxy (connex-proxy) in front of them. Completions (greedy
+// and sampled, whole and streamed) must carry exactly the token ids connex-generate prints for the
+// same prompt and seed — also when a stage is killed with SIGKILL while the response streams.
 #include <signal.h>
 #include <unistd.h>
 
@@ -115,9 +115,9 @@ class ServingE2eTest : public ::testing::Test {
     }
     // Short step and probe timeouts, so that a killed stage is found within a second.
     // A short HTTP read timeout, so that the slow-client test sees its 408 soon.
-    auto p = Subprocess::Start(argv, {"CONNEX_ENGINE_THREADS=1", "CONNEX_PP_STEP_TIMEOUT_MS=1000",
-                                      "CONNEX_PP_PROBE_TIMEOUT_MS=300",
-                                      "CONNEX_HTTP_READ_TIMEOUT_MS=2000"});
+    auto p = Subprocess::Start(
+        argv, {"CONNEX_ENGINE_THREADS=1", "CONNEX_PP_STEP_TIMEOUT_MS=1000",
+               "CONNEX_PP_PROBE_TIMEOUT_MS=300", "CONNEX_HTTP_READ_TIMEOUT_MS=2000"});
     ASSERT_TRUE(p.has_value());
     if (stage == 0) {
       auto line = p->WaitForLine("listening http=", 20000);
@@ -356,7 +356,6 @@ TEST_F(ServingE2eTest, AClientThatDisconnectsMidStreamCancelsItsRequest) {
   EXPECT_THAT(metrics, HasSubstr("connex_generation_tokens_total"));
 }
 
-
 // The mission through the resume proxy: streams (greedy and sampled) and a whole response go
 // through connex-proxy while a middle stage, the last stage and a stage 0 are killed with SIGKILL
 // in turn. Every response is exactly connex-generate's — text and token ids, no token missing or
@@ -393,8 +392,11 @@ TEST_F(ServingE2eTest, ThroughTheProxyNoKillChangesAToken) {
     SCOPED_TRACE(name);
     std::vector<Job> jobs = {
         full({"greedy " + name, {}, "", true, {}}),
-        full({"sampled " + name, {"--temperature", "0.8", "--top-p", "0.95"},
-              R"(, "temperature": 0.8, "top_p": 0.95)", true, {}}),
+        full({"sampled " + name,
+              {"--temperature", "0.8", "--top-p", "0.95"},
+              R"(, "temperature": 0.8, "top_p": 0.95)",
+              true,
+              {}}),
         full({"greedy again " + name, {}, "", true, {}}),
         full({"whole " + name, {"--temperature", "0.7"}, R"(, "temperature": 0.7)", false, {}}),
     };
@@ -402,9 +404,9 @@ TEST_F(ServingE2eTest, ThroughTheProxyNoKillChangesAToken) {
     for (const Job& j : jobs) {
       auto c = std::make_unique<TestConnection>(proxy_port_, 60000);
       ASSERT_TRUE(c->Send("POST", "/v1/completions",
-                          R"({"model": "tiny", "prompt": ")" + j.prompt +
-                              R"(", "max_tokens": )" + std::to_string(kTokens) +
-                              (j.stream ? R"(, "stream": true)" : "") + j.fields + "}"));
+                          R"({"model": "tiny", "prompt": ")" + j.prompt + R"(", "max_tokens": )" +
+                              std::to_string(kTokens) + (j.stream ? R"(, "stream": true)" : "") +
+                              j.fields + "}"));
       connections.push_back(std::move(c));
     }
     for (size_t i = 0; i < jobs.size(); ++i) {
@@ -470,17 +472,17 @@ TEST_F(ServingE2eTest, ThroughTheProxyNoKillChangesAToken) {
   std::vector<std::unique_ptr<TestConnection>> more;
   for (int i = 0; i < 4; ++i) {
     more.push_back(std::make_unique<TestConnection>(proxy_port_, 60000));
-    ASSERT_TRUE(more.back()->Send("POST", "/v1/completions",
-                                  R"({"model": "tiny", "prompt": "after )" + std::to_string(i) +
-                                      R"(", "max_tokens": 8})"));
+    ASSERT_TRUE(more.back()->Send(
+        "POST", "/v1/completions",
+        R"({"model": "tiny", "prompt": "after )" + std::to_string(i) + R"(", "max_tokens": 8})"));
   }
   for (int i = 0; i < 4; ++i) {
     auto r = more[i]->Read();
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->result_int(), 200) << r->body();
-    EXPECT_EQ(nlohmann::json::parse(r->body())["choices"][0]["token_ids"]
-                  .get<std::vector<int32_t>>(),
-              Reference("after " + std::to_string(i), 8));
+    EXPECT_EQ(
+        nlohmann::json::parse(r->body())["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+        Reference("after " + std::to_string(i), 8));
   }
   EXPECT_GT(served(0), restarted_before) << "the restarted stage 0 took no request";
 }
@@ -501,20 +503,19 @@ TEST_F(ServingE2eTest, TheProxyRefusesBadInputAndKeepsServing) {
     EXPECT_TRUE(nlohmann::json::parse(r->body()).contains("error")) << r->body();
   }
   TestConnection c(proxy_port_, 60000);
-  ASSERT_TRUE(c.Send("POST", "/v1/completions",
-                     R"({"model": "tiny", "prompt": "ok", "max_tokens": 4})"));
+  ASSERT_TRUE(
+      c.Send("POST", "/v1/completions", R"({"model": "tiny", "prompt": "ok", "max_tokens": 4})"));
   auto r = c.Read();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->result_int(), 200) << r->body();
 }
 
-
 // connexctl shows the deployment: chains, each stage's epoch, stage 0's API and its health; a
 // killed stage shows as missing once its lease runs out.
 TEST_F(ServingE2eTest, ConnexctlShowsTheServingDeployment) {
   auto serving = [&]() -> nlohmann::json {
-    auto p = Subprocess::Start(
-        {BinDir() + "/connexctl", "--directory", bind_, "serving", "--model", kModelName, "--json"});
+    auto p = Subprocess::Start({BinDir() + "/connexctl", "--directory", bind_, "serving", "--model",
+                                kModelName, "--json"});
     EXPECT_TRUE(p.has_value());
     auto line = p->WaitForLine("[", 20000);
     EXPECT_TRUE(line.has_value()) << p->transcript();
@@ -545,7 +546,6 @@ TEST_F(ServingE2eTest, ConnexctlShowsTheServingDeployment) {
   EXPECT_EQ(table->Wait(20000), 0);
   EXPECT_THAT(table->transcript(), HasSubstr("missing"));
 }
-
 
 // The same through the official OpenAI client library (the `openai` npm package, run by Node):
 // two streams, a chat stream and a whole response, while a stage 0 is killed with SIGKILL. The
@@ -644,7 +644,6 @@ TEST_F(ServingE2eTest, TheOpenAiClientLibrarySeesUninterruptedResponsesThroughAK
   EXPECT_GT(ProxyMetric("connex_proxy_resumes_total"), resumes_before);
 }
 
-
 // Hostile clients, at a stage 0 and at the proxy: a 100 MB body is a 413 before it is read, a
 // client that sends half a request a 408, 200 connections at once are all answered; a client
 // that goes away mid-stream is cancelled; afterwards nothing runs and both keep serving.
@@ -653,9 +652,10 @@ TEST_F(ServingE2eTest, HostileClientsGetA4xxAndBothTheStageAndTheProxyKeepServin
     SCOPED_TRACE(port == proxy_port_ ? "proxy" : "stage 0");
     {
       TestConnection c(port, 30000);
-      ASSERT_TRUE(c.SendRaw("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                            "Content-Type: application/json\r\nContent-Length: 104857600\r\n\r\n" +
-                            std::string(64 * 1024, 'x')));
+      ASSERT_TRUE(
+          c.SendRaw("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                    "Content-Type: application/json\r\nContent-Length: 104857600\r\n\r\n" +
+                    std::string(64 * 1024, 'x')));
       auto r = c.Read();
       ASSERT_TRUE(r.has_value());
       EXPECT_EQ(r->result_int(), 413) << r->body();
@@ -680,10 +680,9 @@ TEST_F(ServingE2eTest, HostileClientsGetA4xxAndBothTheStageAndTheProxyKeepServin
     std::vector<std::unique_ptr<TestConnection>> crowd;
     for (int i = 0; i < 200; ++i) {
       crowd.push_back(std::make_unique<TestConnection>(port, 120000));
-      ASSERT_TRUE(crowd.back()->Send(
-          "POST", "/v1/completions",
-          R"({"model": "tiny", "prompt": "crowd )" + std::to_string(i % 7) +
-              R"(", "max_tokens": 2})"));
+      ASSERT_TRUE(crowd.back()->Send("POST", "/v1/completions",
+                                     R"({"model": "tiny", "prompt": "crowd )" +
+                                         std::to_string(i % 7) + R"(", "max_tokens": 2})"));
     }
     int ok = 0;
     for (int i = 0; i < 200; ++i) {

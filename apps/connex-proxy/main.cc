@@ -15,8 +15,9 @@
 #include "connex/serving/proxy.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"connex-proxy: the OpenAI-compatible front door of a served model; resumes "
-               "responses on another stage-0 replica when one dies"};
+  CLI::App app{
+      "connex-proxy: the OpenAI-compatible front door of a served model; resumes "
+      "responses on another stage-0 replica when one dies"};
   auto directory_options = connex::directory::DirectoryClientOptions::FromEnv();
   if (!directory_options.ok()) {
     std::cerr << "connex-proxy: " << directory_options.status().message() << "\n";
@@ -92,8 +93,8 @@ int main(int argc, char** argv) {
   }
   auto watching = connex::serving::WatchReplicas(**client, options.model, **proxy);
   if (!watching.ok()) {
-    std::cerr << "connex-proxy: watching " << options.model << ": "
-              << watching.status().message() << "\n";
+    std::cerr << "connex-proxy: watching " << options.model << ": " << watching.status().message()
+              << "\n";
     return 1;
   }
   std::printf("listening http=%s\n", (*proxy)->address().c_str());

@@ -1,6 +1,7 @@
 // connexctl: the operator's tool for a Connex directory — live membership (status), the serving
 // deployment (serving: chains, stages, health), the event stream (watch), resolution of a group
-// (resolve), and registration from the shell (join, leave, report-failed). Exit codes: 0 ok, 1 a request failed, 2 bad usage, 3 a registration was lost.
+// (resolve), and registration from the shell (join, leave, report-failed). Exit codes: 0 ok, 1 a
+// request failed, 2 bad usage, 3 a registration was lost.
 #include <signal.h>
 
 #include <atomic>
@@ -141,8 +142,9 @@ int main(int argc, char** argv) {
   std::string serving_model;
   serving->add_option("--model", serving_model, "only this model");
   int64_t probe_timeout_ms = 1000;
-  serving->add_option("--probe-timeout-ms", probe_timeout_ms,
-                      "how long each stage 0's GET /health may take (0: do not probe)")
+  serving
+      ->add_option("--probe-timeout-ms", probe_timeout_ms,
+                   "how long each stage 0's GET /health may take (0: do not probe)")
       ->check(CLI::Range(int64_t{0}, int64_t{60'000}))
       ->capture_default_str();
   serving->add_flag("--json", json, "print JSON");
@@ -249,7 +251,8 @@ int main(int argc, char** argv) {
       absl::Status ok = Lid::ValidateModel(serving_model);
       if (!ok.ok()) return Fail(Annotate(ok, "--model"));
     }
-    auto snapshot = serving_model.empty() ? client.GetSnapshot() : client.GetSnapshot(serving_model);
+    auto snapshot =
+        serving_model.empty() ? client.GetSnapshot() : client.GetSnapshot(serving_model);
     if (!snapshot.ok()) return Fail(snapshot.status());
     std::vector<connex::serving::ServedModel> models =
         connex::serving::ServedModels(snapshot->records);

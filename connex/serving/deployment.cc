@@ -88,7 +88,8 @@ HealthProbe ProbeHealth(const std::string& http_address, int64_t timeout_ms) {
         result = ec;
         return;
       }
-      http::async_read(stream, buffer, response, [&](beast::error_code ec, size_t) { result = ec; });
+      http::async_read(stream, buffer, response,
+                       [&](beast::error_code ec, size_t) { result = ec; });
     });
   });
   io.run();  // the stream's deadline bounds every step
@@ -168,8 +169,8 @@ nlohmann::json ServedModelsJson(const std::vector<ServedModel>& models,
                           {"epoch", it->second.epoch},
                           {"lease_left_ms", it->second.lease_left_ms}});
       }
-      nlohmann::json r = {{"replica", replica}, {"stages", stages}, {"http", nullptr},
-                          {"health", nullptr}};
+      nlohmann::json r = {
+          {"replica", replica}, {"stages", stages}, {"http", nullptr}, {"health", nullptr}};
       if (auto zero = chain.find(0); zero != chain.end()) {
         if (auto h = zero->second.metadata.find("http"); h != zero->second.metadata.end()) {
           r["http"] = h->second;

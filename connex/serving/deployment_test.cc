@@ -24,12 +24,9 @@ directory::Record StageRecord(const std::string& model, uint32_t stage, uint32_t
 
 TEST(ServedModelsTest, GroupsChainsAndFindsAStageWithNoLiveReplica) {
   std::vector<directory::Record> records = {
-      StageRecord("tiny", 0, 0, 3, 11, "127.0.0.1:9000"),
-      StageRecord("tiny", 1, 0, 3, 12),
-      StageRecord("tiny", 0, 1, 3, 21, "127.0.0.1:9001"),
-      StageRecord("tiny", 1, 1, 3, 22),
-      StageRecord("big", 0, 0, 2, 5, "127.0.0.1:9100"),
-      StageRecord("big", 1, 3, 2, 6),
+      StageRecord("tiny", 0, 0, 3, 11, "127.0.0.1:9000"), StageRecord("tiny", 1, 0, 3, 12),
+      StageRecord("tiny", 0, 1, 3, 21, "127.0.0.1:9001"), StageRecord("tiny", 1, 1, 3, 22),
+      StageRecord("big", 0, 0, 2, 5, "127.0.0.1:9100"),   StageRecord("big", 1, 3, 2, 6),
   };
   directory::Record plain;  // not a served stage: no "stages"
   plain.lid = Lid{"tiny", 2, 0, 0};
@@ -68,9 +65,9 @@ TEST(ProbeHealthTest, ReadsTheStatusAndReasonOrNamesWhyThereWasNoAnswer) {
   Router router;
   std::atomic<bool> ready{false};
   router.Add("GET", "/health", [&ready](std::shared_ptr<HttpExchange> x) {
-    x->Respond(JsonResponse(ready ? 200 : 503,
-                            ready ? R"({"status":"ok"})"
-                                  : R"({"status":"unavailable","reason":"stage 2 missing"})"));
+    x->Respond(JsonResponse(
+        ready ? 200 : 503,
+        ready ? R"({"status":"ok"})" : R"({"status":"unavailable","reason":"stage 2 missing"})"));
   });
   auto server = StartHttpServer({}, router.AsHandler());
   ASSERT_TRUE(server.ok()) << server.status();

@@ -37,9 +37,12 @@ using SteadyClock = std::chrono::steady_clock;
 
 // An upstream error body (before the stream) or event larger than this is a broken upstream.
 constexpr size_t kMaxUpstreamMessageBytes = 1 << 20;
-// A replica whose connection failed is not picked again for this long (unless it is the only
-// way forward and the wait ran out): the directory drops a dead one within a lease.
+// A replica that failed an attempt is not picked again for this long; one that refuses
+// connections again and again (a dead process whose lease has not run out yet) for twice as long
+// each time, up to kMaxReplicaDownMs. The directory drops a dead one within a lease; its restart
+// is a new epoch, hence a new replica with a clean slate.
 constexpr int64_t kReplicaDownMs = 1'000;
+constexpr int64_t kMaxReplicaDownMs = 4'000;
 constexpr int64_t kFirstBackoffMs = 50;
 constexpr int64_t kMaxBackoffMs = 1'000;
 
@@ -208,9 +211,7 @@ absl::StatusOr<uint64_t> WatchReplicas(directory::DirectoryClient& directory,
 class ResumeProxy::Impl {
  public:
   explicit Impl(ProxyOptions options)
-      : options_(std::move(options)),
-        work_(asio::make_work_guard(io_)),
-        created_(UnixSeconds()) {
+      : options_(std::move(options)), work_(asio::make_work_guard(io_)), created_(UnixSeconds()) {
     std::random_device rd;
     next_id_ = (static_cast<uint64_t>(rd()) << 24) | 1;
     running_ = &metrics_.AddGauge("connex_requests_running", "Requests being answered").Get();
@@ -226,18 +227,18 @@ class ResumeProxy::Impl {
                  .AddHistogram("connex_time_to_first_token_seconds",
                                "From a request's arrival to its first token", LatencyBuckets())
                  .Get();
-    itl_ = &metrics_
-                .AddHistogram("connex_inter_token_latency_seconds",
-                              "Between two tokens of one request (resumes included)",
-                              LatencyBuckets())
-                .Get();
+    itl_ =
+        &metrics_
+             .AddHistogram("connex_inter_token_latency_seconds",
+                           "Between two tokens of one request (resumes included)", LatencyBuckets())
+             .Get();
     e2e_ = &metrics_
                 .AddHistogram("connex_e2e_request_latency_seconds",
                               "From a request's arrival to its end", LatencyBuckets())
                 .Get();
-    success_ = &metrics_.AddCounter("connex_request_success_total",
-                                    "Requests that completed, by finish reason",
-                                    {"finished_reason"});
+    success_ =
+        &metrics_.AddCounter("connex_request_success_total",
+                             "Requests that completed, by finish reason", {"finished_reason"});
     failures_ = &metrics_
                      .AddCounter("connex_request_failure_total",
                                  "Requests that ended with an error after their retries")
@@ -265,9 +266,9 @@ class ResumeProxy::Impl {
       const size_t n = replicas().size();
       const bool ok = n > 0;
       x->Respond(JsonResponse(
-          ok ? 200 : 503,
-          HealthResponse(ok, ok ? "" : StrCat("no stage-0 replica of ", options_.model,
-                                              " is registered in the directory"))));
+          ok ? 200 : 503, HealthResponse(ok, ok ? ""
+                                                : StrCat("no stage-0 replica of ", options_.model,
+                                                         " is registered in the directory"))));
     });
     router_.Add("GET", "/metrics", [this](std::shared_ptr<HttpExchange> x) {
       HttpResponse r;
@@ -350,7 +351,8 @@ class ResumeProxy::Impl {
     bool first_chunk_sent = false;
     bool ended = false;
     int attempts = 0;
-    std::optional<SteadyClock::time_point> outage_deadline;  // set by a failure, cleared by progress
+    std::optional<SteadyClock::time_point>
+        outage_deadline;  // set by a failure, cleared by progress
     int64_t backoff_ms = 0;
     std::string avoid;  // the replica that failed last
     std::string last_error;
@@ -365,6 +367,7 @@ class ResumeProxy::Impl {
 
   struct ReplicaState {
     int inflight = 0;
+    int connect_failures = 0;  // in a row
     SteadyClock::time_point down_until{};
   };
 
@@ -406,8 +409,8 @@ class ResumeProxy::Impl {
       p->id = next_id_++;
       ++stats_.requests;
     }
-    p->header = ResponseHeader{endpoint, MakeResponseId(endpoint, p->id), UnixSeconds(),
-                               options_.model};
+    p->header =
+        ResponseHeader{endpoint, MakeResponseId(endpoint, p->id), UnixSeconds(), options_.model};
     if (p->request.stream) p->chunks.emplace(p->header, p->request.include_usage);
     running_->Increment();
     asio::post(io_, [this, p] {
@@ -472,7 +475,8 @@ class ResumeProxy::Impl {
     std::optional<Replica> replica = PickReplica(*p);
     if (!replica) {
       if (!p->outage_deadline) {
-        p->outage_deadline = SteadyClock::now() + std::chrono::milliseconds(options_.retry_budget_ms);
+        p->outage_deadline =
+            SteadyClock::now() + std::chrono::milliseconds(options_.retry_budget_ms);
         p->last_error = StrCat("no stage-0 replica of ", options_.model, " is registered");
       }
       return WaitAndRetry(p, /*alternative=*/false);
@@ -515,13 +519,14 @@ class ResumeProxy::Impl {
     boost::system::error_code ec;
     asio::ip::address ip = asio::ip::make_address(parsed.host, ec);
     if (!address.ok() || ec || parsed.port == 0) {
-      return AttemptFailed(p, a, StrCat("its API address ", a->replica.http_address,
-                                        " is not a numeric HOST:PORT"));
+      return AttemptFailed(
+          p, a, StrCat("its API address ", a->replica.http_address, " is not a numeric HOST:PORT"));
     }
     a->stream.expires_after(std::chrono::milliseconds(options_.connect_timeout_ms));
     a->stream.async_connect(tcp::endpoint(ip, parsed.port), [this, p, a](beast::error_code ec) {
       if (a->over) return;
-      if (ec) return AttemptFailed(p, a, StrCat("connect: ", ec.message()));
+      if (ec) return AttemptFailed(p, a, StrCat("connect: ", ec.message()), /*connect=*/true);
+      state_[a->replica.name].connect_failures = 0;
       a->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
       http::async_write(a->stream, a->request, [this, p, a](beast::error_code ec, size_t) {
         if (a->over) return;
@@ -541,24 +546,23 @@ class ResumeProxy::Impl {
   void Read(const ProxiedPtr& p, const AttemptPtr& a) {
     if (a->parser.is_done()) return AttemptEnded(p, a);
     a->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
-    http::async_read_some(a->stream, a->buffer, a->parser,
-                          [this, p, a](beast::error_code ec, size_t) {
-                            if (a->over) return;
-                            std::string& body = a->parser.get().body();
-                            if (a->streaming) {
-                              a->events.append(body);
-                              body.clear();
-                              if (!TakeEvents(p, a)) return;  // the attempt is over
-                            } else if (body.size() > kMaxUpstreamMessageBytes) {
-                              return AttemptFailed(p, a, "an error body over 1 MiB");
-                            }
-                            if (a->parser.is_done()) return AttemptEnded(p, a);
-                            if (ec) {
-                              return AttemptFailed(p, a,
-                                                   StrCat("the stream broke: ", ec.message()));
-                            }
-                            Read(p, a);
-                          });
+    http::async_read_some(
+        a->stream, a->buffer, a->parser, [this, p, a](beast::error_code ec, size_t) {
+          if (a->over) return;
+          std::string& body = a->parser.get().body();
+          if (a->streaming) {
+            a->events.append(body);
+            body.clear();
+            if (!TakeEvents(p, a)) return;  // the attempt is over
+          } else if (body.size() > kMaxUpstreamMessageBytes) {
+            return AttemptFailed(p, a, "an error body over 1 MiB");
+          }
+          if (a->parser.is_done()) return AttemptEnded(p, a);
+          if (ec) {
+            return AttemptFailed(p, a, StrCat("the stream broke: ", ec.message()));
+          }
+          Read(p, a);
+        });
   }
 
   // Splits what was streamed into events and acts on each. False when the attempt is over.
@@ -645,8 +649,8 @@ class ResumeProxy::Impl {
       std::span<const int32_t> prompt_ids;
       if (!p->first_chunk_sent) prompt_ids = p->prompt;
       p->first_chunk_sent = true;
-      if (!p->exchange->Send(p->chunks->Delta(event->text, event->token_ids, prompt_ids,
-                                              event->finish))) {
+      if (!p->exchange->Send(
+              p->chunks->Delta(event->text, event->token_ids, prompt_ids, event->finish))) {
         Cancel(p);
         return false;
       }
@@ -690,12 +694,20 @@ class ResumeProxy::Impl {
     if (p->attempt == a) p->attempt.reset();
   }
 
-  void AttemptFailed(const ProxiedPtr& p, const AttemptPtr& a, std::string why) {
+  void AttemptFailed(const ProxiedPtr& p, const AttemptPtr& a, std::string why,
+                     bool connect = false) {
     if (a->over) return;
     CloseAttempt(p, a);
     if (p->ended) return;
-    state_[a->replica.name].down_until =
-        SteadyClock::now() + std::chrono::milliseconds(kReplicaDownMs);
+    ReplicaState& replica = state_[a->replica.name];
+    int64_t down_ms = kReplicaDownMs;
+    if (connect) {
+      ++replica.connect_failures;
+      down_ms =
+          std::min(kMaxReplicaDownMs, kReplicaDownMs << std::min(replica.connect_failures - 1, 8));
+    }
+    replica.down_until =
+        std::max(replica.down_until, SteadyClock::now() + std::chrono::milliseconds(down_ms));
     p->avoid = a->replica.name;
     p->last_error = StrCat("replica ", a->replica.name, " at ", a->replica.http_address, ": ", why);
     CONNEX_LOG_WARN("proxy: request {} ({} tokens delivered): {}", p->header.id, p->tokens.size(),
@@ -747,10 +759,12 @@ class ResumeProxy::Impl {
   }
 
   void GiveUp(const ProxiedPtr& p) {
-    Fail(p, absl::UnavailableError(StrCat(
-                "model ", options_.model, ": no replica completed the request within the retry "
-                "budget (", options_.retry_budget_ms, " ms of outage, ", p->attempts,
-                " attempts made of ", options_.max_attempts, "); last: ", p->last_error)));
+    Fail(p, absl::UnavailableError(StrCat("model ", options_.model,
+                                          ": no replica completed the request within the retry "
+                                          "budget (",
+                                          options_.retry_budget_ms, " ms of outage, ", p->attempts,
+                                          " attempts made of ", options_.max_attempts,
+                                          "); last: ", p->last_error)));
   }
 
   // Ends `p` (once): the running gauge, the latency, the live set.
@@ -786,8 +800,8 @@ class ResumeProxy::Impl {
         x.Send(p->chunks->Delta("", {}, prompt_ids, finish));
       }
       if (p->request.include_usage) {
-        x.Send(p->chunks->UsageChunk(Usage{static_cast<int64_t>(p->prompt.size()),
-                                           static_cast<int64_t>(p->tokens.size())}));
+        x.Send(p->chunks->UsageChunk(
+            Usage{static_cast<int64_t>(p->prompt.size()), static_cast<int64_t>(p->tokens.size())}));
       }
       x.Send(std::string(kSseDone));
       x.EndStream();

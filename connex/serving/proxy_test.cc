@@ -53,11 +53,11 @@ std::vector<int32_t> FakePrompt(const Json& body) {
 class FakeReplica {
  public:
   enum class Act {
-    kServe,           // the whole answer
-    kDieAfter,        // `n` tokens, then the connection is closed mid-stream
-    kStatus,          // an HTTP error `status` with an envelope, before any stream
-    kErrorEventAfter, // `n` tokens, then an in-stream server_error event and [DONE]
-    kSilentAfter,     // `n` tokens, then nothing (until the test ends)
+    kServe,            // the whole answer
+    kDieAfter,         // `n` tokens, then the connection is closed mid-stream
+    kStatus,           // an HTTP error `status` with an envelope, before any stream
+    kErrorEventAfter,  // `n` tokens, then an in-stream server_error event and [DONE]
+    kSilentAfter,      // `n` tokens, then nothing (until the test ends)
   };
   struct Script {
     Act act = Act::kServe;
@@ -147,26 +147,31 @@ class FakeReplica {
       }
     }
     if (script.act == Act::kStatus) {
-      std::string envelope = script.status == 400
-          ? R"({"error":{"message":"max_tokens: bad","type":"invalid_request_error","param":"max_tokens","code":"invalid_value"}})"
-          : R"({"error":{"message":"the stage is starting","type":"server_error","param":null,"code":null}})";
+      std::string envelope =
+          script.status == 400
+              ? R"({"error":{"message":"max_tokens: bad","type":"invalid_request_error","param":"max_tokens","code":"invalid_value"}})"
+              : R"({"error":{"message":"the stage is starting","type":"server_error","param":null,"code":null}})";
       Write(s, "HTTP/1.1 " + std::to_string(script.status) +
                    " Error\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                   "Content-Length: " + std::to_string(envelope.size()) + "\r\n\r\n" + envelope);
+                   "Content-Length: " +
+                   std::to_string(envelope.size()) + "\r\n\r\n" + envelope);
       return;
     }
     const std::vector<int32_t> prompt = FakePrompt(body);
     const int64_t max_tokens = body["max_tokens"].get<int64_t>();
     const uint64_t seed = body.value("seed", uint64_t{0});
-    if (!Write(s, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                  "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")) {
+    if (!Write(s,
+               "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+               "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")) {
       return;
     }
     for (int64_t i = 0; i < max_tokens; ++i) {
       if (script.act != Act::kServe && i == script.n) {
         if (script.act == Act::kDieAfter) return;  // the socket closes mid-stream
         if (script.act == Act::kErrorEventAfter) {
-          Event(s, R"({"error":{"message":"the pipeline broke","type":"server_error","param":null,"code":null}})");
+          Event(
+              s,
+              R"({"error":{"message":"the pipeline broke","type":"server_error","param":null,"code":null}})");
           Event(s, "[DONE]");
           Write(s, "0\r\n\r\n");
           return;
@@ -175,7 +180,8 @@ class FakeReplica {
         cv_.wait_for(lock, std::chrono::seconds(20), [&] { return stop_; });
         return;
       }
-      if (token_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(token_delay_ms_));
+      if (token_delay_ms_ > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(token_delay_ms_));
       const int32_t token = FakeToken(prompt.size() + i, seed);
       Json choice = {{"index", 0},
                      {"text", std::string(1, static_cast<char>(token))},
@@ -185,7 +191,8 @@ class FakeReplica {
       Json chunk = {{"id", "cmpl-fake"}, {"object", "text_completion"}, {"choices", {choice}}};
       if (!Event(s, chunk.dump())) return;
     }
-    Json usage = {{"id", "cmpl-fake"}, {"choices", Json::array()},
+    Json usage = {{"id", "cmpl-fake"},
+                  {"choices", Json::array()},
                   {"usage", {{"prompt_tokens", prompt.size()}, {"completion_tokens", max_tokens}}}};
     Event(s, usage.dump());
     Event(s, "[DONE]");
@@ -311,12 +318,9 @@ class ResumeProxyTest : public ::testing::Test {
   std::unique_ptr<ResumeProxy> proxy_;
 };
 
-const Json kStreamRequest = {{"model", "tiny"},
-                             {"prompt", "hello"},
-                             {"max_tokens", 12},
-                             {"seed", 5},
-                             {"stream", true},
-                             {"stream_options", {{"include_usage", true}}}};
+const Json kStreamRequest = {{"model", "tiny"},  {"prompt", "hello"},
+                             {"max_tokens", 12}, {"seed", 5},
+                             {"stream", true},   {"stream_options", {{"include_usage", true}}}};
 
 TEST_F(ResumeProxyTest, StreamsAnUndisturbedAnswerFromOneReplica) {
   FakeReplica a;
