@@ -123,6 +123,29 @@ Histogram::Snapshot Histogram::snapshot() const {
   return snap;
 }
 
+RequestMetrics::RequestMetrics(MetricsRegistry& registry)
+    : running(registry.AddGauge("connex_requests_running", "Requests being answered").Get()),
+      prompt_tokens(
+          registry.AddCounter("connex_prompt_tokens_total", "Prompt tokens of accepted requests")
+              .Get()),
+      generation_tokens(
+          registry.AddCounter("connex_generation_tokens_total", "Tokens generated").Get()),
+      ttft(registry
+               .AddHistogram("connex_time_to_first_token_seconds",
+                             "From a request's arrival to its first token", LatencyBuckets())
+               .Get()),
+      itl(registry
+              .AddHistogram("connex_inter_token_latency_seconds",
+                            "Between two tokens of one request", LatencyBuckets())
+              .Get()),
+      e2e(registry
+              .AddHistogram("connex_e2e_request_latency_seconds",
+                            "From a request's arrival to its end", LatencyBuckets())
+              .Get()),
+      success(registry.AddCounter("connex_request_success_total",
+                                  "Requests that completed, by finish reason",
+                                  {"finished_reason"})) {}
+
 std::vector<double> LatencyBuckets() {
   return {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 }

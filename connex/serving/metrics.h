@@ -150,6 +150,19 @@ class MetricsRegistry {
   std::vector<std::unique_ptr<FamilyBase>> families_ ABSL_GUARDED_BY(mu_);
 };
 
+// The request metrics every OpenAI-compatible front (stage 0's API, the resume proxy) exports,
+// registered in `registry` under the same names, so that one dashboard reads either.
+struct RequestMetrics {
+  explicit RequestMetrics(MetricsRegistry& registry);
+  Gauge& running;              // connex_requests_running
+  Counter& prompt_tokens;      // connex_prompt_tokens_total
+  Counter& generation_tokens;  // connex_generation_tokens_total
+  Histogram& ttft;             // connex_time_to_first_token_seconds
+  Histogram& itl;              // connex_inter_token_latency_seconds
+  Histogram& e2e;              // connex_e2e_request_latency_seconds
+  CounterFamily& success;      // connex_request_success_total{finished_reason}
+};
+
 inline constexpr std::string_view kPrometheusContentType =
     "text/plain; version=0.0.4; charset=utf-8";
 

@@ -69,29 +69,9 @@ struct OpenAiServer::Generation {
 };
 
 OpenAiServer::OpenAiServer(OpenAiServerOptions options)
-    : options_(std::move(options)), created_(UnixSeconds()) {
+    : options_(std::move(options)), created_(UnixSeconds()), requests_(metrics_) {
   std::random_device rd;
   next_id_.store((static_cast<uint64_t>(rd()) << 24) | 1);
-  running_ = &metrics_.AddGauge("connex_requests_running", "Requests being generated").Get();
-  prompt_tokens_ =
-      &metrics_.AddCounter("connex_prompt_tokens_total", "Prompt tokens of accepted requests")
-           .Get();
-  generation_tokens_ =
-      &metrics_.AddCounter("connex_generation_tokens_total", "Tokens generated").Get();
-  ttft_ = &metrics_
-               .AddHistogram("connex_time_to_first_token_seconds",
-                             "From a request's arrival to its first token", LatencyBuckets())
-               .Get();
-  itl_ = &metrics_
-              .AddHistogram("connex_inter_token_latency_seconds",
-                            "Between two tokens of one request", LatencyBuckets())
-              .Get();
-  e2e_ = &metrics_
-              .AddHistogram("connex_e2e_request_latency_seconds",
-                            "From a request's arrival to its end", LatencyBuckets())
-              .Get();
-  success_ = &metrics_.AddCounter("connex_request_success_total",
-                                  "Requests that completed, by finish reason", {"finished_reason"});
   failovers_ = &metrics_
                     .AddCounter("connex_failovers_total",
                                 "Steps of this owner's requests that moved to another replica")
@@ -247,8 +227,8 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
     if (!exchange->StartStream()) return;  // the client is gone already
   }
   submit.on_token = [this, g](uint64_t, int32_t token) { OnToken(g, token); };
-  running_->Increment();
-  prompt_tokens_->Increment(static_cast<double>(g->prompt.size()));
+  requests_.running.Increment();
+  requests_.prompt_tokens.Increment(static_cast<double>(g->prompt.size()));
   const uint64_t id = g->id;
   absl::Status submitted = stage.node().Submit(
       id, g->prompt, static_cast<int>(req.max_tokens),
@@ -257,7 +237,7 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
       },
       std::move(submit));
   if (!submitted.ok()) {
-    running_->Decrement();
+    requests_.running.Decrement();
     if (req.stream) {
       exchange->Send(ChunkBuilder::ErrorEvent(submitted));
       exchange->Send(std::string(kSseDone));
@@ -275,12 +255,12 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
 void OpenAiServer::OnToken(const std::shared_ptr<Generation>& g, int32_t token) {
   const int64_t now = NowUs();
   if (g->tokens.empty()) {
-    ttft_->Observe(static_cast<double>(now - g->start_us) / 1e6);
+    requests_.ttft.Observe(static_cast<double>(now - g->start_us) / 1e6);
   } else {
-    itl_->Observe(static_cast<double>(now - g->last_token_us) / 1e6);
+    requests_.itl.Observe(static_cast<double>(now - g->last_token_us) / 1e6);
   }
   g->last_token_us = now;
-  generation_tokens_->Increment();
+  requests_.generation_tokens.Increment();
   g->tokens.push_back(token);
   std::string text = TokenText(token);
   g->unsent.emplace_back(token, text.size());
@@ -301,8 +281,8 @@ void OpenAiServer::OnToken(const std::shared_ptr<Generation>& g, int32_t token) 
 
 void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
                           absl::StatusOr<std::vector<int32_t>> result) {
-  running_->Decrement();
-  e2e_->Observe(static_cast<double>(NowUs() - g->start_us) / 1e6);
+  requests_.running.Decrement();
+  requests_.e2e.Observe(static_cast<double>(NowUs() - g->start_us) / 1e6);
   const CompletionRequest& req = g->request;
   HttpExchange& x = *g->exchange;
   if (!result.ok() && !g->stopped_by_string) {
@@ -322,7 +302,7 @@ void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
       (!g->tokens.empty() && g->tokens.back() == stage()->config().eos_token_id)) {
     finish = FinishReason::kStop;
   }
-  success_->WithLabels({std::string(FinishReasonName(finish))}).Increment();
+  requests_.success.WithLabels({std::string(FinishReasonName(finish))}).Increment();
   // What was held back (a possible stop string's start, a partial character) goes now.
   std::string rest = g->stop->stopped() ? std::string() : g->stop->Finish();
   if (g->chunks) {

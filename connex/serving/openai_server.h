@@ -63,13 +63,7 @@ class OpenAiServer {
   const int64_t created_;  // Unix seconds, for /v1/models
 
   MetricsRegistry metrics_;
-  Gauge* running_ = nullptr;
-  Counter* prompt_tokens_ = nullptr;
-  Counter* generation_tokens_ = nullptr;
-  Histogram* ttft_ = nullptr;
-  Histogram* itl_ = nullptr;
-  Histogram* e2e_ = nullptr;
-  CounterFamily* success_ = nullptr;
+  RequestMetrics requests_;
   Counter* failovers_ = nullptr;  // the node's counters, brought up to date at each scrape
   Counter* reprefills_ = nullptr;
   Mutex scrape_mu_;

@@ -214,31 +214,9 @@ class ResumeProxy::Impl {
       : options_(std::move(options)), work_(asio::make_work_guard(io_)), created_(UnixSeconds()) {
     std::random_device rd;
     next_id_ = (static_cast<uint64_t>(rd()) << 24) | 1;
-    running_ = &metrics_.AddGauge("connex_requests_running", "Requests being answered").Get();
     replicas_gauge_ =
         &metrics_.AddGauge("connex_proxy_replicas", "Stage-0 replicas known from the directory")
              .Get();
-    prompt_tokens_ =
-        &metrics_.AddCounter("connex_prompt_tokens_total", "Prompt tokens of answered requests")
-             .Get();
-    generation_tokens_ =
-        &metrics_.AddCounter("connex_generation_tokens_total", "Tokens delivered to clients").Get();
-    ttft_ = &metrics_
-                 .AddHistogram("connex_time_to_first_token_seconds",
-                               "From a request's arrival to its first token", LatencyBuckets())
-                 .Get();
-    itl_ =
-        &metrics_
-             .AddHistogram("connex_inter_token_latency_seconds",
-                           "Between two tokens of one request (resumes included)", LatencyBuckets())
-             .Get();
-    e2e_ = &metrics_
-                .AddHistogram("connex_e2e_request_latency_seconds",
-                              "From a request's arrival to its end", LatencyBuckets())
-                .Get();
-    success_ =
-        &metrics_.AddCounter("connex_request_success_total",
-                             "Requests that completed, by finish reason", {"finished_reason"});
     failures_ = &metrics_
                      .AddCounter("connex_request_failure_total",
                                  "Requests that ended with an error after their retries")
@@ -412,7 +390,7 @@ class ResumeProxy::Impl {
     p->header =
         ResponseHeader{endpoint, MakeResponseId(endpoint, p->id), UnixSeconds(), options_.model};
     if (p->request.stream) p->chunks.emplace(p->header, p->request.include_usage);
-    running_->Increment();
+    requests_.running.Increment();
     asio::post(io_, [this, p] {
       live_.insert(p);
       StartAttempt(p);
@@ -623,15 +601,15 @@ class ResumeProxy::Impl {
     const int64_t now = NowUs();
     for (size_t i = 0; i < event->token_ids.size(); ++i) {
       if (p->tokens.empty() && i == 0) {
-        ttft_->Observe(static_cast<double>(now - p->start_us) / 1e6);
+        requests_.ttft.Observe(static_cast<double>(now - p->start_us) / 1e6);
       } else {
-        itl_->Observe(static_cast<double>(now - p->last_token_us) / 1e6 /
-                      static_cast<double>(event->token_ids.size()));
+        requests_.itl.Observe(static_cast<double>(now - p->last_token_us) / 1e6 /
+                              static_cast<double>(event->token_ids.size()));
       }
     }
     if (!event->token_ids.empty()) {
       p->last_token_us = now;
-      generation_tokens_->Increment(static_cast<double>(event->token_ids.size()));
+      requests_.generation_tokens.Increment(static_cast<double>(event->token_ids.size()));
       // Progress: a later failure starts a new outage, with a new budget.
       p->outage_deadline.reset();
       p->backoff_ms = 0;
@@ -773,8 +751,8 @@ class ResumeProxy::Impl {
     p->ended = true;
     if (p->attempt) CloseAttempt(p, p->attempt);
     p->wait.cancel();
-    running_->Decrement();
-    e2e_->Observe(static_cast<double>(NowUs() - p->start_us) / 1e6);
+    requests_.running.Decrement();
+    requests_.e2e.Observe(static_cast<double>(NowUs() - p->start_us) / 1e6);
     live_.erase(p);
     return true;
   }
@@ -782,8 +760,8 @@ class ResumeProxy::Impl {
   void Complete(const ProxiedPtr& p) {
     if (!End(p)) return;
     const FinishReason finish = p->finish.value_or(FinishReason::kLength);
-    success_->WithLabels({std::string(FinishReasonName(finish))}).Increment();
-    prompt_tokens_->Increment(static_cast<double>(p->prompt.size()));
+    requests_.success.WithLabels({std::string(FinishReasonName(finish))}).Increment();
+    requests_.prompt_tokens.Increment(static_cast<double>(p->prompt.size()));
     {
       MutexLock lock(&mu_);
       ++stats_.completed;
@@ -863,14 +841,8 @@ class ResumeProxy::Impl {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 
   MetricsRegistry metrics_;
-  Gauge* running_ = nullptr;
+  RequestMetrics requests_{metrics_};
   Gauge* replicas_gauge_ = nullptr;
-  Counter* prompt_tokens_ = nullptr;
-  Counter* generation_tokens_ = nullptr;
-  Histogram* ttft_ = nullptr;
-  Histogram* itl_ = nullptr;
-  Histogram* e2e_ = nullptr;
-  CounterFamily* success_ = nullptr;
   Counter* failures_ = nullptr;
   Counter* retries_ = nullptr;
   Counter* resumes_ = nullptr;
