@@ -95,6 +95,30 @@ class ServingE2eTest : public ::testing::Test {
   }
   int ProxyReplicas() { return static_cast<int>(ProxyMetric("connex_proxy_replicas")); }
 
+  // What some stage still holds ("" when no stage holds a request): every stage's
+  // connex_stage_held_requests, and each owner's connex_stage_requests_in_flight.
+  std::string HeldAnywhere() {
+    std::string held;
+    for (const auto& [key, port] : metrics_port_) {
+      TestConnection c(port, 60000);
+      if (!c.Send("GET", "/metrics")) return "no answer";
+      auto r = c.Read();
+      if (!r) return "no answer";
+      const std::string body = r->body();
+      for (const std::string name :
+           {"connex_stage_held_requests", "connex_stage_requests_in_flight"}) {
+        std::smatch m;
+        if (!std::regex_search(body, m, std::regex("\n" + name + " ([0-9]+)"))) {
+          held += " (no " + name + ")";
+        } else if (m[1] != "0") {
+          held += " stage " + std::to_string(key.first) + "/r" + std::to_string(key.second) + " " +
+                  name + "=" + std::string(m[1]);
+        }
+      }
+    }
+    return held;
+  }
+
   void StartStage(int stage, int replica) {
     std::vector<std::string> argv = {BinDir() + "/connex-stage",
                                      "--directory",
@@ -112,6 +136,9 @@ class ServingE2eTest : public ::testing::Test {
     if (stage == 0) {
       argv.push_back("--http");
       argv.push_back("127.0.0.1:0");
+    } else {
+      argv.push_back("--metrics");
+      argv.push_back("127.0.0.1:0");
     }
     // Short step and probe timeouts, so that a killed stage is found within a second.
     // A short HTTP read timeout, so that the slow-client test sees its 408 soon.
@@ -125,6 +152,13 @@ class ServingE2eTest : public ::testing::Test {
       std::smatch m;
       ASSERT_TRUE(std::regex_search(*line, m, std::regex("http=127\\.0\\.0\\.1:([0-9]+)")));
       http_port_[replica] = static_cast<uint16_t>(std::stoi(m[1]));
+      metrics_port_[{stage, replica}] = http_port_[replica];
+    } else {
+      auto line = p->WaitForLine("listening metrics=", 20000);
+      ASSERT_TRUE(line.has_value()) << p->transcript();
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(*line, m, std::regex("metrics=127\\.0\\.0\\.1:([0-9]+)")));
+      metrics_port_[{stage, replica}] = static_cast<uint16_t>(std::stoi(m[1]));
     }
     ASSERT_TRUE(p->WaitForLine("ready ", 20000).has_value()) << p->transcript();
     stages_.erase({stage, replica});
@@ -203,6 +237,7 @@ class ServingE2eTest : public ::testing::Test {
   std::string bind_;
   std::map<std::pair<int, int>, Subprocess> stages_;
   std::map<int, uint16_t> http_port_;
+  std::map<std::pair<int, int>, uint16_t> metrics_port_;  // every stage's /metrics
 };
 std::string* ServingE2eTest::dir_ = nullptr;
 
@@ -343,6 +378,8 @@ TEST_F(ServingE2eTest, AClientThatDisconnectsMidStreamCancelsItsRequest) {
                            "stream": true})"));
     ASSERT_TRUE(c.ReadHead());
     ASSERT_TRUE(c.ReadUntil("token_ids"));
+    // While it streams, the stages do hold it (so the check below can fail).
+    EXPECT_FALSE(HeldAnywhere().empty());
     c.Close();
   }
   EXPECT_TRUE(WaitUntil(
@@ -354,6 +391,8 @@ TEST_F(ServingE2eTest, AClientThatDisconnectsMidStreamCancelsItsRequest) {
       << Get(0, "/metrics").second;
   std::string metrics = Get(0, "/metrics").second;
   EXPECT_THAT(metrics, HasSubstr("connex_generation_tokens_total"));
+  // ... and no stage holds its state any more.
+  EXPECT_TRUE(WaitUntil([&] { return HeldAnywhere().empty(); }, 20000)) << HeldAnywhere();
 }
 
 // The mission through the resume proxy: streams (greedy and sampled) and a whole response go
@@ -703,6 +742,7 @@ TEST_F(ServingE2eTest, HostileClientsGetA4xxAndBothTheStageAndTheProxyKeepServin
         << Get(r, "/metrics").second;
   }
   EXPECT_EQ(ProxyMetric("connex_requests_running"), 0.0);
+  EXPECT_TRUE(WaitUntil([&] { return HeldAnywhere().empty(); }, 20000)) << HeldAnywhere();
   // ... and both still answer exactly.
   auto [status, body] = Request(0, "POST", "/v1/completions",
                                 R"({"model": "tiny", "prompt": "still here", "max_tokens": 8})");

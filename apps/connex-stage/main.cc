@@ -12,6 +12,7 @@
 #include "connex/base/cli.h"
 #include "connex/base/logging.h"
 #include "connex/serving/listen_address.h"
+#include "connex/serving/node_metrics.h"
 #include "connex/serving/openai_server.h"
 #include "connex/serving/stage.h"
 
@@ -54,6 +55,10 @@ int main(int argc, char** argv) {
   app.add_option("--http", http,
                  "stage 0: serve the OpenAI-compatible API at HOST:PORT (port 0: a free one)")
       ->envname("CONNEX_HTTP");
+  std::string metrics;
+  app.add_option("--metrics", metrics,
+                 "serve this stage's GET /metrics and /health at HOST:PORT (port 0: a free one)")
+      ->envname("CONNEX_METRICS_LISTEN");
   int64_t default_max_tokens = 16;
   app.add_option("--default-max-tokens", default_max_tokens,
                  "max_tokens of a request that gives none")
@@ -83,6 +88,22 @@ int main(int argc, char** argv) {
     }
   }
 
+  connex::serving::HttpServerOptions metrics_options;
+  if (!metrics.empty()) {
+    auto from_env = connex::serving::HttpServerOptions::FromEnv();
+    if (!from_env.ok()) {
+      std::cerr << "connex-stage: " << from_env.status().message() << "\n";
+      return 2;
+    }
+    metrics_options = *from_env;
+    if (absl::Status ok =
+            connex::serving::ParseListenAddress("--metrics", metrics, &metrics_options);
+        !ok.ok()) {
+      std::cerr << "connex-stage: " << ok.message() << "\n";
+      return 2;
+    }
+  }
+
   // Signals are taken synchronously by this thread; block them before any thread starts.
   sigset_t signals;
   sigemptyset(&signals);
@@ -103,6 +124,17 @@ int main(int argc, char** argv) {
     server = *std::move(listening);
     node_defaults.metadata["http"] = server->address();
   }
+  std::unique_ptr<connex::serving::StageMetricsServer> metrics_server;
+  if (!metrics.empty()) {
+    auto listening = connex::serving::StageMetricsServer::Listen(metrics_options);
+    if (!listening.ok()) {
+      std::cerr << "connex-stage: --metrics " << metrics << ": " << listening.status().message()
+                << "\n";
+      return listening.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    metrics_server = *std::move(listening);
+    node_defaults.metadata["metrics"] = metrics_server->address();
+  }
   auto stage = connex::serving::StageProcess::Start(options, node_defaults);
   if (!stage.ok()) {
     std::cerr << "connex-stage: " << stage.status().message() << "\n";
@@ -115,6 +147,10 @@ int main(int argc, char** argv) {
     }
     std::printf("listening http=%s\n", server->address().c_str());
   }
+  if (metrics_server) {
+    metrics_server->Attach(**stage);
+    std::printf("listening metrics=%s\n", metrics_server->address().c_str());
+  }
   std::printf("ready %s epoch=%llu\n", (*stage)->lid().ToString().c_str(),
               static_cast<unsigned long long>((*stage)->node().epoch()));
   std::fflush(stdout);
@@ -122,6 +158,7 @@ int main(int argc, char** argv) {
   sigwait(&signals, &signal);
   CONNEX_LOG_INFO("connex-stage {}: signal {}, leaving", (*stage)->lid().ToString(), signal);
   if (server) server->Stop();  // no new requests; responses in flight finish or are cancelled
+  if (metrics_server) metrics_server->Stop();
   (*stage)->Stop(/*leave=*/true);
   server.reset();  // after the node: its last callbacks come to the server
   return 0;

@@ -11,6 +11,7 @@
 #include "connex/engine/tokenizer.h"
 #include "connex/serving/api_error.h"
 #include "connex/serving/chat_template.h"
+#include "connex/serving/node_metrics.h"
 #include "connex/serving/openai_response.h"
 #include "connex/serving/stop_strings.h"
 
@@ -150,8 +151,10 @@ void OpenAiServer::Stop() {
 
 std::string OpenAiServer::RenderMetrics() {
   StageProcess* stage = this->stage();
+  std::string node;
   if (stage != nullptr) {
     pp::StageNodeStats stats = stage->node().stats();
+    node = RenderNodeStats(stats);  // the step protocol's state, as on every stage
     MutexLock lock(&scrape_mu_);
     if (stats.failovers > failovers_seen_) {
       failovers_->Increment(static_cast<double>(stats.failovers - failovers_seen_));
@@ -162,7 +165,7 @@ std::string OpenAiServer::RenderMetrics() {
       reprefills_seen_ = stats.reprefills;
     }
   }
-  return metrics_.Render();
+  return metrics_.Render() + node;
 }
 
 void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,

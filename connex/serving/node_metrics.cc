@@ -1,0 +1,83 @@
+#include "connex/serving/node_metrics.h"
+
+#include <cstdint>
+#include <string_view>
+
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
+#include "connex/serving/metrics.h"
+#include "connex/serving/openai_response.h"
+
+namespace connex::serving {
+namespace {
+
+void AppendFamily(std::string* out, std::string_view name, std::string_view type,
+                  std::string_view help, uint64_t value) {
+  *out += StrCat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ", value,
+                 "\n");
+}
+
+}  // namespace
+
+std::string RenderNodeStats(const pp::StageNodeStats& s) {
+  std::string out;
+  auto counter = [&out](std::string_view field, std::string_view help, uint64_t value) {
+    AppendFamily(&out, StrCat("connex_stage_", field, "_total"), "counter", help, value);
+  };
+  auto gauge = [&out](std::string_view field, std::string_view help, uint64_t value) {
+    AppendFamily(&out, StrCat("connex_stage_", field), "gauge", help, value);
+  };
+  counter("steps_executed", "Engine steps run on this stage", s.steps_executed);
+  counter("steps_replayed", "Re-sent attempts answered from the output cache", s.steps_replayed);
+  counter("duplicates_dropped", "Duplicate steps dropped", s.duplicates_dropped);
+  counter("fenced", "Signals refused for a wrong epoch", s.fenced);
+  counter("missing_reported", "Steps answered MISSING (state not held)", s.missing_reported);
+  counter("late_dropped", "Results of superseded attempts dropped (owner)", s.late_dropped);
+  counter("resends", "Steps re-sent (owner)", s.resends);
+  counter("failovers", "Requests moved to another replica (owner)", s.failovers);
+  counter("reprefills", "Requests recomputed (owner)", s.reprefills);
+  counter("aborted", "Requests aborted (owner)", s.aborted);
+  counter("completed", "Requests finished (owner)", s.completed);
+  counter("backpressured", "Sends that waited for a ring slot", s.backpressured);
+  counter("forged_dropped", "Answers not from the hop or owner they claim, dropped",
+          s.forged_dropped);
+  counter("released", "Requests whose state this stage dropped", s.released);
+  counter("chunked", "Steps that carried only part of a request's tokens (owner)", s.chunked);
+  gauge("held_requests", "Requests whose state this stage holds (downstream)", s.held_requests);
+  gauge("replay_bytes", "Bytes of outputs kept to answer re-sent attempts", s.replay_bytes);
+  gauge("releases_pending", "RELEASEs not acknowledged yet (owner)", s.releases_pending);
+  gauge("ring_in_use", "Ring slots awaiting acknowledgement", s.ring_in_use);
+  gauge("requests_in_flight", "Requests submitted and not finished (owner)", s.requests_in_flight);
+  gauge("steps_in_flight", "Steps not yet answered, and sends waiting for a slot (owner)",
+        s.steps_in_flight);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<StageMetricsServer>> StageMetricsServer::Listen(
+    HttpServerOptions options) {
+  std::unique_ptr<StageMetricsServer> s(new StageMetricsServer());
+  StageMetricsServer* self = s.get();
+  s->router_.Add("GET", "/metrics", [self](std::shared_ptr<HttpExchange> x) {
+    StageProcess* stage = self->stage_.load();
+    HttpResponse r;
+    r.content_type = std::string(kPrometheusContentType);
+    if (stage != nullptr) r.body = RenderNodeStats(stage->node().stats());
+    x->Respond(std::move(r));
+  });
+  s->router_.Add("GET", "/health", [self](std::shared_ptr<HttpExchange> x) {
+    StageProcess* stage = self->stage_.load();
+    absl::Status ok =
+        stage == nullptr ? absl::UnavailableError("the stage is starting") : stage->node().health();
+    x->Respond(JsonResponse(ok.ok() ? 200 : 503, HealthResponse(ok.ok(), AsStd(ok.message()))));
+  });
+  CONNEX_ASSIGN_OR_RETURN(s->http_, StartHttpServer(options, s->router_.AsHandler()));
+  return s;
+}
+
+StageMetricsServer::~StageMetricsServer() { Stop(); }
+
+void StageMetricsServer::Stop() {
+  if (http_) http_->Stop();
+}
+
+}  // namespace connex::serving
