@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "connex/base/cli.h"
 #include "connex/base/logging.h"
+#include "connex/base/signals.h"
 #include "connex/directory/client.h"
 #include "connex/engine/stage_engine.h"
 #include "connex/pp/node.h"
@@ -85,11 +86,7 @@ int main(int argc, char** argv) {
       })) {
     return *code;
   }
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const connex::TerminationSignals signals;
 
   // Bad flags or settings (InvalidArgument) exit 2, like a usage error; anything else 1.
   auto fail = [](const absl::Status& s) {
@@ -184,10 +181,9 @@ int main(int argc, char** argv) {
       if (!s.ok()) return fail(s);
     }
   }
-  timespec tick{0, 20'000'000};
   int64_t last_progress = 0;
   while (true) {
-    int sig_no = sigtimedwait(&signals, nullptr, &tick);
+    int sig_no = signals.WaitFor(20);
     if (sig_no > 0) {
       (*node)->Stop(/*leave=*/true);
       return 0;

@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
 #include "connex/base/logging.h"
+#include "connex/base/signals.h"
 #include "connex/directory/secret.h"
 #include "connex/directory/server.h"
 
@@ -90,11 +91,7 @@ int main(int argc, char** argv) {
   }
 
   // Signals are taken synchronously by this thread; block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const connex::TerminationSignals signals;
 
   auto server = connex::directory::DirectoryServer::Start(options);
   if (!server.ok()) {
@@ -111,8 +108,7 @@ int main(int argc, char** argv) {
         "directory: no --state-dir: the table lives in memory only; a restart loses every route "
         "and epochs may repeat after one");
   }
-  int signal = 0;
-  sigwait(&signals, &signal);
+  const int signal = signals.Wait();
   CONNEX_LOG_INFO("directory: signal {}, stopping", signal);
   (*server)->Stop();
   return 0;

@@ -10,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
 #include "connex/base/logging.h"
+#include "connex/base/signals.h"
 #include "connex/directory/client.h"
 #include "connex/serving/listen_address.h"
 #include "connex/serving/proxy.h"
@@ -74,11 +75,7 @@ int main(int argc, char** argv) {
   }
 
   // Signals are taken synchronously by this thread; block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const connex::TerminationSignals signals;
 
   directory_options->directory = directory;
   auto client = connex::directory::DirectoryClient::Connect(*directory_options);
@@ -99,8 +96,7 @@ int main(int argc, char** argv) {
   }
   std::printf("listening http=%s\n", (*proxy)->address().c_str());
   std::fflush(stdout);
-  int signal = 0;
-  sigwait(&signals, &signal);
+  const int signal = signals.Wait();
   CONNEX_LOG_INFO("connex-proxy: signal {}, stopping", signal);
   (*client)->Unsubscribe(*watching);
   (*proxy)->Stop();

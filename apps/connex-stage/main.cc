@@ -11,6 +11,7 @@
 #include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
 #include "connex/base/logging.h"
+#include "connex/base/signals.h"
 #include "connex/serving/listen_address.h"
 #include "connex/serving/node_metrics.h"
 #include "connex/serving/openai_server.h"
@@ -105,11 +106,7 @@ int main(int argc, char** argv) {
   }
 
   // Signals are taken synchronously by this thread; block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const connex::TerminationSignals signals;
 
   // The API binds first: its address goes into stage 0's record (metadata "http"), where the
   // resume proxy and connexctl find it.
@@ -154,8 +151,7 @@ int main(int argc, char** argv) {
   std::printf("ready %s epoch=%llu\n", (*stage)->lid().ToString().c_str(),
               static_cast<unsigned long long>((*stage)->node().epoch()));
   std::fflush(stdout);
-  int signal = 0;
-  sigwait(&signals, &signal);
+  const int signal = signals.Wait();
   CONNEX_LOG_INFO("connex-stage {}: signal {}, leaving", (*stage)->lid().ToString(), signal);
   if (server) server->Stop();  // no new requests; responses in flight finish or are cancelled
   if (metrics_server) metrics_server->Stop();

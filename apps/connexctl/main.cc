@@ -16,6 +16,7 @@
 #include "connex/base/cli.h"
 #include "connex/base/config.h"
 #include "connex/base/logging.h"
+#include "connex/base/signals.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/directory/client.h"
@@ -79,21 +80,10 @@ std::string FormatEvent(const Event& e) {
   return line;
 }
 
-sigset_t BlockTerminationSignals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  return signals;
-}
-
 // Waits for SIGINT/SIGTERM, or until `stop` becomes true. Returns the signal, or 0.
-int WaitForSignal(const sigset_t& signals, const std::atomic<bool>& stop) {
-  timespec tick{0, 50'000'000};
+int WaitForSignal(const connex::TerminationSignals& signals, const std::atomic<bool>& stop) {
   while (!stop.load()) {
-    int sig = sigtimedwait(&signals, nullptr, &tick);
-    if (sig > 0) return sig;
+    if (int sig = signals.WaitFor(50); sig > 0) return sig;
   }
   return 0;
 }
@@ -226,7 +216,7 @@ int main(int argc, char** argv) {
     }
     metadata[item.substr(0, eq)] = item.substr(eq + 1);
   }
-  sigset_t signals = BlockTerminationSignals();
+  const connex::TerminationSignals signals;
 
   absl::StatusOr<std::unique_ptr<DirectoryClient>> connected = DirectoryClient::Connect(options);
   if (!connected.ok()) return Fail(connected.status());
