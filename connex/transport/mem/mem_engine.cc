@@ -11,6 +11,7 @@
 #include "connex/base/strings.h"
 #include "connex/transport/internal/address.h"
 #include "connex/transport/internal/engine_base.h"
+#include "connex/transport/internal/one_sided.h"
 
 namespace connex::transport::mem {
 namespace {
@@ -257,7 +258,7 @@ absl::Status Fabric::Read(uint64_t reader, const Lid& lid, const std::string& ad
     if (!pin.ok()) {
       status = pin.status();
     } else {
-      std::memcpy(local, reinterpret_cast<const void*>(remote_addr), length);
+      internal::OneSidedCopy(local, reinterpret_cast<const void*>(remote_addr), length);
     }
   }
   MutexLock lock(&mu_);

@@ -20,6 +20,7 @@
 #include "connex/transport/internal/address.h"
 #include "connex/transport/internal/connection_server.h"
 #include "connex/transport/internal/engine_base.h"
+#include "connex/transport/internal/one_sided.h"
 #include "connex/transport/internal/peer_watch.h"
 #include "connex/transport/internal/socket.h"
 
@@ -173,7 +174,7 @@ class ShmEngine final : public internal::EngineBase {
                                                  ": remote range ", range,
                                                  " lies outside its segment"));
       }
-      std::memcpy(local, m.addr + offset, length);
+      internal::OneSidedCopy(local, m.addr + offset, length);
     } else {
       CONNEX_RETURN_IF_ERROR(ReadOtherProcess(*peer, ref, local, remote_addr, length));
     }
