@@ -28,14 +28,14 @@
 #include "connex/engine/pipeline.h"
 #include "nlohmann/json.hpp"
 #include "tests/pp_prompts.h"
-#include "tests/subprocess.h"
+#include "connex/base/subprocess.h"
 
 namespace {
 
 using connex::Percentile;
-using connex::testing::BinDir;
+using connex::BinDir;
 using connex::testing::PromptOf;
-using connex::testing::Subprocess;
+using connex::Subprocess;
 
 struct Config {
   std::string backend = "tcp";

@@ -2,7 +2,7 @@
 # binary checked against docs/configuration.md.
 connex_test(cli_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/cli_test.cc
-  LIBS connex_test_subprocess
+  LIBS connex_subprocess
   LABELS cli)
 target_compile_definitions(cli_test PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 add_dependencies(cli_test connex-bench connex-directory connex-generate connex-mkmodel connex-proxy connex-stage

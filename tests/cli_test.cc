@@ -16,7 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/subprocess.h"
+#include "connex/base/subprocess.h"
 
 namespace connex::testing {
 namespace {

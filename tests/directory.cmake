@@ -1,7 +1,5 @@
-add_library(connex_test_subprocess ${CMAKE_CURRENT_LIST_DIR}/subprocess.cc)
-
 connex_test(directory_process_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/directory_process_test.cc
-  LIBS connex_test_subprocess connex_directory nlohmann_json::nlohmann_json
+  LIBS connex_subprocess connex_directory nlohmann_json::nlohmann_json
   LABELS directory)
 add_dependencies(directory_process_test connex-directory connexctl)

@@ -3,7 +3,7 @@ target_link_libraries(pp_test_node PRIVATE connex_pp_testing connex_engine conne
 
 connex_test(pp_process_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/pp_process_test.cc
-  LIBS connex_test_subprocess connex_pp_testing connex_engine nlohmann_json::nlohmann_json
+  LIBS connex_subprocess connex_pp_testing connex_engine nlohmann_json::nlohmann_json
   LABELS pp)
 add_dependencies(pp_process_test pp_test_node connex-directory connex-mkmodel)
 

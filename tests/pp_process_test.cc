@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/pp_prompts.h"
-#include "tests/subprocess.h"
+#include "connex/base/subprocess.h"
 
 namespace connex::testing {
 namespace {

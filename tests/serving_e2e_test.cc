@@ -19,7 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/subprocess.h"
+#include "connex/base/subprocess.h"
 
 namespace connex::testing {
 namespace {

@@ -1,12 +1,14 @@
-#include "tests/subprocess.h"
+#include "connex/base/subprocess.h"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sched.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -15,7 +17,7 @@
 
 extern char** environ;
 
-namespace connex::testing {
+namespace connex {
 
 std::string BinDir() {
   const char* dir = std::getenv("CONNEX_BIN_DIR");
@@ -29,27 +31,101 @@ std::string BinDir() {
 std::optional<Subprocess> Subprocess::Start(const std::vector<std::string>& argv,
                                             const std::vector<std::string>& env,
                                             bool capture_stderr) {
-  int pipefd[2];
-  if (pipe2(pipefd, O_CLOEXEC) != 0) return std::nullopt;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipefd[1], 1);
-  if (capture_stderr) posix_spawn_file_actions_adddup2(&actions, pipefd[1], 2);
+  SubprocessOptions options;
+  options.env = env;
+  options.capture_stderr = capture_stderr;
+  return Start(argv, options);
+}
+
+std::optional<Subprocess> Subprocess::Start(const std::vector<std::string>& argv,
+                                            const SubprocessOptions& options,
+                                            std::string* error) {
+  auto fail = [error](std::string why) -> std::optional<Subprocess> {
+    if (error != nullptr) *error = std::move(why);
+    return std::nullopt;
+  };
+  if (argv.empty()) return fail("no program to start");
+  // Everything the child needs is made before fork: after it, only async-signal-safe calls.
   std::vector<std::string> environment;
-  for (char** e = environ; *e != nullptr; ++e) environment.emplace_back(*e);
-  for (const std::string& e : env) environment.push_back(e);
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry(*e);
+    bool overridden = false;
+    for (const std::string& o : options.env) {
+      size_t eq = o.find('=');
+      if (eq != std::string::npos && entry.compare(0, eq + 1, o, 0, eq + 1) == 0) {
+        overridden = true;
+        break;
+      }
+    }
+    if (!overridden) environment.push_back(std::move(entry));
+  }
+  for (const std::string& e : options.env) environment.push_back(e);
   std::vector<char*> cargv, cenv;
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   for (const std::string& e : environment) cenv.push_back(const_cast<char*>(e.c_str()));
   cenv.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, cargv.data(), cenv.data());
-  posix_spawn_file_actions_destroy(&actions);
+  int netns_fd = -1;
+  if (!options.netns.empty()) {
+    const std::string path = "/run/netns/" + options.netns;
+    netns_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (netns_fd < 0) return fail(path + ": " + std::strerror(errno));
+  }
+  int err_fd = -1;
+  if (!options.capture_stderr && !options.stderr_path.empty()) {
+    err_fd = open(options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (err_fd < 0) {
+      if (netns_fd >= 0) close(netns_fd);
+      return fail(options.stderr_path + ": " + std::strerror(errno));
+    }
+  }
+  int pipefd[2];
+  int status_pipe[2];  // the child writes errno here when exec fails; closed by a good exec
+  if (pipe2(pipefd, O_CLOEXEC) != 0 || pipe2(status_pipe, O_CLOEXEC) != 0) {
+    if (netns_fd >= 0) close(netns_fd);
+    if (err_fd >= 0) close(err_fd);
+    return fail(std::string("pipe: ") + std::strerror(errno));
+  }
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // The child dies with the thread that started it, and never outlives its parent.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int code = 0;
+    if (getppid() != parent) _exit(127);
+    if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) code = errno;
+    if (code == 0 && dup2(pipefd[1], 1) < 0) code = errno;
+    if (code == 0 && options.capture_stderr && dup2(pipefd[1], 2) < 0) code = errno;
+    if (code == 0 && err_fd >= 0 && dup2(err_fd, 2) < 0) code = errno;
+    if (code == 0) {
+      execve(cargv[0], cargv.data(), cenv.data());
+      code = errno;
+    }
+    ssize_t ignored = write(status_pipe[1], &code, sizeof(code));
+    (void)ignored;
+    _exit(127);
+  }
+  const int fork_errno = errno;
   close(pipefd[1]);
-  if (rc != 0) {
+  close(status_pipe[1]);
+  if (netns_fd >= 0) close(netns_fd);
+  if (err_fd >= 0) close(err_fd);
+  if (pid < 0) {
     close(pipefd[0]);
-    return std::nullopt;
+    close(status_pipe[0]);
+    return fail(std::string("fork: ") + std::strerror(fork_errno));
+  }
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = read(status_pipe[0], &child_errno, sizeof(child_errno));
+  } while (n < 0 && errno == EINTR);
+  close(status_pipe[0]);
+  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+    int status;
+    waitpid(pid, &status, 0);
+    close(pipefd[0]);
+    return fail(argv[0] + ": " + std::strerror(child_errno));
   }
   Subprocess p;
   p.pid_ = pid;
@@ -143,4 +219,4 @@ std::optional<int> Subprocess::Wait(int64_t timeout_ms) {
   }
 }
 
-}  // namespace connex::testing
+}  // namespace connex

@@ -1,7 +1,9 @@
 // Subprocess: starts a real binary with its stdout on a pipe, reads its lines with deadlines and
-// sends it signals — for multi-process tests that kill -9 their peers. Thread-compatible.
-#ifndef CONNEX_TESTS_SUBPROCESS_H_
-#define CONNEX_TESTS_SUBPROCESS_H_
+// sends it signals — for multi-process tests that kill -9 their peers, and for connex-chaos,
+// which runs whole deployments. A child dies with the thread that started it (PR_SET_PDEATHSIG),
+// so nothing outlives a test or tool that was itself killed. Thread-compatible.
+#ifndef CONNEX_BASE_SUBPROCESS_H_
+#define CONNEX_BASE_SUBPROCESS_H_
 
 #include <sys/types.h>
 
@@ -10,11 +12,20 @@
 #include <string>
 #include <vector>
 
-namespace connex::testing {
+namespace connex {
 
 // The directory holding the project's binaries: CONNEX_BIN_DIR (set by CTest), else this
 // binary's own directory.
 std::string BinDir();
+
+struct SubprocessOptions {
+  std::vector<std::string> env;  // NAME=VALUE, added to (and overriding) this environment
+  bool capture_stderr = false;   // stderr to the stdout pipe
+  std::string stderr_path;       // else, when set: stderr appended to this file
+  // Run in this network namespace (a name under /run/netns, as `ip netns add` makes); empty:
+  // this process's.
+  std::string netns;
+};
 
 class Subprocess {
  public:
@@ -23,6 +34,10 @@ class Subprocess {
   static std::optional<Subprocess> Start(const std::vector<std::string>& argv,
                                          const std::vector<std::string>& env = {},
                                          bool capture_stderr = false);
+  // As above with every option; `error` (if given) says why it could not start.
+  static std::optional<Subprocess> Start(const std::vector<std::string>& argv,
+                                         const SubprocessOptions& options,
+                                         std::string* error = nullptr);
   Subprocess(Subprocess&& other) noexcept;
   Subprocess& operator=(Subprocess&& other) noexcept;
   ~Subprocess();  // SIGKILLs and reaps a process still running
@@ -37,6 +52,8 @@ class Subprocess {
   void Signal(int signal);
   // Waits for the exit; returns the exit code (128+signal when killed), or nullopt on timeout.
   std::optional<int> Wait(int64_t timeout_ms);
+  // Whether it has exited (reaps it if so); never blocks.
+  bool Exited() { return Wait(0).has_value(); }
 
  private:
   Subprocess() = default;
@@ -47,6 +64,6 @@ class Subprocess {
   std::optional<int> exit_code_;
 };
 
-}  // namespace connex::testing
+}  // namespace connex
 
-#endif  // CONNEX_TESTS_SUBPROCESS_H_
+#endif  // CONNEX_BASE_SUBPROCESS_H_
