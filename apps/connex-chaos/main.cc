@@ -1,0 +1,257 @@
+// connex-chaos: the campaigns that back Connex's claims, on a deployment it starts itself on free
+// loopback ports (a directory, replica chains of connex-stage, connex-proxy) — failover under
+// kill / stop / partition of a stage, churn of whole replicas, steady-state latency and
+// throughput per K, and the proxy's cost. Every completed request's token ids are compared with
+// connex-generate's. Progress on stderr, a summary on stdout, the whole record with --json.
+// Exit 0 when every check held, 1 when one did not (or the campaign could not run), 2 for bad
+// usage, 130 on SIGINT/SIGTERM (everything it started is stopped and removed in every case).
+// Flags: docs/configuration.md ("connex-chaos"); campaigns: docs/results.md.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "connex/base/cli.h"
+#include "connex/base/signals.h"
+#include "connex/base/subprocess.h"
+#include "connex/chaos/campaigns.h"
+#include "connex/chaos/cluster.h"
+
+namespace {
+
+using connex::chaos::CommonOptions;
+
+void AddCommon(CLI::App* app, CommonOptions* o, std::string* json_path, std::string* work_dir,
+               bool* keep, bool* quiet) {
+  app->add_option("--replicas", o->replicas, "replica chains")
+      ->check(CLI::Range(1u, 16u))
+      ->capture_default_str();
+  app->add_option("--stages", o->stages, "pipeline stages of each chain")
+      ->check(CLI::Range(1u, 8u))
+      ->capture_default_str();
+  app->add_option("--backend", o->backend, "the stages' data plane: tcp, shm or auto")
+      ->check(CLI::IsMember({"tcp", "shm", "auto"}))
+      ->capture_default_str();
+  app->add_option("--max-tokens", o->max_tokens, "tokens generated per request")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app->add_option("--seed", o->seed, "the campaign's choices: prompts, sampling, arrivals")
+      ->capture_default_str();
+  app->add_option("--model", o->model_path,
+                  "checkpoint to serve (default: a small model made with connex-mkmodel)");
+  app->add_option("--bin-dir", o->bin_dir,
+                  "where connex-stage and the others are (default: beside connex-chaos)");
+  app->add_option("--request-timeout-ms", o->request_timeout_ms,
+                  "a request not finished this long counts as failed")
+      ->check(CLI::Range(int64_t{1000}, int64_t{3'600'000}))
+      ->capture_default_str();
+  app->add_option("--json", *json_path, "write the whole record here");
+  app->add_option("--work-dir", *work_dir,
+                  "logs, the model and the references (default: a new directory in $TMPDIR, "
+                  "removed after a run that passed)");
+  app->add_flag("--keep", *keep, "keep the work directory");
+  app->add_flag("--quiet", *quiet, "no progress lines");
+}
+
+std::vector<double> ParseDoubles(const std::string& what, const std::string& text) {
+  std::vector<double> out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    double v = 0;
+    if (!absl::SimpleAtod(part, &v) || v <= 0) {
+      throw CLI::ValidationError(what, "\"" + std::string(part) + "\" is not a positive number");
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<int> ParseInts(const std::string& what, const std::string& text) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 1 || v > 64) {
+      throw CLI::ValidationError(what, "\"" + std::string(part) + "\" is not a K in 1..64");
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"connex-chaos: failover, churn, steady-state and proxy-cost campaigns"};
+  app.require_subcommand(1);
+  CommonOptions common;
+  std::string json_path, work_dir;
+  bool keep = false, quiet = false;
+
+  connex::chaos::FailoverOptions failover;
+  std::string kill_stage = "any", fault = "kill";
+  CLI::App* f = app.add_subcommand("failover", "fault a stage mid-generation, run after run");
+  AddCommon(f, &common, &json_path, &work_dir, &keep, &quiet);
+  f->add_option("--runs", failover.runs, "fault runs")->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  f->add_option("--kill-stage", kill_stage, "the stage faulted: any (every stage in turn) or S")
+      ->capture_default_str();
+  f->add_option("--fault", fault, "kill (SIGKILL), stop (SIGSTOP, later SIGCONT) or partition")
+      ->check(CLI::IsMember({"kill", "stop", "partition"}))
+      ->capture_default_str();
+  f->add_option("--batch", failover.batch, "requests in flight at each fault")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  f->add_option("--inflight", failover.inflight, "steps in flight per route (K)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+
+  connex::chaos::ChurnOptions churn;
+  bool no_proxy = false, with_proxy = false;
+  CLI::App* c = app.add_subcommand("churn", "open-loop load while whole replicas go and return");
+  AddCommon(c, &common, &json_path, &work_dir, &keep, &quiet);
+  c->add_option("--qps", churn.qps, "requests per second (Poisson arrivals)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--duration", churn.duration_s, "seconds of load")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--kill-every", churn.kill_every_s,
+                "a replica goes every this many seconds (and is back after half of it)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  auto* proxy_flag =
+      c->add_flag("--proxy", with_proxy, "clients go through connex-proxy (the default)");
+  c->add_flag("--no-proxy", no_proxy,
+              "clients go to the live replicas' stage 0 directly")
+      ->excludes(proxy_flag);
+  c->add_flag("--soft", churn.soft, "a graceful leave (SIGTERM) instead of SIGKILL");
+
+  connex::chaos::SteadyOptions steady;
+  std::string qps_list = "1,2,4", inflight_list = "1,4";
+  CLI::App* s = app.add_subcommand("steady", "latency and throughput per QPS and K, no faults");
+  AddCommon(s, &common, &json_path, &work_dir, &keep, &quiet);
+  s->add_option("--qps", qps_list, "open-loop rates, comma-separated")->capture_default_str();
+  s->add_option("--inflight", inflight_list, "values of K, comma-separated")
+      ->capture_default_str();
+  s->add_option("--duration", steady.duration_s, "seconds per rate (and of the closed loop)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  s->add_option("--clients", steady.closed_loop_clients, "closed-loop clients")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+
+  connex::chaos::ProxyCostOptions proxy_cost;
+  CLI::App* p = app.add_subcommand("proxy-cost", "the same requests direct and via the proxy");
+  AddCommon(p, &common, &json_path, &work_dir, &keep, &quiet);
+  p->add_option("--requests", proxy_cost.requests, "requests per path, one at a time")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+
+  if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
+        if (f->parsed()) {
+          if (kill_stage != "any") {
+            int v = -1;
+            if (!absl::SimpleAtoi(kill_stage, &v) || v < 0) {
+              throw CLI::ValidationError("--kill-stage", "\"" + kill_stage +
+                                                             "\": expected any or a stage number");
+            }
+            failover.kill_stage = v;
+          }
+        }
+        if (s->parsed()) {
+          steady.qps = ParseDoubles("--qps", qps_list);
+          steady.inflight = ParseInts("--inflight", inflight_list);
+        }
+      })) {
+    return *code;
+  }
+  common.progress = !quiet;
+  if (common.bin_dir.empty()) common.bin_dir = connex::BinDir();
+  const bool made_work_dir = work_dir.empty();
+  if (made_work_dir) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/connex-chaos-XXXXXX";
+    if (mkdtemp(templ.data()) == nullptr) {
+      std::perror("connex-chaos: mkdtemp");
+      return 1;
+    }
+    work_dir = templ;
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(work_dir, ec);
+    if (ec) {
+      std::cerr << "connex-chaos: --work-dir " << work_dir << ": " << ec.message() << "\n";
+      return 2;
+    }
+  }
+  common.work_dir = work_dir;
+
+  // The campaign runs on its own thread; this one takes SIGINT/SIGTERM and, on one, removes what
+  // the campaign made (its children die with it: PR_SET_PDEATHSIG).
+  const connex::TerminationSignals signals;
+  std::atomic<bool> finished{false};
+  int exit_code = 1;
+  std::thread campaign([&] {
+    absl::StatusOr<nlohmann::json> record = absl::InternalError("no campaign");
+    if (f->parsed()) {
+      absl::StatusOr<connex::chaos::Fault> which = connex::chaos::ParseFault(fault);
+      failover.common = common;
+      if (which.ok()) failover.fault = *which;
+      record = which.ok() ? connex::chaos::RunFailover(failover)
+                          : absl::StatusOr<nlohmann::json>(which.status());
+    } else if (c->parsed()) {
+      churn.common = common;
+      churn.proxy = !no_proxy;
+      record = connex::chaos::RunChurn(churn);
+    } else if (s->parsed()) {
+      steady.common = common;
+      record = connex::chaos::RunSteady(steady);
+    } else if (p->parsed()) {
+      proxy_cost.common = common;
+      record = connex::chaos::RunProxyCost(proxy_cost);
+    }
+    if (!record.ok()) {
+      std::cerr << "connex-chaos: " << record.status().message() << " (logs in " << work_dir
+                << ")\n";
+      exit_code = record.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+      keep = true;
+    } else {
+      std::string command;
+      for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+      (*record)["command"] = command;
+      std::cout << connex::chaos::Summary(*record);
+      std::cout.flush();
+      if (!json_path.empty()) {
+        std::ofstream out(json_path, std::ios::trunc);
+        out << record->dump(2) << "\n";
+        if (!out) std::cerr << "connex-chaos: cannot write " << json_path << "\n";
+      }
+      exit_code = record->value("ok", false) ? 0 : 1;
+      if (exit_code != 0) keep = true;
+    }
+    finished.store(true);
+  });
+  while (!finished.load()) {
+    if (int sig = signals.WaitFor(100); sig != 0) {
+      std::cerr << "connex-chaos: signal " << sig << ", stopping\n";
+      connex::chaos::RemoveNetworksOfThisProcess();
+      std::_Exit(130);  // the campaign thread and every process it started go with it
+    }
+  }
+  campaign.join();
+  if (keep) {
+    std::cerr << "connex-chaos: logs in " << work_dir << "\n";
+  } else if (made_work_dir) {
+    std::error_code ec;
+    std::filesystem::remove_all(work_dir, ec);
+  }
+  return exit_code;
+}

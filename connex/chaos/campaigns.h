@@ -1,0 +1,76 @@
+// The campaigns of connex-chaos: each starts its own deployment (Cluster), drives a load of
+// streamed completions through it, injects its faults, and compares every completed request's
+// token ids with connex-generate's for the same prompt and sampling. Each returns its whole
+// record as JSON (written by --json) and prints progress to stderr; Summary() renders a record
+// for people. The checks that decide pass/fail are in the record's "ok" and "problems".
+#ifndef CONNEX_CHAOS_CAMPAIGNS_H_
+#define CONNEX_CHAOS_CAMPAIGNS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace connex::chaos {
+
+struct CommonOptions {
+  std::string bin_dir;    // the project's binaries
+  std::string work_dir;   // logs, the model, references; kept when `keep`
+  std::string model_path; // empty: make the default model
+  uint32_t replicas = 2;
+  uint32_t stages = 4;
+  std::string backend = "tcp";
+  int max_tokens = 64;          // per request
+  uint64_t seed = 1;            // the campaign's choices (prompts, sampling, victims)
+  bool progress = true;         // progress lines on stderr
+  int64_t request_timeout_ms = 180'000;
+};
+
+enum class Fault { kKill, kStop, kPartition };
+absl::StatusOr<Fault> ParseFault(const std::string& name);  // kill, stop, partition
+std::string FaultName(Fault fault);
+
+struct FailoverOptions {
+  CommonOptions common;
+  int runs = 10;
+  int kill_stage = -1;  // -1: every stage in turn
+  Fault fault = Fault::kKill;
+  int batch = 8;        // requests in flight at each fault
+  int inflight = 4;     // K
+};
+// A skip (netns cannot be made for --fault partition) is an OK record with "skipped": reason.
+absl::StatusOr<nlohmann::json> RunFailover(const FailoverOptions& options);
+
+struct ChurnOptions {
+  CommonOptions common;
+  double qps = 2;
+  double duration_s = 60;
+  double kill_every_s = 10;
+  bool proxy = true;
+  bool soft = false;  // a graceful leave (SIGTERM) instead of SIGKILL
+};
+absl::StatusOr<nlohmann::json> RunChurn(const ChurnOptions& options);
+
+struct SteadyOptions {
+  CommonOptions common;
+  std::vector<double> qps = {1, 2, 4};
+  std::vector<int> inflight = {1, 4};
+  double duration_s = 30;
+  int closed_loop_clients = 8;
+};
+absl::StatusOr<nlohmann::json> RunSteady(const SteadyOptions& options);
+
+struct ProxyCostOptions {
+  CommonOptions common;
+  int requests = 40;   // per path (direct, proxy), one at a time, alternating
+};
+absl::StatusOr<nlohmann::json> RunProxyCost(const ProxyCostOptions& options);
+
+// A readable report of any campaign's record.
+std::string Summary(const nlohmann::json& record);
+
+}  // namespace connex::chaos
+
+#endif  // CONNEX_CHAOS_CAMPAIGNS_H_

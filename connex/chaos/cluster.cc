@@ -1,0 +1,467 @@
+#include "connex/chaos/cluster.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <mutex>
+#include <regex>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
+#include "connex/base/wait.h"
+
+namespace connex::chaos {
+namespace {
+
+// The model connex-chaos makes when given none (as `make demo`'s): 8 layers of dim 256,
+// two layers per stage of a 4-stage pipeline.
+const std::vector<std::string> kMkmodelFlags = {"--layers", "8",   "--dim",  "256",
+                                                "--heads",  "4",   "--kv-heads", "2",
+                                                "--ffn",    "512", "--seed", "7"};
+
+std::string IpBinary() {
+  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+    if (access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
+// Waits for a line containing `needle` and returns the first match of `pattern` in it.
+absl::StatusOr<std::string> WaitForMatch(Subprocess& p, const std::string& what,
+                                         const std::string& needle, const std::regex& pattern,
+                                         int64_t timeout_ms, const std::string& log) {
+  std::optional<std::string> line = p.WaitForLine(needle, timeout_ms);
+  if (!line) {
+    std::optional<int> code = p.Wait(0);
+    return absl::UnavailableError(StrCat(what, ": no \"", needle, "\" line within ", timeout_ms,
+                                         " ms", code ? StrCat(" (exited ", *code, ")") : "",
+                                         "; see ", log));
+  }
+  std::smatch m;
+  if (!std::regex_search(*line, m, pattern)) {
+    return absl::InternalError(StrCat(what, ": unexpected line \"", *line, "\""));
+  }
+  return std::string(m[1]);
+}
+
+// What the clusters of this process made: links / bridges ("link") and namespaces ("netns").
+std::mutex made_mu;
+std::set<std::pair<std::string, std::string>>& Made() {
+  static auto* made = new std::set<std::pair<std::string, std::string>>();
+  return *made;
+}
+void NoteMade(const std::string& kind, const std::string& name) {
+  std::lock_guard<std::mutex> lock(made_mu);
+  Made().insert({kind, name});
+}
+void Unmake(const std::string& kind, const std::string& name) {
+  (void)RunIp({kind == "netns" ? "netns" : "link", "del", name});
+  std::lock_guard<std::mutex> lock(made_mu);
+  Made().erase({kind, name});
+}
+
+}  // namespace
+
+void RemoveNetworksOfThisProcess() {
+  std::set<std::pair<std::string, std::string>> made;
+  {
+    std::lock_guard<std::mutex> lock(made_mu);
+    made = Made();
+  }
+  // Links first (a veth pair goes with either end), then the namespaces.
+  for (const auto& [kind, name] : made) {
+    if (kind == "link") Unmake(kind, name);
+  }
+  for (const auto& [kind, name] : made) {
+    if (kind == "netns") Unmake(kind, name);
+  }
+}
+
+absl::Status RunIp(const std::vector<std::string>& args) {
+  const std::string ip = IpBinary();
+  if (ip.empty()) return absl::FailedPreconditionError("iproute2's ip is not installed");
+  std::vector<std::string> argv = {ip};
+  argv.insert(argv.end(), args.begin(), args.end());
+  SubprocessOptions options;
+  options.capture_stderr = true;
+  std::string error;
+  std::optional<Subprocess> p = Subprocess::Start(argv, options, &error);
+  if (!p) return absl::InternalError("ip: " + error);
+  while (p->ReadLine(10'000)) {
+  }
+  std::optional<int> code = p->Wait(10'000);
+  if (code != 0) {
+    std::string cmd = "ip";
+    for (const std::string& a : args) cmd += " " + a;
+    return absl::FailedPreconditionError(StrCat(cmd, ": ", p->transcript().empty()
+                                                             ? "failed"
+                                                             : p->transcript()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NetnsAvailable() {
+  if (geteuid() != 0) {
+    return absl::FailedPreconditionError("network namespaces need root (this is uid " +
+                                         std::to_string(geteuid()) + ")");
+  }
+  if (IpBinary().empty()) return absl::FailedPreconditionError("iproute2's ip is not installed");
+  // Really make one, with a veth pair and a bridge, then remove them.
+  const std::string p = "cxq" + std::to_string(getpid() % 100000);
+  absl::Status s = RunIp({"netns", "add", p + "n"});
+  if (s.ok()) s = RunIp({"link", "add", p + "b", "type", "bridge"});
+  if (s.ok()) s = RunIp({"link", "add", p + "h", "type", "veth", "peer", "name", p + "p"});
+  if (s.ok()) s = RunIp({"link", "set", p + "p", "netns", p + "n"});
+  (void)RunIp({"link", "del", p + "h"});
+  (void)RunIp({"link", "del", p + "b"});
+  (void)RunIp({"netns", "del", p + "n"});
+  return s;
+}
+
+std::map<std::string, double> ParseMetrics(const std::string& text) {
+  std::map<std::string, double> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + at, end - at);
+    at = end + 1;
+    if (line.empty() || line[0] == '#') continue;
+    size_t space = line.rfind(' ');
+    if (space == std::string_view::npos) continue;
+    double value = 0;
+    if (!absl::SimpleAtod(absl::string_view(line.data() + space + 1, line.size() - space - 1), &value)) continue;
+    out[std::string(line.substr(0, space))] = value;
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) {
+  if (options.replicas == 0 || options.stages == 0) {
+    return absl::InvalidArgumentError("a cluster needs at least one replica of one stage");
+  }
+  if (options.netns) options.backend = "tcp";  // shm's unix sockets do not cross namespaces
+  std::unique_ptr<Cluster> c(new Cluster(std::move(options)));
+  if (absl::Status s = c->StartAll(); !s.ok()) return s;  // the destructor cleans up
+  return c;
+}
+
+absl::Status Cluster::StartAll() {
+  const ClusterOptions& o = options_;
+  if (o.netns) CONNEX_RETURN_IF_ERROR(MakeNetwork());
+  model_path_ = o.model_path;
+  if (model_path_.empty()) {
+    std::filesystem::create_directories(o.work_dir + "/" + o.model_name);
+    model_path_ = o.work_dir + "/" + o.model_name + "/model.safetensors";
+    std::vector<std::string> argv = {o.bin_dir + "/connex-mkmodel", "--out", model_path_};
+    argv.insert(argv.end(), kMkmodelFlags.begin(), kMkmodelFlags.end());
+    SubprocessOptions so;
+    so.capture_stderr = true;
+    std::string error;
+    std::optional<Subprocess> mk = Subprocess::Start(argv, so, &error);
+    if (!mk) return absl::InternalError("connex-mkmodel: " + error);
+    while (mk->ReadLine(60'000)) {
+    }
+    if (mk->Wait(60'000) != 0) {
+      return absl::InternalError("connex-mkmodel failed: " + mk->transcript());
+    }
+  }
+  // The directory.
+  {
+    SubprocessOptions so;
+    so.stderr_path = o.work_dir + "/directory.log";
+    std::string error;
+    directory_process_ = Subprocess::Start(
+        {o.bin_dir + "/connex-directory", "--bind", "tcp://" + host_ + ":0", "--pub",
+         "tcp://" + host_ + ":0", "--lease-ttl-ms", StrCat(o.lease_ttl_ms), "--heartbeat-ms",
+         StrCat(o.heartbeat_ms), "--log-level", "warn"},
+        so, &error);
+    if (!directory_process_) return absl::InternalError("connex-directory: " + error);
+    CONNEX_ASSIGN_OR_RETURN(
+        directory_, WaitForMatch(*directory_process_, "connex-directory", "listening",
+                                 std::regex("bind=(tcp://[0-9.]+:[0-9]+)"), o.start_timeout_ms,
+                                 so.stderr_path));
+  }
+  directory::DirectoryClientOptions dco;
+  dco.directory = directory_;
+  CONNEX_ASSIGN_OR_RETURN(watcher_, directory::DirectoryClient::Connect(dco));
+  CONNEX_RETURN_IF_ERROR(watcher_->Watch(o.model_name));
+  // Stages, last first, so that a chain is whole as soon as its stage 0 is up.
+  for (uint32_t r = 0; r < o.replicas; ++r) {
+    for (uint32_t s = o.stages; s-- > 0;) CONNEX_RETURN_IF_ERROR(StartStage(s, r));
+  }
+  CONNEX_RETURN_IF_ERROR(WaitAllHealthy(o.start_timeout_ms));
+  if (o.proxy) {
+    SubprocessOptions so;
+    so.stderr_path = o.work_dir + "/proxy.log";
+    std::string error;
+    proxy_process_ = Subprocess::Start({o.bin_dir + "/connex-proxy", "--directory", directory_,
+                                        "--model", o.model_name, "--listen", host_ + ":0",
+                                        "--idle-timeout-ms", StrCat(o.proxy_idle_timeout_ms),
+                                        "--log-level", "warn"},
+                                       so, &error);
+    if (!proxy_process_) return absl::InternalError("connex-proxy: " + error);
+    CONNEX_ASSIGN_OR_RETURN(
+        std::string at, WaitForMatch(*proxy_process_, "connex-proxy", "listening http=",
+                                     std::regex("http=([0-9.]+:[0-9]+)"), o.start_timeout_ms,
+                                     so.stderr_path));
+    CONNEX_ASSIGN_OR_RETURN(proxy_, ParseHostPort("proxy", at));
+    // Ready once it has found every replica.
+    const uint32_t want = o.replicas;
+    bool ready = WaitUntil(
+        [&] {
+          absl::StatusOr<HttpReply> r = HttpGet(*proxy_, "/metrics", 2000);
+          if (!r.ok() || r->status != 200) return false;
+          auto m = ParseMetrics(r->body);
+          auto it = m.find("connex_proxy_replicas");
+          return it != m.end() && it->second >= want;
+        },
+        o.start_timeout_ms, 20);
+    if (!ready) {
+      return absl::UnavailableError(StrCat("connex-proxy never saw the ", want,
+                                           " replicas; see ", so.stderr_path));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Cluster::StageHost(uint32_t stage, uint32_t replica) const {
+  if (!options_.netns) return "127.0.0.1";
+  return StrCat("10.231.", subnet_, ".", 10 + replica * options_.stages + stage);
+}
+std::string Cluster::NetnsName(uint32_t stage, uint32_t replica) const {
+  return StrCat(net_prefix_, "n", replica * options_.stages + stage);
+}
+std::string Cluster::LinkName(uint32_t stage, uint32_t replica) const {
+  return StrCat(net_prefix_, "h", replica * options_.stages + stage);
+}
+
+absl::Status Cluster::MakeNetwork() {
+  if (options_.replicas * options_.stages > 240) {
+    return absl::InvalidArgumentError("netns mode: at most 240 stage processes");
+  }
+  net_prefix_ = "cx" + std::to_string(getpid() % 100000);
+  subnet_ = static_cast<int>(getpid() % 250) + 1;
+  host_ = StrCat("10.231.", subnet_, ".1");
+  network_made_ = true;  // from here on, the destructor removes whatever was made
+  const std::string bridge = net_prefix_ + "br";
+  CONNEX_RETURN_IF_ERROR(RunIp({"link", "add", bridge, "type", "bridge"}));
+  NoteMade("link", bridge);
+  CONNEX_RETURN_IF_ERROR(RunIp({"addr", "add", host_ + "/24", "dev", bridge}));
+  CONNEX_RETURN_IF_ERROR(RunIp({"link", "set", bridge, "up"}));
+  for (uint32_t r = 0; r < options_.replicas; ++r) {
+    for (uint32_t s = 0; s < options_.stages; ++s) {
+      const std::string ns = NetnsName(s, r), link = LinkName(s, r);
+      const std::string peer = StrCat(net_prefix_, "p", r * options_.stages + s);
+      CONNEX_RETURN_IF_ERROR(RunIp({"netns", "add", ns}));
+      NoteMade("netns", ns);
+      CONNEX_RETURN_IF_ERROR(RunIp({"link", "add", link, "type", "veth", "peer", "name", peer}));
+      NoteMade("link", link);
+      CONNEX_RETURN_IF_ERROR(RunIp({"link", "set", peer, "netns", ns}));
+      CONNEX_RETURN_IF_ERROR(RunIp({"link", "set", link, "master", bridge}));
+      CONNEX_RETURN_IF_ERROR(RunIp({"link", "set", link, "up"}));
+      CONNEX_RETURN_IF_ERROR(RunIp({"-n", ns, "addr", "add", StageHost(s, r) + "/24", "dev", peer}));
+      CONNEX_RETURN_IF_ERROR(RunIp({"-n", ns, "link", "set", peer, "up"}));
+      CONNEX_RETURN_IF_ERROR(RunIp({"-n", ns, "link", "set", "lo", "up"}));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Cluster::RemoveNetwork() {
+  if (!network_made_) return;
+  network_made_ = false;
+  RemoveNetworksOfThisProcess();
+}
+
+Cluster::~Cluster() {
+  proxy_process_.reset();
+  watcher_.reset();
+  for (auto& [key, s] : stages_) {
+    if (s.process) s.process->Signal(SIGCONT);  // a stopped process is killed all the same
+    s.process.reset();
+  }
+  directory_process_.reset();
+  RemoveNetwork();
+}
+
+Cluster::StageProc& Cluster::at(uint32_t stage, uint32_t replica) {
+  return stages_[{stage, replica}];
+}
+const Cluster::StageProc& Cluster::at(uint32_t stage, uint32_t replica) const {
+  return stages_.at({stage, replica});
+}
+
+std::string Cluster::log_path(uint32_t stage, uint32_t replica) const {
+  return StrCat(options_.work_dir, "/stage-", stage, "-r", replica, ".log");
+}
+
+absl::Status Cluster::StartStage(uint32_t stage, uint32_t replica) {
+  const ClusterOptions& o = options_;
+  const std::string host = StageHost(stage, replica);
+  std::vector<std::string> argv = {o.bin_dir + "/connex-stage",
+                                   "--directory", directory_,
+                                   "--model", model_path_,
+                                   "--model-name", o.model_name,
+                                   "--stage", StrCat(stage),
+                                   "--stages", StrCat(o.stages),
+                                   "--replica", StrCat(replica),
+                                   "--backend", o.backend,
+                                   "--log-level", "warn"};
+  argv.push_back(stage == 0 ? "--http" : "--metrics");
+  argv.push_back(host + ":0");
+  SubprocessOptions so;
+  so.env = {"CONNEX_ENGINE_THREADS=1",
+            "CONNEX_SIGNAL_HOST=" + host,
+            "CONNEX_TRANSPORT_HOST=" + host,
+            StrCat("CONNEX_PP_STEP_TIMEOUT_MS=", o.step_timeout_ms),
+            StrCat("CONNEX_PP_PROBE_TIMEOUT_MS=", o.probe_timeout_ms)};
+  if (o.inflight > 0) so.env.push_back(StrCat("CONNEX_PP_INFLIGHT=", o.inflight));
+  so.env.insert(so.env.end(), o.stage_env.begin(), o.stage_env.end());
+  so.stderr_path = log_path(stage, replica);
+  if (o.netns) so.netns = NetnsName(stage, replica);
+  const std::string what = StrCat("connex-stage ", stage, " of replica ", replica);
+  std::string error;
+  std::optional<Subprocess> p = Subprocess::Start(argv, so, &error);
+  if (!p) return absl::InternalError(what + ": " + error);
+  StageProc& sp = at(stage, replica);
+  const std::string needle = stage == 0 ? "listening http=" : "listening metrics=";
+  CONNEX_ASSIGN_OR_RETURN(std::string addr,
+                          WaitForMatch(*p, what, needle, std::regex("=([0-9.]+:[0-9]+)"),
+                                       o.start_timeout_ms, so.stderr_path));
+  CONNEX_ASSIGN_OR_RETURN(sp.metrics, ParseHostPort(what, addr));
+  if (stage == 0) sp.api = sp.metrics;
+  CONNEX_ASSIGN_OR_RETURN(std::string epoch,
+                          WaitForMatch(*p, what, "ready ", std::regex("epoch=([0-9]+)"),
+                                       o.start_timeout_ms, so.stderr_path));
+  sp.epoch = std::stoull(epoch);
+  sp.process = std::move(*p);
+  return absl::OkStatus();
+}
+
+HostPort Cluster::api(uint32_t replica) const { return at(0, replica).api; }
+HostPort Cluster::metrics(uint32_t stage, uint32_t replica) const {
+  return at(stage, replica).metrics;
+}
+uint64_t Cluster::started_epoch(uint32_t stage, uint32_t replica) const {
+  return at(stage, replica).epoch;
+}
+
+bool Cluster::running(uint32_t stage, uint32_t replica) {
+  StageProc& s = at(stage, replica);
+  return s.process.has_value() && !s.process->Exited();
+}
+
+absl::Status Cluster::Kill(uint32_t stage, uint32_t replica) {
+  StageProc& s = at(stage, replica);
+  if (!s.process) return absl::FailedPreconditionError(StrCat("stage ", stage, "/r", replica,
+                                                              " is not running"));
+  s.process->Signal(SIGKILL);
+  s.process->Wait(10'000);
+  s.process.reset();
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::Stop(uint32_t stage, uint32_t replica) {
+  StageProc& s = at(stage, replica);
+  if (!s.process) return absl::FailedPreconditionError("not running");
+  s.process->Signal(SIGSTOP);
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::Resume(uint32_t stage, uint32_t replica) {
+  StageProc& s = at(stage, replica);
+  if (!s.process) return absl::FailedPreconditionError("not running");
+  s.process->Signal(SIGCONT);
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::Partition(uint32_t stage, uint32_t replica) {
+  if (!options_.netns) return absl::FailedPreconditionError("partition needs netns mode");
+  return RunIp({"link", "set", LinkName(stage, replica), "down"});
+}
+
+absl::Status Cluster::Heal(uint32_t stage, uint32_t replica) {
+  if (!options_.netns) return absl::FailedPreconditionError("partition needs netns mode");
+  return RunIp({"link", "set", LinkName(stage, replica), "up"});
+}
+
+absl::Status Cluster::Leave(uint32_t stage, uint32_t replica, int64_t timeout_ms) {
+  StageProc& s = at(stage, replica);
+  if (!s.process) return absl::FailedPreconditionError("not running");
+  s.process->Signal(SIGTERM);
+  std::optional<int> code = s.process->Wait(timeout_ms);
+  if (!code) {
+    s.process->Signal(SIGKILL);
+    s.process->Wait(10'000);
+    s.process.reset();
+    return absl::DeadlineExceededError(StrCat("stage ", stage, "/r", replica,
+                                              " did not leave within ", timeout_ms, " ms"));
+  }
+  s.process.reset();
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::Restart(uint32_t stage, uint32_t replica) {
+  StageProc& s = at(stage, replica);
+  if (s.process && !s.process->Exited()) {
+    return absl::FailedPreconditionError(StrCat("stage ", stage, "/r", replica, " is running"));
+  }
+  s.process.reset();
+  return StartStage(stage, replica);
+}
+
+absl::Status Cluster::WaitHealthy(uint32_t replica, int64_t timeout_ms) {
+  const HostPort a = api(replica);
+  if (WaitUntil(
+          [&] {
+            absl::StatusOr<HttpReply> r = HttpGet(a, "/health", 2000);
+            return r.ok() && r->status == 200;
+          },
+          timeout_ms, 20)) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(StrCat("replica ", replica, " (", a.ToString(),
+                                       ") not healthy within ", timeout_ms, " ms; see ",
+                                       log_path(0, replica)));
+}
+
+absl::Status Cluster::WaitAllHealthy(int64_t timeout_ms) {
+  for (uint32_t r = 0; r < options_.replicas; ++r) {
+    CONNEX_RETURN_IF_ERROR(WaitHealthy(r, timeout_ms));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, double>> Cluster::Metrics(uint32_t stage, uint32_t replica) {
+  CONNEX_ASSIGN_OR_RETURN(HttpReply r, HttpGet(metrics(stage, replica), "/metrics", 5000));
+  if (r.status != 200) {
+    return absl::UnavailableError(StrCat("/metrics of stage ", stage, "/r", replica, ": HTTP ",
+                                         r.status));
+  }
+  return ParseMetrics(r.body);
+}
+
+double Cluster::SumMetric(const std::string& name) {
+  double sum = 0;
+  for (auto& [key, s] : stages_) {
+    if (!s.process) continue;
+    absl::StatusOr<std::map<std::string, double>> m = Metrics(key.first, key.second);
+    if (!m.ok()) continue;
+    if (auto it = m->find(name); it != m->end()) sum += it->second;
+  }
+  return sum;
+}
+
+uint64_t Cluster::DirectoryEpoch(uint32_t stage, uint32_t replica) {
+  const Lid want = lid(stage, replica);
+  for (const directory::Record& r : watcher_->View(options_.model_name)) {
+    if (r.lid == want) return r.epoch;
+  }
+  return 0;
+}
+
+}  // namespace connex::chaos

@@ -1,0 +1,150 @@
+// Cluster: a whole serving deployment that connex-chaos starts, faults and stops — a directory,
+// `replicas` chains of `stages` connex-stage processes (stage 0 of each serving the API, every
+// other stage its /metrics), and the resume proxy; every process on a free port. On loopback by
+// default; with `netns`, every stage process runs in a network namespace of its own, joined to
+// the others by a veth pair on one bridge, so that a stage's links can be cut while it stays
+// alive (Partition). Everything it made (processes, namespaces, links, files) goes with it.
+// Thread-compatible; start and restart processes from one long-lived thread (a child dies with
+// the thread that started it).
+#ifndef CONNEX_CHAOS_CLUSTER_H_
+#define CONNEX_CHAOS_CLUSTER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "connex/base/lid.h"
+#include "connex/base/subprocess.h"
+#include "connex/chaos/http_client.h"
+#include "connex/directory/client.h"
+
+namespace connex::chaos {
+
+struct ClusterOptions {
+  std::string bin_dir;   // connex-directory, connex-stage, connex-proxy, connex-mkmodel
+  std::string work_dir;  // logs and the model it makes; must exist
+  std::string model_path;  // empty: a small model made with connex-mkmodel in work_dir
+  std::string model_name = "tiny";
+  uint32_t replicas = 2;
+  uint32_t stages = 4;
+  std::string backend = "tcp";  // the stages' data plane (tcp in netns mode)
+  bool proxy = true;
+  bool netns = false;
+  int inflight = 0;  // CONNEX_PP_INFLIGHT of the stages; 0: their default (4)
+  // Failure detection of the deployment: the directory's lease and heartbeat, the stages' step
+  // and probe timeouts (a hung or cut-off stage is suspected after a step timeout, and replaced
+  // when it misses a probe).
+  int64_t lease_ttl_ms = 1500;
+  int64_t heartbeat_ms = 300;
+  int64_t step_timeout_ms = 1000;
+  int64_t probe_timeout_ms = 300;
+  // A replica whose response stays silent this long is taken as dead by the proxy (a hung or
+  // cut-off stage 0), which resumes the request elsewhere.
+  int64_t proxy_idle_timeout_ms = 1500;
+  std::vector<std::string> stage_env;  // more NAME=VALUE for every stage
+  int64_t start_timeout_ms = 60'000;
+};
+
+class Cluster {
+ public:
+  // Starts everything and waits until every replica is healthy. Errors name the process that
+  // failed and its log; nothing is left running.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(ClusterOptions options);
+  ~Cluster();
+
+  const ClusterOptions& options() const { return options_; }
+  const std::string& model_path() const { return model_path_; }
+  const std::string& directory() const { return directory_; }
+  // Stage 0's API of `replica`, and the proxy's (when it runs).
+  HostPort api(uint32_t replica) const;
+  std::optional<HostPort> proxy() const { return proxy_; }
+  // Where stage (stage, replica) serves /metrics (stage 0: its API).
+  HostPort metrics(uint32_t stage, uint32_t replica) const;
+  Lid lid(uint32_t stage, uint32_t replica) const {
+    return Lid{options_.model_name, stage, 0, replica};
+  }
+  // The epoch its process printed when it joined (its first; a rejoin after an eviction makes
+  // another, which the directory knows).
+  uint64_t started_epoch(uint32_t stage, uint32_t replica) const;
+  bool running(uint32_t stage, uint32_t replica);
+  std::string log_path(uint32_t stage, uint32_t replica) const;
+
+  // Faults. Kill: SIGKILL and reap. Stop / Resume: SIGSTOP / SIGCONT. Partition / Heal: its
+  // veth link down / up (netns mode only). Leave: SIGTERM, waits for the graceful exit.
+  absl::Status Kill(uint32_t stage, uint32_t replica);
+  absl::Status Stop(uint32_t stage, uint32_t replica);
+  absl::Status Resume(uint32_t stage, uint32_t replica);
+  absl::Status Partition(uint32_t stage, uint32_t replica);
+  absl::Status Heal(uint32_t stage, uint32_t replica);
+  absl::Status Leave(uint32_t stage, uint32_t replica, int64_t timeout_ms = 30'000);
+  // Starts a stage that is not running again, under the same LID, and waits for its ready line.
+  absl::Status Restart(uint32_t stage, uint32_t replica);
+  // Waits until stage 0 of `replica` says healthy (the whole chain is in the directory).
+  absl::Status WaitHealthy(uint32_t replica, int64_t timeout_ms);
+  absl::Status WaitAllHealthy(int64_t timeout_ms);
+
+  // The stage's /metrics, as name{labels} -> value.
+  absl::StatusOr<std::map<std::string, double>> Metrics(uint32_t stage, uint32_t replica);
+  // The sum of one metric (exact name, no labels) over every stage that answers.
+  double SumMetric(const std::string& name);
+
+  // A watching directory client (model `model_name`), for waiting on evictions and rejoins.
+  directory::DirectoryClient& watcher() { return *watcher_; }
+  // The epoch the directory shows for the stage now (0: no record).
+  uint64_t DirectoryEpoch(uint32_t stage, uint32_t replica);
+
+ private:
+  struct StageProc {
+    std::optional<Subprocess> process;
+    HostPort api;      // stage 0
+    HostPort metrics;  // every stage (stage 0: = api)
+    uint64_t epoch = 0;
+  };
+  explicit Cluster(ClusterOptions options) : options_(std::move(options)) {}
+  absl::Status StartAll();
+  absl::Status StartStage(uint32_t stage, uint32_t replica);
+  absl::Status MakeNetwork();
+  void RemoveNetwork();
+  std::string host() const { return host_; }
+  std::string StageHost(uint32_t stage, uint32_t replica) const;
+  std::string NetnsName(uint32_t stage, uint32_t replica) const;
+  std::string LinkName(uint32_t stage, uint32_t replica) const;
+  StageProc& at(uint32_t stage, uint32_t replica);
+  const StageProc& at(uint32_t stage, uint32_t replica) const;
+
+  ClusterOptions options_;
+  std::string model_path_;
+  std::string host_ = "127.0.0.1";  // where the directory and the proxy bind
+  std::string directory_;
+  std::optional<Subprocess> directory_process_;
+  std::optional<Subprocess> proxy_process_;
+  std::optional<HostPort> proxy_;
+  std::map<std::pair<uint32_t, uint32_t>, StageProc> stages_;
+  std::unique_ptr<directory::DirectoryClient> watcher_;
+  // netns mode
+  std::string net_prefix_;  // names of the namespaces, links and bridge start with it
+  int subnet_ = 0;          // 10.231.<subnet>.0/24
+  bool network_made_ = false;
+};
+
+// Runs `ip` with `args` (the iproute2 binary), returning its error output when it fails.
+absl::Status RunIp(const std::vector<std::string>& args);
+// Whether network namespaces, veth pairs and bridges can be made here (root, iproute2); the
+// reason when not.
+absl::Status NetnsAvailable();
+
+// Removes every namespace, link and bridge a Cluster of this process made and has not removed
+// yet (for a tool stopped by a signal). Safe to call from any thread.
+void RemoveNetworksOfThisProcess();
+
+// Prometheus text exposition -> name{labels} -> value.
+std::map<std::string, double> ParseMetrics(const std::string& text);
+
+}  // namespace connex::chaos
+
+#endif  // CONNEX_CHAOS_CLUSTER_H_

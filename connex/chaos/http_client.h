@@ -1,0 +1,58 @@
+// The HTTP side of connex-chaos: a blocking client for the serving stack's API (GET, and
+// streamed /v1/completions with the arrival time of every token), on Beast over plain sockets.
+// Every call is bounded in time. Thread-safe (each call has its own connection).
+#ifndef CONNEX_CHAOS_HTTP_CLIENT_H_
+#define CONNEX_CHAOS_HTTP_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace connex::chaos {
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+  std::string ToString() const { return host + ":" + std::to_string(port); }
+};
+// "HOST:PORT"; InvalidArgument naming `what` otherwise.
+absl::StatusOr<HostPort> ParseHostPort(std::string_view what, std::string_view text);
+
+struct HttpReply {
+  int status = 0;
+  std::string body;
+};
+absl::StatusOr<HttpReply> HttpGet(const HostPort& at, const std::string& target,
+                                  int64_t timeout_ms);
+
+// One streamed completion as a client saw it.
+struct StreamResult {
+  int http_status = 0;  // 0: no response head
+  // Empty when the stream ended as it should (a finish_reason, then [DONE]); otherwise what
+  // went wrong (connection, timeout, an error event, a non-200 answer).
+  std::string error;
+  std::vector<int32_t> tokens;     // the generated token ids, in order
+  std::vector<int64_t> token_ns;   // when each arrived (steady clock = CLOCK_MONOTONIC, ns)
+  std::string finish_reason;
+  int64_t start_ns = 0;  // request about to be sent
+  int64_t end_ns = 0;    // stream over
+  bool ok() const { return error.empty(); }
+};
+
+// POSTs `body` (a JSON completion request with "stream": true) to /v1/completions at `at`.
+// Gives up when nothing arrives for `idle_timeout_ms` or the whole takes `total_timeout_ms`.
+// `on_token` (if set) runs on the calling thread as each token arrives.
+StreamResult StreamCompletion(const HostPort& at, const std::string& body,
+                              int64_t idle_timeout_ms, int64_t total_timeout_ms,
+                              const std::function<void(int32_t)>& on_token = nullptr);
+
+// Steady-clock now in ns (the clock of StreamResult and of the stages' per-epoch metrics).
+int64_t MonotonicNowNs();
+
+}  // namespace connex::chaos
+
+#endif  // CONNEX_CHAOS_HTTP_CLIENT_H_

@@ -1,0 +1,95 @@
+#include "connex/chaos/reference.h"
+
+#include <fstream>
+
+#include "connex/base/strings.h"
+#include "connex/base/subprocess.h"
+#include "nlohmann/json.hpp"
+
+namespace connex::chaos {
+
+std::string RequestSpec::Body(const std::string& model) const {
+  nlohmann::json j = {{"model", model},
+                      {"prompt", prompt},
+                      {"max_tokens", max_tokens},
+                      {"stream", true},
+                      {"stream_options", {{"include_usage", true}}}};
+  if (temperature > 0) {
+    j["temperature"] = temperature;
+    j["seed"] = seed;
+  } else {
+    j["temperature"] = 0;
+  }
+  return j.dump();
+}
+
+absl::Status References::Compute(const std::vector<RequestSpec>& specs) {
+  // One connex-generate per (max_tokens, temperature, seed), over the prompts not known yet.
+  std::map<std::tuple<int, float, uint64_t>, std::vector<std::string>> batches;
+  for (const RequestSpec& s : specs) {
+    if (s.prompt.find('\n') != std::string::npos) {
+      return absl::InvalidArgumentError("reference: a prompt must be one line");
+    }
+    if (known_.count(Key(s.prompt, s.max_tokens, s.temperature, s.seed))) continue;
+    auto& batch = batches[{s.max_tokens, s.temperature, s.seed}];
+    if (std::find(batch.begin(), batch.end(), s.prompt) == batch.end()) batch.push_back(s.prompt);
+  }
+  int n = 0;
+  for (const auto& [key, prompts] : batches) {
+    const auto& [max_tokens, temperature, seed] = key;
+    const std::string file = StrCat(work_dir_, "/reference-prompts-", n++, ".txt");
+    {
+      std::ofstream out(file, std::ios::binary | std::ios::trunc);
+      for (const std::string& p : prompts) out << p << "\n";
+      if (!out) return absl::InternalError(StrCat("reference: cannot write ", file));
+    }
+    std::vector<std::string> argv = {generate_,        "--model",     model_path_,
+                                     "--prompts-file", file,          "--max-tokens",
+                                     StrCat(max_tokens), "--json",    "--stages",
+                                     StrCat(stages_)};
+    if (temperature > 0) {
+      argv.insert(argv.end(), {"--temperature", StrCat(temperature), "--seed", StrCat(seed)});
+    }
+    SubprocessOptions options;
+    options.env = {"CONNEX_ENGINE_THREADS=1"};
+    options.stderr_path = work_dir_ + "/connex-generate.log";
+    std::string error;
+    std::optional<Subprocess> g = Subprocess::Start(argv, options, &error);
+    if (!g) return absl::InternalError("reference: " + error);
+    std::vector<std::vector<int32_t>> lines;
+    while (std::optional<std::string> line = g->ReadLine(600'000)) {
+      nlohmann::json j = nlohmann::json::parse(*line, nullptr, false);
+      if (j.is_discarded() || !j.contains("tokens")) {
+        return absl::InternalError("reference: connex-generate printed " + line->substr(0, 200));
+      }
+      lines.push_back(j["tokens"].get<std::vector<int32_t>>());
+    }
+    std::optional<int> code = g->Wait(60'000);
+    if (code != 0 || lines.size() != prompts.size()) {
+      return absl::InternalError(StrCat("reference: connex-generate exited ",
+                                        code ? StrCat(*code) : std::string("(hung)"), " with ",
+                                        lines.size(), " of ", prompts.size(),
+                                        " lines (see ", options.stderr_path, ")"));
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      known_[Key(prompts[i], max_tokens, temperature, seed)] = std::move(lines[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+const std::vector<int32_t>* References::Find(const RequestSpec& spec) const {
+  auto it = known_.find(Key(spec.prompt, spec.max_tokens, spec.temperature, spec.seed));
+  return it == known_.end() ? nullptr : &it->second;
+}
+
+Comparison CompareTokens(const std::vector<int32_t>& got, const std::vector<int32_t>& want) {
+  Comparison c;
+  const size_t n = std::min(got.size(), want.size());
+  c.compared = static_cast<int64_t>(std::max(got.size(), want.size()));
+  for (size_t i = 0; i < n; ++i) c.mismatched += got[i] != want[i];
+  c.mismatched += static_cast<int64_t>(std::max(got.size(), want.size()) - n);
+  return c;
+}
+
+}  // namespace connex::chaos

@@ -1,0 +1,60 @@
+// What every campaign compares with: connex-generate's tokens for the same prompt, max_tokens
+// and sampling (the single-process reference run of the engine). Computed once per distinct
+// request, in batches (one connex-generate per sampling setting; the engine is batch-invariant).
+// Thread-compatible.
+#ifndef CONNEX_CHAOS_REFERENCE_H_
+#define CONNEX_CHAOS_REFERENCE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace connex::chaos {
+
+// One request of a campaign's load.
+struct RequestSpec {
+  std::string prompt;  // one line (connex-generate reads a prompts file)
+  int max_tokens = 32;
+  float temperature = 0;  // 0: greedy
+  uint64_t seed = 0;      // with temperature > 0
+  // The /v1/completions body, streamed, with usage.
+  std::string Body(const std::string& model) const;
+  auto Key() const { return std::tie(prompt, max_tokens, temperature, seed); }
+};
+
+class References {
+ public:
+  // `generate`: the connex-generate binary; `stages`: as the deployment runs the model.
+  References(std::string generate, std::string model_path, uint32_t stages, std::string work_dir)
+      : generate_(std::move(generate)),
+        model_path_(std::move(model_path)),
+        stages_(stages),
+        work_dir_(std::move(work_dir)) {}
+  // Computes the references of every spec not known yet.
+  absl::Status Compute(const std::vector<RequestSpec>& specs);
+  // The reference tokens of `spec` (Compute first); nullptr if unknown.
+  const std::vector<int32_t>* Find(const RequestSpec& spec) const;
+
+ private:
+  using Key = std::tuple<std::string, int, float, uint64_t>;
+  std::string generate_, model_path_;
+  uint32_t stages_;
+  std::string work_dir_;
+  std::map<Key, std::vector<int32_t>> known_;
+};
+
+// How `got` compares with `want`: tokens compared (the longer of the two lengths) and how many
+// of them differ, a token missing on either side counted as mismatched.
+struct Comparison {
+  int64_t compared = 0;
+  int64_t mismatched = 0;
+};
+Comparison CompareTokens(const std::vector<int32_t>& got, const std::vector<int32_t>& want);
+
+}  // namespace connex::chaos
+
+#endif  // CONNEX_CHAOS_REFERENCE_H_
