@@ -550,7 +550,8 @@ absl::StatusOr<json> RunChurn(const ChurnOptions& ch) {
       replica_down[victim] = true;
     }
     const int64_t from = MonotonicNowNs();
-    Progress(o, StrCat(Ms(from - t0) / 1000, " s: ", ch.soft ? "replica leaves: " : "killing replica ",
+    Progress(o, StrCat(static_cast<int64_t>(Ms(from - t0) / 1000), " s: ",
+                       ch.soft ? "replica leaves: " : "killing replica ",
                        victim, " (", load.issued(), " issued, ", load.done(), " done)"));
     for (uint32_t s = 0; s < o.stages && failure.ok(); ++s) {
       failure = ch.soft ? c->Leave(s, victim) : c->Kill(s, victim);

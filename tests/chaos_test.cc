@@ -1,0 +1,184 @@
+// connex-chaos as CI runs it: every campaign for tens of seconds on a deployment the tool starts
+// itself (real connex-directory, connex-stage and connex-proxy processes, SIGKILLed, SIGSTOPped
+// and cut off), its record read back from --json. The assertions are about correctness only —
+// every completed request equals connex-generate, nothing is lost with the proxy, a replaced
+// process runs no step after it is back — never about speed (docs/results.md has the figures).
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "connex/base/subprocess.h"
+#include "connex/chaos/campaigns.h"
+#include "connex/chaos/cluster.h"
+#include "connex/chaos/reference.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace connex::chaos {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct ChaosRun {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+  nlohmann::json record;
+};
+
+// Runs connex-chaos with `args` and reads its --json record.
+ChaosRun Chaos(std::vector<std::string> args, int64_t timeout_ms = 240'000) {
+  static int n = 0;
+  const std::string json_path =
+      ::testing::TempDir() + "/chaos-" + std::to_string(getpid()) + "-" + std::to_string(n++) +
+      ".json";
+  std::vector<std::string> argv = {BinDir() + "/connex-chaos"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--json", json_path});
+  ChaosRun run;
+  std::optional<Subprocess> p = Subprocess::Start(argv, {}, /*capture_stderr=*/true);
+  if (!p) return run;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline && p->ReadLine(timeout_ms)) {
+  }
+  run.output = p->transcript();
+  std::optional<int> code = p->Wait(5'000);
+  if (!code) {
+    p->Signal(SIGTERM);  // it removes what it made
+    code = p->Wait(30'000);
+  }
+  run.exit_code = code.value_or(-1);
+  std::ifstream in(json_path);
+  if (in) run.record = nlohmann::json::parse(in, nullptr, false);
+  std::filesystem::remove(json_path);
+  return run;
+}
+
+// The deployment of every campaign here: 2 replicas of a 4-stage pipeline, short requests.
+const std::vector<std::string> kSmall = {"--replicas", "2", "--stages", "4", "--max-tokens", "32"};
+
+std::vector<std::string> With(std::vector<std::string> args) {
+  args.insert(args.end(), kSmall.begin(), kSmall.end());
+  return args;
+}
+
+void ExpectCorrect(const ChaosRun& run) {
+  ASSERT_TRUE(run.record.is_object()) << run.output;
+  const nlohmann::json& t = run.record["totals"];
+  EXPECT_GT(t["tokens_compared"].get<int64_t>(), 0) << run.output;
+  EXPECT_EQ(t["mismatched_tokens"].get<int64_t>(), 0) << run.output;
+  EXPECT_EQ(t["failed"].get<int64_t>(), 0) << run.output;
+  EXPECT_EQ(t["correct"], t["issued"]) << run.output;
+  EXPECT_TRUE(run.record["ok"].get<bool>()) << run.output;
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+}
+
+TEST(ChaosTest, KillOfEveryStageKeepsEveryTokenExact) {
+  ChaosRun run = Chaos(With({"failover", "--runs", "4", "--fault", "kill", "--batch", "4"}));
+  ExpectCorrect(run);
+  ASSERT_EQ(run.record["runs"].size(), 4u) << run.output;
+  std::set<int> stages;
+  for (const auto& r : run.record["runs"]) stages.insert(r["stage"].get<int>());
+  EXPECT_EQ(stages, (std::set<int>{0, 1, 2, 3}));  // every stage, stage 0 through the proxy
+  EXPECT_GT(run.record["totals"]["fault_to_next_token_ms"]["n"].get<int64_t>(), 0);
+}
+
+// A hung stage (SIGSTOP) is suspected, probed and replaced; once it runs again (SIGCONT) it must
+// not execute a single step under the epoch it lost.
+TEST(ChaosTest, StoppedStageIsReplacedAndFencedWhenItComesBack) {
+  ChaosRun run = Chaos(With({"failover", "--runs", "2", "--kill-stage", "2", "--fault", "stop",
+                        "--batch", "4"}));
+  ExpectCorrect(run);
+  EXPECT_EQ(run.record["totals"]["fence_checks"].get<int64_t>(), 2) << run.output;
+  EXPECT_EQ(run.record["totals"]["steps_executed_by_fenced_processes"].get<int64_t>(), 0)
+      << run.output;
+}
+
+// A stage whose links are cut while it stays alive (its own network namespace, its veth down).
+TEST(ChaosTest, PartitionedStageIsReplacedAndFencedWhenItsLinkIsBack) {
+  if (absl::Status can = NetnsAvailable(); !can.ok()) {
+    GTEST_SKIP() << "network namespaces cannot be made here: " << can.message();
+  }
+  ChaosRun run = Chaos(With({"failover", "--runs", "2", "--kill-stage", "1", "--fault", "partition",
+                        "--batch", "4"}));
+  ExpectCorrect(run);
+  EXPECT_FALSE(run.record.contains("skipped"));
+  EXPECT_EQ(run.record["totals"]["steps_executed_by_fenced_processes"].get<int64_t>(), 0)
+      << run.output;
+}
+
+TEST(ChaosTest, ChurnThroughTheProxyLosesNothing) {
+  ChaosRun run = Chaos(With({"churn", "--qps", "2", "--duration", "16", "--kill-every", "6"}));
+  ExpectCorrect(run);
+  EXPECT_EQ(run.record["totals"]["goodput"].get<double>(), 1.0) << run.output;
+  EXPECT_EQ(run.record["faults"].get<int64_t>(), 2) << run.output;
+}
+
+TEST(ChaosTest, SoftChurnWithoutTheProxyLosesNothing) {
+  // A graceful leave drains: even without the proxy no request is lost.
+  ChaosRun run = Chaos(
+      With({"churn", "--qps", "2", "--duration", "14", "--kill-every", "6", "--no-proxy",
+            "--soft"}));
+  ExpectCorrect(run);
+  EXPECT_EQ(run.record["totals"]["goodput"].get<double>(), 1.0) << run.output;
+}
+
+TEST(ChaosTest, SteadyMeasuresEveryRateAndK) {
+  ChaosRun run = Chaos(With({"steady", "--qps", "2", "--inflight", "1,4", "--duration", "4",
+                        "--clients", "4"}));
+  ExpectCorrect(run);
+  ASSERT_EQ(run.record["open_loop"].size(), 2u) << run.output;
+  ASSERT_EQ(run.record["closed_loop"].size(), 2u) << run.output;
+  for (const auto& row : run.record["closed_loop"]) {
+    EXPECT_GT(row["tokens_per_s"].get<double>(), 0);
+  }
+}
+
+TEST(ChaosTest, ProxyCostComparesTheSameRequests) {
+  ChaosRun run = Chaos(With({"proxy-cost", "--requests", "4"}));
+  ExpectCorrect(run);
+  EXPECT_EQ(run.record["direct"]["e2e_ms"]["n"].get<int64_t>(), 4);
+  EXPECT_EQ(run.record["proxy"]["e2e_ms"]["n"].get<int64_t>(), 4);
+}
+
+TEST(ChaosTest, BadFlagsExitTwoNamingTheFlag) {
+  ChaosRun run = Chaos({"failover", "--fault", "melt"}, 30'000);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--fault"));
+  run = Chaos({"failover", "--kill-stage", "7", "--stages", "4"}, 60'000);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--kill-stage 7"));
+  run = Chaos({"steady", "--qps", "2,x"}, 30'000);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--qps"));
+  run = Chaos({}, 30'000);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+}
+
+// The pieces.
+TEST(ChaosUnitTest, MetricsAreParsedWithTheirLabels) {
+  auto m = ParseMetrics(
+      "# HELP x\n# TYPE x counter\nconnex_stage_steps_executed_total 12\n"
+      "connex_stage_epoch_steps_executed_total{epoch=\"7\"} 3\nbroken line\n");
+  EXPECT_EQ(m.at("connex_stage_steps_executed_total"), 12);
+  EXPECT_EQ(m.at("connex_stage_epoch_steps_executed_total{epoch=\"7\"}"), 3);
+  EXPECT_EQ(m.size(), 2u);
+}
+
+TEST(ChaosUnitTest, TokensAreComparedPositionByPosition) {
+  EXPECT_EQ(CompareTokens({1, 2, 3}, {1, 2, 3}).mismatched, 0);
+  Comparison c = CompareTokens({1, 9, 3}, {1, 2, 3, 4});
+  EXPECT_EQ(c.compared, 4);
+  EXPECT_EQ(c.mismatched, 2);  // one differs, one is missing
+}
+
+TEST(ChaosUnitTest, HostPortsAreCheckedByName) {
+  EXPECT_EQ(ParseHostPort("x", "127.0.0.1:80")->port, 80);
+  EXPECT_THAT(std::string(ParseHostPort("--proxy", "nowhere").status().message()),
+              HasSubstr("--proxy"));
+  EXPECT_FALSE(ParseHostPort("x", "h:70000").ok());
+}
+
+}  // namespace
+}  // namespace connex::chaos
