@@ -155,6 +155,11 @@ const std::vector<std::vector<std::string>>& HelpCommands() {
       {"connex-bench", "peer-death", "--help"},
       {"connex-bench", "memcpy", "--help"},
       {"connex-bench", "serve", "--help"},
+      {"connex-chaos", "--help"},
+      {"connex-chaos", "failover", "--help"},
+      {"connex-chaos", "churn", "--help"},
+      {"connex-chaos", "steady", "--help"},
+      {"connex-chaos", "proxy-cost", "--help"},
       {"connex-directory", "--help"},
       {"connex-generate", "--help"},
       {"connex-mkmodel", "--help"},
@@ -187,6 +192,7 @@ TEST_F(CliTest, EveryBinaryValidatesLogLevelAndExitsTwoOnUsageErrors) {
       args.insert(args.begin(), binary);
       if (binary == "connex-bench") args.push_back("memcpy");
       if (binary == "connexctl") args.push_back("status");
+      if (binary == "connex-chaos") args.push_back("proxy-cost");
       // Required flags are checked before unknown ones.
       if (binary == "connex-mkmodel") args.insert(args.end(), {"--out", "unused"});
       if (binary == "connex-generate")

@@ -91,6 +91,8 @@ std::vector<int> ParseInts(const std::string& what, const std::string& text) {
 int main(int argc, char** argv) {
   CLI::App app{"connex-chaos: failover, churn, steady-state and proxy-cost campaigns"};
   app.require_subcommand(1);
+  app.fallthrough();  // --log-level also after the campaign
+  connex::AddLogLevelFlag(app, "warn");
   CommonOptions common;
   std::string json_path, work_dir;
   bool keep = false, quiet = false;
