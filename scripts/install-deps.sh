@@ -29,7 +29,8 @@ PACKAGES=(
   libucx-dev ucx-utils
   libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   iperf3 iproute2 procps
-  python3  # scripts/demo.py (make demo)
+  python3  # scripts/demo.py (make demo), scripts/results-charts
+  gnuplot-nox  # scripts/results-charts (docs/assets/*.svg)
 )
 
 missing=()

@@ -378,6 +378,7 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
       next_token_all.insert(next_token_all.end(), next_token.begin(), next_token.end());
     }
     r["fault_to_next_token_ms"] = Dist(next_token);
+    r["fault_to_next_token_values_ms"] = next_token;
     // Back to full strength for the next run.
     if (f.fault == Fault::kKill) {
       if (absl::Status s = c->Restart(stage, replica); !s.ok()) return s;
