@@ -213,6 +213,10 @@ class BeastHttpServer final : public HttpServer {
         return;
       }
       accepted_.fetch_add(1);
+      // Streamed responses are many small writes (a token each): without this, Nagle holds
+      // each behind the ACK of the last.
+      ErrorCode nodelay_ec;
+      socket.set_option(tcp::no_delay(true), nodelay_ec);
       bool refuse = serving_ >= options_.max_connections;
       if (refuse && refusing_ >= kMaxRefusing) {
         refused_.fetch_add(1);  // far over the limit: not even a 503

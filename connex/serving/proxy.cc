@@ -505,6 +505,8 @@ class ResumeProxy::Impl {
       if (a->over) return;
       if (ec) return AttemptFailed(p, a, StrCat("connect: ", ec.message()), /*connect=*/true);
       state_[a->replica.name].connect_failures = 0;
+      beast::error_code nodelay_ec;  // the request goes out at once, not behind Nagle
+      a->stream.socket().set_option(tcp::no_delay(true), nodelay_ec);
       a->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
       http::async_write(a->stream, a->request, [this, p, a](beast::error_code ec, size_t) {
         if (a->over) return;
