@@ -154,7 +154,13 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
     bool ends_response;
   };
 
-  bool ReceivedSome() const { return buffer_.size() > 0 || (parser_ && parser_->got_some()); }
+  // Bytes of a request read, or already waiting in the socket (a request sent just before the
+  // server stopped is served, not reset).
+  bool ReceivedSome() {
+    if (buffer_.size() > 0 || (parser_ && parser_->got_some())) return true;
+    ErrorCode ec;
+    return socket_.available(ec) > 0 && !ec;
+  }
 
   void ArmReadDeadline(int64_t ms) {
     uint64_t generation = ++read_deadline_;
