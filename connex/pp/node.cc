@@ -151,6 +151,7 @@ class StageNode::Impl {
     recv.stages = o_.stages;
     recv.slot_bytes = o_.slot_bytes;
     recv.replay_cache_bytes = o_.replay_cache_bytes;
+    recv.executed = &ledger_;
     CONNEX_ASSIGN_OR_RETURN(
         receiver_,
         StepReceiver::Create(
@@ -600,6 +601,9 @@ class StageNode::Impl {
       stats_.replay_bytes = receiver_->replay_bytes();
     }
     stats_.releases_pending = releases_ ? releases_->pending() : 0;
+    stats_.epoch = reg_->epoch.load();
+    ledger_.Hold(stats_.epoch);
+    stats_.epochs = ledger_.epochs();
     connex::MutexLock lock(&stats_mu_);
     stats_snapshot_ = stats_;
   }
@@ -1181,6 +1185,8 @@ class StageNode::Impl {
       for (uint64_t id : missing) requests_[id].cached = 0;
       return false;
     }
+    const int64_t admitted_ns = MonotonicNowNs();
+    const uint64_t epoch = reg_->epoch.load();
     absl::StatusOr<TensorDict> out = engine_.ExecuteStep(in);
     if (!out.ok()) {
       for (uint64_t id : ids) {
@@ -1189,6 +1195,7 @@ class StageNode::Impl {
       return false;
     }
     ++owner_steps_executed_;
+    ledger_.Executed(epoch, admitted_ns);
     uint64_t step_id = next_step_++;
     if (o_.stages == 1) {
       absl::StatusOr<const Tensor*> next = out->Get(kNextTokens, DType::kI32, 1);
@@ -1290,6 +1297,7 @@ class StageNode::Impl {
   internal::RecentSet<std::pair<Lid, uint64_t>> gone_peers_;  // failed over already
   uint64_t owner_steps_executed_ = 0;                         // stage 0's own engine steps
   uint64_t owner_forged_dropped_ = 0;
+  EpochLedger ledger_;  // steps executed per epoch (the receiver's and the owner's own)
   // Owner side.
   std::map<uint64_t, Request> requests_;
   std::map<uint64_t, Step> steps_;

@@ -29,6 +29,7 @@
 #include "connex/base/lid.h"
 #include "connex/directory/client.h"
 #include "connex/pp/engine.h"
+#include "connex/pp/epoch_ledger.h"
 #include "connex/pp/signal_transport.h"
 #include "connex/transport/transfer_engine.h"
 
@@ -90,6 +91,11 @@ struct StageNodeStats {
   size_t ring_in_use = 0;         // slots awaiting acknowledgement now
   size_t requests_in_flight = 0;  // owner: submitted, not finished
   size_t steps_in_flight = 0;     // owner: steps not yet answered, and sends waiting for a slot
+  uint64_t epoch = 0;             // the epoch this node holds now (0: none, it lost its LID)
+  // The last EpochLedger::kEpochsKept epochs this process held, oldest first: steps executed
+  // under each, and the CLOCK_MONOTONIC time of the last one's admission (for checks from
+  // outside the process: nothing runs under an epoch after its eviction was seen).
+  std::vector<EpochSteps> epochs;
 };
 
 // Per-request settings of Submit.

@@ -68,6 +68,9 @@ void StepReceiver::Tick(int64_t now_ms) {
 }
 
 void StepReceiver::OnStep(const StepSignal& s) {
+  // Read before the epoch is checked: a step executed under an epoch was admitted at or before
+  // this time (a process frozen right after it still ran it "before").
+  const int64_t admitted_ns = MonotonicNowNs();
   const Hop& target = s.target();
   AckSignal ack;
   ack.corr = s.corr;
@@ -251,6 +254,7 @@ void StepReceiver::OnStep(const StepSignal& s) {
     return;
   }
   ++stats_.steps_executed;
+  if (o_.executed != nullptr) o_.executed->Executed(epoch, admitted_ns);
   {
     absl::StatusOr<Batch> ran = GetBatch(runnable);
     for (size_t i = 0; ran.ok() && i < run_owner.size(); ++i) {
