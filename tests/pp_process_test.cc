@@ -231,20 +231,18 @@ TEST_P(PpProcessTest, StoppedStageIsProbedAndReplaced) {
 }
 
 // The zombie of docs/design/step-protocol.md, checked from outside as the chaos campaign checks it:
-// a stage is SIGSTOPped with steps queued for it (one request a step), probed, reported failed
-// and replaced; the directory shows its epoch E evicted; at T_cont it gets SIGCONT. It must then
-// run nothing under E (the last step it ran under E was admitted before T_cont, by its per-epoch
-// ledger), join again under a new epoch, and every request still ends with the reference tokens.
-// Before the stage fenced itself, it ran the steps queued in its socket under E after resuming.
+// a stage is SIGSTOPped with steps queued for it (one request a step), probed and reported failed;
+// the directory shows its epoch E evicted; at T_cont it gets SIGCONT. It must then run nothing
+// under E (the last step it ran under E was admitted before T_cont, by its per-epoch ledger),
+// join again under a new epoch, and every request still ends with the reference tokens.
+// Stage 1 has no other replica here: the owner's re-sends then wait for a route and do not reuse
+// the ring slots of the steps queued at the stopped stage (a reused slot fails the reader's
+// header check), the zombie's best case. Before the stage fenced itself it ran those steps under
+// E after resuming (and the owner recomputed the requests whose state it had moved on).
 TEST_P(PpProcessTest, StoppedStageRunsNothingUnderItsEvictedEpochAfterItResumes) {
   node_env_ = {"CONNEX_PP_MAX_BATCH=1"};
-  for (int r = 0; r < 2; ++r) {
-    for (int s = 1; s < kStages; ++s) {
-      std::vector<std::string> extra;
-      if (s == 1 && r == 0) extra = {"--report-epochs"};
-      stages_.emplace(std::make_pair(s, r), Node(s, r, extra));
-    }
-  }
+  stages_.emplace(std::make_pair(1, 0), Node(1, 0, {"--report-epochs"}));
+  for (int r = 0; r < 2; ++r) stages_.emplace(std::make_pair(2, r), Node(2, r));
   Subprocess& zombie = stages_.at({1, 0});
   std::smatch m;
   const std::string ready = zombie.transcript();
@@ -255,10 +253,10 @@ TEST_P(PpProcessTest, StoppedStageRunsNothingUnderItsEvictedEpochAfterItResumes)
   dopts.directory = bind_;
   auto watcher = directory::DirectoryClient::Connect(dopts);
   ASSERT_TRUE(watcher.ok()) << watcher.status();
-  // The epoch of pp/g1/s0/r0 the directory holds now (0: none).
+  // The epoch of pp/g1/s0/r0 the directory holds now (0: none; `evicted` while it cannot say).
   auto held = [&]() -> uint64_t {
     auto snapshot = (*watcher)->GetSnapshot("pp", 1);
-    if (!snapshot.ok()) return ~uint64_t{0};
+    if (!snapshot.ok()) return evicted;
     for (const auto& r : snapshot->records) {
       if (r.lid.replica == 0) return r.epoch;
     }
@@ -297,8 +295,7 @@ TEST_P(PpProcessTest, StoppedStageRunsNothingUnderItsEvictedEpochAfterItResumes)
   EXPECT_LT(std::stoll(e[2]), t_cont)
       << "the stage ran a step under its evicted epoch " << evicted << " "
       << (std::stoll(e[2]) - t_cont) / 1000 << " us after SIGCONT: " << ledger;
-  std::string done = CheckOwner(owner, 4, 300);
-  EXPECT_THAT(done, ::testing::Not(HasSubstr("failovers=0 ")));
+  CheckOwner(owner, 4, 300);
   zombie.Signal(SIGKILL);
 }
 
