@@ -246,8 +246,7 @@ TEST_P(PpProcessTest, StoppedStageRunsNothingUnderItsEvictedEpochAfterItResumes)
   Subprocess& zombie = stages_.at({1, 0});
   std::smatch m;
   const std::string ready = zombie.transcript();
-  ASSERT_TRUE(std::regex_search(ready, m, std::regex("ready pp/g1/s0/r0 epoch=([0-9]+)")))
-      << ready;
+  ASSERT_TRUE(std::regex_search(ready, m, std::regex("ready pp/g1/s0/r0 epoch=([0-9]+)"))) << ready;
   const uint64_t evicted = std::stoull(m[1]);
   directory::DirectoryClientOptions dopts;
   dopts.directory = bind_;

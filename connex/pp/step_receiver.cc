@@ -84,6 +84,16 @@ void StepReceiver::OnStep(const StepSignal& s) {
     send_(s.origin.signal, ack);
     return;
   }
+  if (o_.admit) {
+    if (absl::Status admitted = o_.admit(epoch); !admitted.ok()) {
+      ++stats_.fenced;
+      ack.code = static_cast<uint32_t>(admitted.code());
+      ack.message =
+          StrCat(o_.self.ToString(), ": step for epoch ", epoch, " refused: ", admitted.message());
+      send_(s.origin.signal, ack);
+      return;
+    }
+  }
   if (gone_owners_.Contains({s.owner.lid, s.owner.epoch})) {
     // Its requests were dropped here: running its step would make state nobody releases.
     ++stats_.fenced;

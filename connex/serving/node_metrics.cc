@@ -51,6 +51,7 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
   gauge("steps_in_flight", "Steps not yet answered, and sends waiting for a slot (owner)",
         s.steps_in_flight);
   gauge("epoch", "The epoch this stage holds now (0: none)", s.epoch);
+  counter("epoch_checks", "Epochs confirmed with the directory after a stall", s.epoch_checks);
   // Per epoch of the last few this process held: what ran under it, and when the last of it was
   // admitted (CLOCK_MONOTONIC ns, comparable across the processes of a host).
   auto per_epoch = [&out, &s](std::string_view name, std::string_view type, std::string_view help,
