@@ -142,11 +142,15 @@ class DirectoryClient::Impl {
     Wake();
   }
 
+  // A blocking method must not run on the loop thread, which alone could answer it.
+  absl::Status NotOnLoopThread() const {
+    if (std::this_thread::get_id() != loop_thread_id_) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        "DirectoryClient: blocking call from a callback on the client's loop thread");
+  }
+
   absl::StatusOr<wire::Frame> Call(std::string_view type, wire::MapBuilder& body) {
-    if (std::this_thread::get_id() == loop_thread_id_) {
-      return absl::FailedPreconditionError(
-          "DirectoryClient: blocking call from a callback on the client's loop thread");
-    }
+    CONNEX_RETURN_IF_ERROR(NotOnLoopThread());
     auto promise = std::make_shared<std::promise<absl::StatusOr<wire::Frame>>>();
     std::future<absl::StatusOr<wire::Frame>> future = promise->get_future();
     Send(type, body,
@@ -242,10 +246,7 @@ class DirectoryClient::Impl {
   }
 
   absl::StatusOr<uint64_t> Renew(const Lid& lid) {
-    if (std::this_thread::get_id() == loop_thread_id_) {
-      return absl::FailedPreconditionError(
-          "DirectoryClient: blocking call from a callback on the client's loop thread");
-    }
+    CONNEX_RETURN_IF_ERROR(NotOnLoopThread());
     uint64_t epoch = 0;
     wire::MapBuilder body;
     {

@@ -372,6 +372,15 @@ class SelfFenceTest : public RobustnessTest {
     return refusals_;
   }
 
+  // Submits requests 1..4 (100 tokens each), then holds stage 1 of replica 0 in its engine once
+  // it ran a few of their steps: the next ones queue behind the held one.
+  void RunThenHold(Cluster& c) {
+    for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(c.Submit(0, id, PromptOf(id), 100).ok());
+    ASSERT_TRUE(WaitUntil([&] { return c.node(1, 0)->stats().steps_executed > 8; }, 10000));
+    gated_->HoldNext();
+    ASSERT_TRUE(WaitUntil([&] { return gated_->holding(); }, 10000));
+  }
+
   static const EpochSteps* EpochOf(const StageNodeStats& s, uint64_t epoch) {
     for (const EpochSteps& e : s.epochs) {
       if (e.epoch == epoch) return &e;
@@ -419,10 +428,8 @@ TEST_F(SelfFenceTest, AStallAcrossAnEvictionRefusesTheQueuedSteps) {
   StageNode* stage = c->node(1, 0);
   const uint64_t evicted = stage->epoch();
   c->client(1, 0)->DelayEventsForTest(60000);
-  for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(c->Submit(0, id, PromptOf(id), 100).ok());
-  ASSERT_TRUE(WaitUntil([&] { return stage->stats().steps_executed > 8; }, 10000));
-  gated_->HoldNext();
-  ASSERT_TRUE(WaitUntil([&] { return gated_->holding(); }, 10000));
+  RunThenHold(*c);
+  if (HasFatalFailure()) return;
   absl::StatusOr<bool> evict = admin_->ReportFailed(stage->lid(), evicted, "test");
   ASSERT_TRUE(evict.ok() && *evict) << evict.status();
   const uint64_t executed_before = EpochOf(stage->stats(), evicted)->steps_executed;
@@ -462,10 +469,8 @@ TEST_F(SelfFenceTest, AStallWithTheEpochStillCurrentRunsTheQueuedSteps) {
   WatchRefusals(*c);
   StageNode* stage = c->node(1, 0);
   const uint64_t epoch = stage->epoch();
-  for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(c->Submit(0, id, PromptOf(id), 100).ok());
-  ASSERT_TRUE(WaitUntil([&] { return stage->stats().steps_executed > 8; }, 10000));
-  gated_->HoldNext();
-  ASSERT_TRUE(WaitUntil([&] { return gated_->holding(); }, 10000));
+  RunThenHold(*c);
+  if (HasFatalFailure()) return;
   const uint64_t executed_before = EpochOf(stage->stats(), epoch)->steps_executed;
   // The stall is the fault injected here: held 200 ms, four times the bound (well below the
   // owner's 5 s step timeout, so nobody suspects the stage), with steps queued behind it.
