@@ -274,12 +274,12 @@ TEST_F(RobustnessTest, ForgedResultsAndReleasesAreDropped) {
 class GatedEngine : public Engine {
  public:
   GatedEngine(uint32_t stage, uint32_t stages) : inner_(stage, stages) {}
-  // The next step waits in the engine until Release.
+  // The next step waits in the engine until Unhold.
   void HoldNext() {
     connex::MutexLock lock(&mu_);
     hold_ = true;
   }
-  void Release() {
+  void Unhold() {
     connex::MutexLock lock(&mu_);
     hold_ = false;
   }
@@ -434,7 +434,7 @@ TEST_F(SelfFenceTest, AStallAcrossAnEvictionRefusesTheQueuedSteps) {
   ASSERT_TRUE(evict.ok() && *evict) << evict.status();
   const uint64_t executed_before = EpochOf(stage->stats(), evicted)->steps_executed;
   const int64_t released_ns = MonotonicNowNs();
-  gated_->Release();  // the held step was admitted before the eviction: it finishes
+  gated_->Unhold();  // the held step was admitted before the eviction: it finishes
   ASSERT_TRUE(WaitUntil(
       [&] {
         for (const std::string& r : refusals()) {
@@ -477,7 +477,7 @@ TEST_F(SelfFenceTest, AStallWithTheEpochStillCurrentRunsTheQueuedSteps) {
   const int64_t held_ns = MonotonicNowNs();
   ASSERT_TRUE(WaitUntil([&] { return c->TotalStats().steps_in_flight >= 3; }, 5000));
   ASSERT_TRUE(WaitUntil([&] { return MonotonicNowNs() - held_ns > 200'000'000; }, 5000));
-  gated_->Release();
+  gated_->Unhold();
   ASSERT_TRUE(c->AwaitAll(30000));
   for (uint64_t id = 1; id <= 4; ++id) ExpectReference(*c, id, PromptOf(id), 100);
   StageNodeStats s = stage->stats();
