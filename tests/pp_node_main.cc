@@ -76,6 +76,10 @@ int main(int argc, char** argv) {
   app.add_flag("--stream", stream,
                "stage 0: print every generated token as a JSON line with its time "
                "(steady clock, microseconds; the same clock in every process of this host)");
+  bool report_epochs = false;
+  app.add_flag("--report-epochs", report_epochs,
+               "print `epochs current=E E1:STEPS:LAST_NS ...` whenever the steps run per epoch "
+               "change (the last step's admission, CLOCK_MONOTONIC ns)");
   connex::AddLogLevelFlag(app);
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
         if (stage >= stages) {
@@ -182,11 +186,25 @@ int main(int argc, char** argv) {
     }
   }
   int64_t last_progress = 0;
+  std::string last_epochs;
   while (true) {
     int sig_no = signals.WaitFor(20);
     if (sig_no > 0) {
       (*node)->Stop(/*leave=*/true);
       return 0;
+    }
+    if (report_epochs) {
+      auto stats = (*node)->stats();
+      std::string line = "epochs current=" + std::to_string(stats.epoch);
+      for (const auto& e : stats.epochs) {
+        line += " " + std::to_string(e.epoch) + ":" + std::to_string(e.steps_executed) + ":" +
+                std::to_string(e.last_step_monotonic_ns);
+      }
+      if (line != last_epochs) {
+        last_epochs = line;
+        std::printf("%s\n", line.c_str());
+        std::fflush(stdout);
+      }
     }
     if (stage == 0 && requests > 0) {
       auto stats = (*node)->stats();

@@ -2,6 +2,7 @@
 // SIGKILL, stopped with SIGSTOP and drained with SIGTERM mid-generation, and every request must
 // still finish with exactly the tokens of an undisturbed run.
 #include <signal.h>
+#include <time.h>
 
 #include <filesystem>
 #include <functional>
@@ -9,6 +10,8 @@
 #include <regex>
 #include <tuple>
 
+#include "connex/base/wait.h"
+#include "connex/directory/client.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
 #include "connex/pp/testing/test_engine.h"
@@ -225,6 +228,74 @@ TEST_P(PpProcessTest, StoppedStageIsProbedAndReplaced) {
   std::string done = CheckOwner(owner, 4, 300);
   EXPECT_THAT(done, ::testing::Not(HasSubstr("failovers=0 ")));
   stages_.at({2, 0}).Signal(SIGKILL);
+}
+
+// The zombie of docs/design/step-protocol.md, checked from outside as the chaos campaign checks it:
+// a stage is SIGSTOPped with steps queued for it (one request a step), probed and reported failed;
+// the directory shows its epoch E evicted; at T_cont it gets SIGCONT. It must then run nothing
+// under E (the last step it ran under E was admitted before T_cont, by its per-epoch ledger),
+// join again under a new epoch, and every request still ends with the reference tokens.
+// Stage 1 has no other replica here: the owner's re-sends then wait for a route and do not reuse
+// the ring slots of the steps queued at the stopped stage (a reused slot fails the reader's
+// header check), the zombie's best case. Before the stage fenced itself it ran those steps under
+// E after resuming (and the owner recomputed the requests whose state it had moved on).
+TEST_P(PpProcessTest, StoppedStageRunsNothingUnderItsEvictedEpochAfterItResumes) {
+  node_env_ = {"CONNEX_PP_MAX_BATCH=1"};
+  stages_.emplace(std::make_pair(1, 0), Node(1, 0, {"--report-epochs"}));
+  for (int r = 0; r < 2; ++r) stages_.emplace(std::make_pair(2, r), Node(2, r));
+  Subprocess& zombie = stages_.at({1, 0});
+  std::smatch m;
+  const std::string ready = zombie.transcript();
+  ASSERT_TRUE(std::regex_search(ready, m, std::regex("ready pp/g1/s0/r0 epoch=([0-9]+)"))) << ready;
+  const uint64_t evicted = std::stoull(m[1]);
+  directory::DirectoryClientOptions dopts;
+  dopts.directory = bind_;
+  auto watcher = directory::DirectoryClient::Connect(dopts);
+  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  // The epoch of pp/g1/s0/r0 the directory holds now (0: none; `evicted` while it cannot say).
+  auto held = [&]() -> uint64_t {
+    auto snapshot = (*watcher)->GetSnapshot("pp", 1);
+    if (!snapshot.ok()) return evicted;
+    for (const auto& r : snapshot->records) {
+      if (r.lid.replica == 0) return r.epoch;
+    }
+    return 0;
+  };
+
+  Subprocess owner = Node(0, 0, {"--requests", "4", "--max-new-tokens", "300"});
+  ASSERT_TRUE(owner.WaitForLine("progress", 30000)) << owner.transcript();
+  zombie.Signal(SIGSTOP);
+  ASSERT_TRUE(WaitUntil([&] { return held() != evicted; }, 20000, 10))
+      << "the directory still holds epoch " << evicted << " of the stopped stage";
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t t_cont = static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  zombie.Signal(SIGCONT);
+
+  // Its ledger once it holds a new epoch: what it ran under the evicted one is final by then.
+  std::regex report("epochs current=([0-9]+)(.*)");
+  std::string ledger;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto line = zombie.ReadLine(100);
+        if (!line || !std::regex_search(*line, m, report)) return false;
+        uint64_t current = std::stoull(m[1]);
+        ledger = m[2];
+        return current != 0 && current != evicted;
+      },
+      20000, 0))
+      << "the resumed stage did not join again: " << zombie.transcript();
+  std::smatch e;
+  const std::string entries = ledger;
+  ASSERT_TRUE(std::regex_search(entries, e,
+                                std::regex(" " + std::to_string(evicted) + ":([0-9]+):([0-9]+)")))
+      << ledger;
+  EXPECT_GT(std::stoull(e[1]), 0u) << "nothing ran under epoch " << evicted << " before the stop";
+  EXPECT_LT(std::stoll(e[2]), t_cont)
+      << "the stage ran a step under its evicted epoch " << evicted << " "
+      << (std::stoll(e[2]) - t_cont) / 1000 << " us after SIGCONT: " << ledger;
+  CheckOwner(owner, 4, 300);
+  zombie.Signal(SIGKILL);
 }
 
 TEST_P(PpProcessTest, DrainedStageFinishesInFlightStepsAndARestartRejoins) {

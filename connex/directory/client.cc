@@ -142,11 +142,15 @@ class DirectoryClient::Impl {
     Wake();
   }
 
+  // A blocking method must not run on the loop thread, which alone could answer it.
+  absl::Status NotOnLoopThread() const {
+    if (std::this_thread::get_id() != loop_thread_id_) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        "DirectoryClient: blocking call from a callback on the client's loop thread");
+  }
+
   absl::StatusOr<wire::Frame> Call(std::string_view type, wire::MapBuilder& body) {
-    if (std::this_thread::get_id() == loop_thread_id_) {
-      return absl::FailedPreconditionError(
-          "DirectoryClient: blocking call from a callback on the client's loop thread");
-    }
+    CONNEX_RETURN_IF_ERROR(NotOnLoopThread());
     auto promise = std::make_shared<std::promise<absl::StatusOr<wire::Frame>>>();
     std::future<absl::StatusOr<wire::Frame>> future = promise->get_future();
     Send(type, body,
@@ -207,6 +211,7 @@ class DirectoryClient::Impl {
       // A heartbeat (or rejoin) of the previous epoch may still be in flight (a migration);
       // its reply is ignored as stale, so it must not hold the next heartbeats back.
       r.heartbeat_in_flight = false;
+      r.rejoining = false;  // a rejoin of the previous epoch is stale now, as its heartbeats
       return epoch;
     }
   }
@@ -238,6 +243,32 @@ class DirectoryClient::Impl {
     absl::Status result;
     for (const Lid& lid : lids) result.Update(Leave(lid));
     return result;
+  }
+
+  absl::StatusOr<uint64_t> Renew(const Lid& lid) {
+    CONNEX_RETURN_IF_ERROR(NotOnLoopThread());
+    uint64_t epoch = 0;
+    wire::MapBuilder body;
+    {
+      connex::MutexLock lock(&mu_);
+      auto it = registrations_.find(lid);
+      if (it == registrations_.end()) {
+        return absl::NotFoundError(StrCat("this client does not hold ", lid.ToString()));
+      }
+      epoch = it->second.epoch;
+      body.Str("lid", lid.ToString()).Uint("epoch", epoch).Str("credential", it->second.credential);
+    }
+    auto promise = std::make_shared<std::promise<absl::StatusOr<uint64_t>>>();
+    std::future<absl::StatusOr<uint64_t>> future = promise->get_future();
+    SendHeartbeat(lid, epoch, body, /*scheduled=*/false,
+                  [promise](absl::StatusOr<uint64_t> held) { promise->set_value(held); });
+    absl::StatusOr<uint64_t> held = future.get();
+    if (held.ok() || held.status().code() == absl::StatusCode::kDeadlineExceeded ||
+        held.status().code() == absl::StatusCode::kUnavailable) {
+      return held;
+    }
+    return absl::FailedPreconditionError(StrCat("directory: ", lid.ToString(), " epoch ", epoch,
+                                                " is no longer held: ", held.status().message()));
   }
 
   std::optional<uint64_t> EpochOf(const Lid& lid) const {
@@ -387,6 +418,7 @@ class DirectoryClient::Impl {
     std::map<std::string, std::string> metadata;
     int64_t next_heartbeat_ms = 0;
     bool heartbeat_in_flight = false;
+    bool rejoining = false;  // a rejoin's JOIN is in flight: no second one
   };
 
   void Wake() {
@@ -546,33 +578,42 @@ class DirectoryClient::Impl {
     for (const Due& d : due) {
       wire::MapBuilder body;
       body.Str("lid", d.lid.ToString()).Uint("epoch", d.epoch).Str("credential", d.credential);
-      Send(
-          kHeartbeat, body,
-          [this, lid = d.lid, epoch = d.epoch](absl::StatusOr<wire::Frame> r) {
-            uint64_t held = epoch;
-            std::string credential;
-            if (r.ok()) {
-              absl::StatusOr<uint64_t> e = r->body.UintOr("epoch", epoch);
-              if (e.ok()) held = *e;
-              absl::StatusOr<std::string> c = r->body.StrOr("credential", "");
-              if (c.ok()) credential = *c;
-            }
-            OnHeartbeatReply(lid, epoch, r.status(), held, credential);
-          },
-          // A heartbeat lost with a dead connection (a directory restart) must not hold the
-          // next ones back for a whole request timeout, which may exceed the lease.
-          std::min(options_.request_timeout_ms, std::max<int64_t>(heartbeat_ms_, 50)));
+      SendHeartbeat(d.lid, d.epoch, body, /*scheduled=*/true, nullptr);
     }
     if (!due.empty()) SendOutbox();
   }
 
+  // One heartbeat of (lid, epoch); `done` (if any) gets the epoch held or the refusal. Only a
+  // `scheduled` one holds the next ones back while it is in flight.
+  void SendHeartbeat(const Lid& lid, uint64_t epoch, wire::MapBuilder& body, bool scheduled,
+                     std::function<void(absl::StatusOr<uint64_t>)> done) {
+    Send(
+        kHeartbeat, body,
+        [this, lid, epoch, scheduled, done = std::move(done)](absl::StatusOr<wire::Frame> r) {
+          uint64_t held = epoch;
+          std::string credential;
+          if (r.ok()) {
+            absl::StatusOr<uint64_t> e = r->body.UintOr("epoch", epoch);
+            if (e.ok()) held = *e;
+            absl::StatusOr<std::string> c = r->body.StrOr("credential", "");
+            if (c.ok()) credential = *c;
+          }
+          OnHeartbeatReply(lid, epoch, r.status(), held, credential, scheduled);
+          if (done) done(r.ok() ? absl::StatusOr<uint64_t>(held) : r.status());
+        },
+        // A heartbeat lost with a dead connection (a directory restart) must not hold the
+        // next ones back for a whole request timeout, which may exceed the lease.
+        std::min(options_.request_timeout_ms, std::max<int64_t>(heartbeat_ms_, 50)));
+  }
+
   void OnHeartbeatReply(const Lid& lid, uint64_t epoch, const absl::Status& status, uint64_t held,
-                        std::string credential) {
+                        std::string credential, bool scheduled) {
     {
       connex::MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
       if (it == registrations_.end() || it->second.epoch != epoch) return;  // left or migrated
-      it->second.heartbeat_in_flight = false;
+      if (it->second.rejoining) return;  // the rejoin's JOIN decides (and re-arms heartbeats)
+      if (scheduled) it->second.heartbeat_in_flight = false;
       if (status.ok() && held != epoch && !credential.empty()) {
         // A JOIN of ours was applied but its reply was lost: the directory knows better.
         it->second.epoch = held;
@@ -609,8 +650,9 @@ class DirectoryClient::Impl {
     {
       connex::MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
-      if (it == registrations_.end()) return;
+      if (it == registrations_.end() || it->second.rejoining) return;
       it->second.heartbeat_in_flight = true;  // no heartbeats until the JOIN is answered
+      it->second.rejoining = true;
       body.Str("lid", lid.ToString())
           .StrList("addresses", it->second.addresses)
           .StrMap("metadata", it->second.metadata)
@@ -630,6 +672,7 @@ class DirectoryClient::Impl {
         connex::MutexLock lock(&mu_);
         auto it = registrations_.find(lid);
         if (it == registrations_.end() || it->second.epoch != old_epoch) return;
+        it->second.rejoining = false;
         if (epoch.ok()) {
           it->second.epoch = *epoch;
           it->second.credential = *std::move(credential);
@@ -824,6 +867,22 @@ class DirectoryClient::Impl {
     DeliverNow(events);
   }
 
+  // An event that evicts an epoch this client holds (a sender's report, an operator's drain, or
+  // a fresh snapshot without it): its heartbeat is due now, so that the refusal starts the
+  // rejoin at once rather than a heartbeat interval later.
+  void HeartbeatNowIfEvicted(const std::vector<Event>& events) {
+    connex::MutexLock lock(&mu_);
+    for (const Event& e : events) {
+      if (e.kind != EventKind::kFailed && e.kind != EventKind::kLeft) continue;
+      auto it = registrations_.find(e.record.lid);
+      if (it == registrations_.end() || it->second.epoch != e.record.epoch) continue;
+      if (it->second.heartbeat_in_flight || it->second.rejoining) continue;
+      CONNEX_LOG_INFO("directory client: {} epoch {} {}: heartbeat now", e.record.lid.ToString(),
+                      e.record.epoch, EventKindName(e.kind));
+      it->second.next_heartbeat_ms = 0;
+    }
+  }
+
   void DeliverDue(int64_t now) {
     while (!delayed_.empty() && delayed_.front().first <= now) {
       std::vector<Event> events = std::move(delayed_.front().second);
@@ -833,6 +892,7 @@ class DirectoryClient::Impl {
   }
 
   void DeliverNow(const std::vector<Event>& events) {
+    HeartbeatNowIfEvicted(events);
     std::lock_guard<std::mutex> delivering(deliver_mu_);
     for (const Event& e : events) {
       // Looked up per event: a callback unsubscribed by an earlier one is not called again.
@@ -911,6 +971,7 @@ absl::StatusOr<uint64_t> DirectoryClient::ForceJoin(const Lid& lid,
 }
 absl::Status DirectoryClient::Leave(const Lid& lid) { return impl_->Leave(lid); }
 absl::Status DirectoryClient::LeaveAll() { return impl_->LeaveAll(); }
+absl::StatusOr<uint64_t> DirectoryClient::Renew(const Lid& lid) { return impl_->Renew(lid); }
 std::optional<uint64_t> DirectoryClient::EpochOf(const Lid& lid) const {
   return impl_->EpochOf(lid);
 }

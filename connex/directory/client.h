@@ -79,6 +79,13 @@ class DirectoryClient {
   // Leaves gracefully (LEFT). NotFound if this client does not hold `lid`.
   absl::Status Leave(const Lid& lid);
   absl::Status LeaveAll();
+  // Renews `lid`'s lease now, outside the heartbeat schedule (a holder that was frozen or starved
+  // asks whether its epoch is still current), and returns the epoch the directory holds for this
+  // client. FailedPrecondition when the directory no longer holds it (evicted or superseded: the
+  // client then joins again, or gives the LID up, as after a refused heartbeat, and says so
+  // through OnRegistrationChange); NotFound when this client does not hold `lid`; Unavailable or
+  // DeadlineExceeded when the directory does not answer within a heartbeat interval.
+  absl::StatusOr<uint64_t> Renew(const Lid& lid);
   // The epoch under which this client holds `lid`, if it does.
   std::optional<uint64_t> EpochOf(const Lid& lid) const;
   void OnRegistrationChange(std::function<void(const RegistrationChange&)> callback);

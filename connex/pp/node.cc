@@ -56,6 +56,8 @@ absl::StatusOr<StageNodeOptions> StageNodeOptions::FromEnv(StageNodeOptions o) {
                                                        o.replay_cache_bytes, 0, int64_t{1} << 40));
   CONNEX_ASSIGN_OR_RETURN(o.owner_grace_ms,
                           EnvInt("CONNEX_PP_OWNER_GRACE_MS", o.owner_grace_ms, 0, 86'400'000));
+  CONNEX_ASSIGN_OR_RETURN(o.stall_confirm_ms,
+                          EnvInt("CONNEX_PP_STALL_CONFIRM_MS", o.stall_confirm_ms, 0, 3'600'000));
   return o;
 }
 
@@ -73,7 +75,8 @@ absl::Status StageNodeOptions::Validate() const {
   }
   if (max_batch < 1) return absl::InvalidArgumentError(StrCat("pp: max_batch ", max_batch));
   if (attempt_max < 1) return absl::InvalidArgumentError(StrCat("pp: attempt_max ", attempt_max));
-  if (step_timeout_ms < 1 || probe_timeout_ms < 1 || route_wait_ms < 1 || request_timeout_ms < 0) {
+  if (step_timeout_ms < 1 || probe_timeout_ms < 1 || route_wait_ms < 1 || request_timeout_ms < 0 ||
+      stall_confirm_ms < 0) {
     return absl::InvalidArgumentError("pp: timeouts must be positive");
   }
   return absl::OkStatus();
@@ -151,6 +154,8 @@ class StageNode::Impl {
     recv.stages = o_.stages;
     recv.slot_bytes = o_.slot_bytes;
     recv.replay_cache_bytes = o_.replay_cache_bytes;
+    recv.executed = &ledger_;
+    recv.admit = [this](uint64_t epoch) { return Admit(epoch); };
     CONNEX_ASSIGN_OR_RETURN(
         receiver_,
         StepReceiver::Create(
@@ -194,6 +199,22 @@ class StageNode::Impl {
       CONNEX_RETURN_IF_ERROR(set->Start());
       routes_.Set(g, std::move(set));
     }
+    // A FAILED or LEFT of our own epoch (a sender's report, an operator's drain) fences it at
+    // once: its steps are refused while the directory client joins again (its heartbeat is due
+    // at that event). Our own LEAVE is not a fence: a draining node finishes what it has.
+    subscription_ = dir_.Subscribe([reg = reg_, lid = lid_](const directory::Event& e) {
+      if (e.record.lid != lid) return;
+      if (e.kind == directory::EventKind::kFailed ||
+          (e.kind == directory::EventKind::kLeft && !reg->leaving.load())) {
+        reg->Revoke(e.record.epoch,
+                    StrCat(directory::EventKindName(e.kind), e.reason.empty() ? "" : " (", e.reason,
+                           e.reason.empty() ? "" : ")"));
+      }
+    });
+    const int64_t lease = dir_.lease_ttl_ms() > 0 ? dir_.lease_ttl_ms() : o_.probe_timeout_ms;
+    stall_ms_ = o_.stall_confirm_ms > 0
+                    ? o_.stall_confirm_ms
+                    : std::max<int64_t>(1, std::min(o_.probe_timeout_ms, lease) / 2);
     CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, dir_.Join(lid_, Addresses(), o_.metadata));
     joined_ = true;
     reg_->AdvanceEpoch(epoch);
@@ -312,6 +333,7 @@ class StageNode::Impl {
       };
       cmd.cancel = [drained] { drained->set_value(); };
       if (PostCommand(std::move(cmd))) {
+        reg_->leaving.store(true);
         if (joined_) (void)dir_.Leave(lid_);
         joined_ = false;
         (void)future.wait_for(std::chrono::milliseconds(drain_timeout_ms));
@@ -397,6 +419,24 @@ class StageNode::Impl {
     void Fence() {
       fenced.store(true);
       epoch.store(0);
+    }
+
+    // The directory evicted `e`: if it is the epoch held now, its steps are refused until the
+    // client's rejoin brings a new one.
+    std::atomic<uint64_t> revoked{0};
+    std::atomic<bool> leaving{false};  // our own LEAVE: its LEFT is not an eviction
+    std::string revoked_why ABSL_GUARDED_BY(mu);
+    void Revoke(uint64_t e, std::string why) {
+      connex::MutexLock lock(&mu);
+      if (e == 0 || epoch.load() != e || revoked.load() == e) return;
+      revoked_why = std::move(why);
+      revoked.store(e);
+      CONNEX_LOG_WARN("pp: epoch {} was evicted ({}): its steps are refused until it joins again",
+                      e, revoked_why);
+    }
+    std::string RevokedWhy() {
+      connex::MutexLock lock(&mu);
+      return revoked_why;
     }
   };
 
@@ -488,6 +528,7 @@ class StageNode::Impl {
         if (cmd->cancel) cmd->cancel();
       }
     }
+    if (subscription_ != 0) dir_.Unsubscribe(subscription_);
     routes_.Clear();  // no peer-set callbacks after this
     signals_->Close();
     for (auto& [id, r] : requests_) {
@@ -520,8 +561,10 @@ class StageNode::Impl {
         queue_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(wait));
         items.swap(queue_);
       }
+      NoteAlive();
       CheckRegistration();
       for (Item& item : items) {
+        NoteAlive();
         if (stop_.load()) {
           if (auto* cmd = std::get_if<Command>(&item)) {
             if (cmd->cancel) cmd->cancel();
@@ -572,6 +615,72 @@ class StageNode::Impl {
     for (uint64_t id : ids) Finish(id, health);
   }
 
+  // The stall detector: a gap between two signs of life of the loop longer than stall_ms_ (the
+  // process was frozen, starved, or ran a long step) leaves the epoch held then unconfirmed
+  // until the directory confirms it (Admit). Peers need longer than that to declare a stage
+  // dead, so a step admitted without a stall runs under an epoch nobody evicted for lack of
+  // answers from this process.
+  void NoteAlive() {
+    const int64_t now = NowMs();
+    if (alive_ms_ != 0 && now - alive_ms_ > stall_ms_ && unconfirmed_epoch_ == 0 &&
+        reg_->epoch.load() != 0) {
+      unconfirmed_epoch_ = reg_->epoch.load();
+      stalled_ms_ = now - alive_ms_;
+      next_confirm_ms_ = 0;
+      CONNEX_LOG_INFO(
+          "pp {}: no progress for {} ms: epoch {} is confirmed with the directory "
+          "before the next step",
+          lid_.ToString(), stalled_ms_, unconfirmed_epoch_);
+    }
+    alive_ms_ = now;
+  }
+
+  // Whether a step (or, on stage 0, its own step) may run under `epoch`, this incarnation's.
+  // OK at the cost of a flag test unless the loop stalled or the epoch was evicted. Refusals are
+  // FailedPrecondition (evicted: fenced) or Unavailable (the directory cannot confirm it now).
+  absl::Status Admit(uint64_t epoch) {
+    NoteAlive();  // a freeze right before this step counts
+    if (reg_->revoked.load() == epoch) {
+      return absl::FailedPreconditionError(
+          StrCat("the directory evicted it (", reg_->RevokedWhy(), "); joining again"));
+    }
+    if (unconfirmed_epoch_ == 0) return absl::OkStatus();
+    if (unconfirmed_epoch_ != epoch) {
+      unconfirmed_epoch_ = 0;  // a new epoch, joined after the stall
+      return absl::OkStatus();
+    }
+    const int64_t now = NowMs();
+    if (now < next_confirm_ms_) {
+      return absl::UnavailableError(
+          StrCat("this stage stalled ", stalled_ms_,
+                 " ms and the directory could not confirm its epoch yet"));
+    }
+    ++stats_.epoch_checks;
+    absl::StatusOr<uint64_t> held = dir_.Renew(lid_);
+    NoteAlive();  // the round trip is not a stall
+    if (held.ok() && *held == epoch) {
+      CONNEX_LOG_INFO("pp {}: epoch {} confirmed after a stall of {} ms", lid_.ToString(), epoch,
+                      stalled_ms_);
+      unconfirmed_epoch_ = 0;
+      return absl::OkStatus();
+    }
+    if (held.ok()) {
+      reg_->AdvanceEpoch(*held);  // a JOIN of ours whose reply was lost
+      return absl::FailedPreconditionError(StrCat("the directory holds epoch ", *held, " now"));
+    }
+    if (held.status().code() == absl::StatusCode::kFailedPrecondition ||
+        held.status().code() == absl::StatusCode::kNotFound) {
+      std::string why = StrCat("no longer current after a stall of ", stalled_ms_,
+                               " ms: ", held.status().message());
+      reg_->Revoke(epoch, why);
+      return absl::FailedPreconditionError(StrCat("the directory evicted it (", why, ")"));
+    }
+    next_confirm_ms_ = now + stall_ms_;  // unreachable: refuse meanwhile, ask again later
+    return absl::UnavailableError(
+        StrCat("this stage stalled ", stalled_ms_,
+               " ms and the directory could not confirm its epoch: ", held.status().message()));
+  }
+
   int64_t NextTimer(int64_t now) const {
     int64_t next = now + 20;
     next = sender_ ? sender_->NextDeadline(next) : next;
@@ -600,6 +709,9 @@ class StageNode::Impl {
       stats_.replay_bytes = receiver_->replay_bytes();
     }
     stats_.releases_pending = releases_ ? releases_->pending() : 0;
+    stats_.epoch = reg_->epoch.load();
+    ledger_.Hold(stats_.epoch);
+    stats_.epochs = ledger_.epochs();
     connex::MutexLock lock(&stats_mu_);
     stats_snapshot_ = stats_;
   }
@@ -1098,6 +1210,12 @@ class StageNode::Impl {
 
   void Schedule(int64_t now) {
     if (draining_ || lost_) return;
+    if (requests_.empty()) return;
+    // The owner's own engine step runs under its epoch too: not after an eviction it missed.
+    if (absl::Status admitted = Admit(reg_->epoch.load()); !admitted.ok()) {
+      CONNEX_LOG_DEBUG("pp {}: no step scheduled: {}", lid_.ToString(), AsStd(admitted.message()));
+      return;
+    }
     // Requests ready for their next step, grouped by route.
     std::map<std::string, std::vector<uint64_t>> ready;
     std::map<std::string, std::vector<Hop>> routes;
@@ -1181,6 +1299,8 @@ class StageNode::Impl {
       for (uint64_t id : missing) requests_[id].cached = 0;
       return false;
     }
+    const int64_t admitted_ns = MonotonicNowNs();
+    const uint64_t epoch = reg_->epoch.load();
     absl::StatusOr<TensorDict> out = engine_.ExecuteStep(in);
     if (!out.ok()) {
       for (uint64_t id : ids) {
@@ -1189,6 +1309,7 @@ class StageNode::Impl {
       return false;
     }
     ++owner_steps_executed_;
+    ledger_.Executed(epoch, admitted_ns);
     uint64_t step_id = next_step_++;
     if (o_.stages == 1) {
       absl::StatusOr<const Tensor*> next = out->Get(kNextTokens, DType::kI32, 1);
@@ -1290,6 +1411,14 @@ class StageNode::Impl {
   internal::RecentSet<std::pair<Lid, uint64_t>> gone_peers_;  // failed over already
   uint64_t owner_steps_executed_ = 0;                         // stage 0's own engine steps
   uint64_t owner_forged_dropped_ = 0;
+  EpochLedger ledger_;  // steps executed per epoch (the receiver's and the owner's own)
+  // The stall detector (NoteAlive, Admit).
+  int64_t stall_ms_ = 250;
+  int64_t alive_ms_ = 0;            // the loop's last sign of life
+  uint64_t unconfirmed_epoch_ = 0;  // held across a stall, not confirmed since (0: none)
+  int64_t stalled_ms_ = 0;
+  int64_t next_confirm_ms_ = 0;  // after an unanswered confirmation
+  uint64_t subscription_ = 0;    // our own epoch's evictions
   // Owner side.
   std::map<uint64_t, Request> requests_;
   std::map<uint64_t, Step> steps_;

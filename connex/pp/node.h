@@ -29,6 +29,7 @@
 #include "connex/base/lid.h"
 #include "connex/directory/client.h"
 #include "connex/pp/engine.h"
+#include "connex/pp/epoch_ledger.h"
 #include "connex/pp/signal_transport.h"
 #include "connex/transport/transfer_engine.h"
 
@@ -60,6 +61,12 @@ struct StageNodeOptions {
   // CONNEX_PP_OWNER_GRACE_MS: how long a stage keeps the requests of an owner that LEFT (it is
   // draining) before it drops them; an owner that FAILED loses them at once.
   int64_t owner_grace_ms = 10000;
+  // CONNEX_PP_STALL_CONFIRM_MS: after the node made no progress this long (the process was
+  // frozen, starved, or ran one long step), it confirms its epoch with the directory (a heartbeat
+  // outside the schedule) before it runs another step, and refuses the step if the directory
+  // evicted it meanwhile. 0: half of min(probe_timeout_ms, the directory's lease TTL), below the
+  // time peers need to declare it dead.
+  int64_t stall_confirm_ms = 0;
   Clock* clock = nullptr;  // nullptr: the real clock (tests inject a FakeClock)
 
   // Options with the CONNEX_PP_* variables above applied. InvalidArgument names a bad one.
@@ -90,6 +97,12 @@ struct StageNodeStats {
   size_t ring_in_use = 0;         // slots awaiting acknowledgement now
   size_t requests_in_flight = 0;  // owner: submitted, not finished
   size_t steps_in_flight = 0;     // owner: steps not yet answered, and sends waiting for a slot
+  uint64_t epoch = 0;             // the epoch this node holds now (0: none, it lost its LID)
+  uint64_t epoch_checks = 0;      // epochs confirmed with the directory after a stall
+  // The last EpochLedger::kEpochsKept epochs this process held, oldest first: steps executed
+  // under each, and the CLOCK_MONOTONIC time of the last one's admission (for checks from
+  // outside the process: nothing runs under an epoch after its eviction was seen).
+  std::vector<EpochSteps> epochs;
 };
 
 // Per-request settings of Submit.

@@ -2,6 +2,7 @@
 // over the mem transport and mem signals with a real directory, failing before its fix.
 #include <atomic>
 
+#include "connex/base/strings.h"
 #include "connex/base/wait.h"
 #include "connex/directory/testing/test_directory.h"
 #include "connex/pp/messages.h"
@@ -266,6 +267,232 @@ TEST_F(RobustnessTest, ForgedResultsAndReleasesAreDropped) {
 }
 
 // Finding 7: a node that failed to start hung for ever in its destructor.
+// ---- self-fencing: a stage never runs a step under an epoch the directory evicted ----
+
+// TestEngine whose steps can be held at the engine (the loop thread stalls there, as in a
+// process that was frozen or starved).
+class GatedEngine : public Engine {
+ public:
+  GatedEngine(uint32_t stage, uint32_t stages) : inner_(stage, stages) {}
+  // The next step waits in the engine until Unhold.
+  void HoldNext() {
+    connex::MutexLock lock(&mu_);
+    hold_ = true;
+  }
+  void Unhold() {
+    connex::MutexLock lock(&mu_);
+    hold_ = false;
+  }
+  bool holding() const {
+    connex::MutexLock lock(&mu_);
+    return held_;
+  }
+  absl::StatusOr<TensorDict> ExecuteStep(const TensorDict& in) override {
+    {
+      connex::MutexLock lock(&mu_);
+      if (hold_) {
+        held_ = true;
+        auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !hold_; };
+        mu_.Await(absl::Condition(&released));
+        held_ = false;
+      }
+    }
+    return inner_.ExecuteStep(in);
+  }
+  std::vector<uint64_t> MissingRequests(const TensorDict& in) const override {
+    return inner_.MissingRequests(in);
+  }
+  bool HoldsRequest(uint64_t id) const override { return inner_.HoldsRequest(id); }
+  void Release(uint64_t id) override { inner_.Release(id); }
+  uint64_t OutputBytesPerToken() const override { return inner_.OutputBytesPerToken(); }
+  size_t NumHeldRequests() const override { return inner_.NumHeldRequests(); }
+
+ private:
+  testing::TestEngine inner_;
+  mutable connex::Mutex mu_;
+  bool hold_ ABSL_GUARDED_BY(mu_) = false;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class SelfFenceTest : public RobustnessTest {
+ protected:
+  void SetUp() override {
+    // Heartbeats far apart: a stage learns of its eviction only from the event or the stall
+    // detector within a test's deadlines.
+    directory::DirectoryServerOptions options;
+    options.bind = "tcp://127.0.0.1:0";
+    options.pub = "tcp://127.0.0.1:0";
+    options.lease_ttl_ms = 60000;
+    options.heartbeat_ms = 20000;
+    options.tick_ms = 50;
+    options.admin_token = directory::testing::kTestAdminToken;
+    server_ = *directory::DirectoryServer::Start(options);
+    admin_ = *directory::testing::ConnectTo(*server_);
+  }
+
+  // Two stages, two replicas; stage 1 of replica 0 runs a GatedEngine.
+  std::unique_ptr<Cluster> Make(StageNodeOptions o) {
+    static int counter = 0;
+    auto c = std::make_unique<Cluster>(
+        *server_, "f" + std::to_string(++counter), 2, 5, o,
+        [this](uint32_t stage, uint32_t stages) -> std::unique_ptr<Engine> {
+          if (stage == 1 && gated_ == nullptr) {
+            auto e = std::make_unique<GatedEngine>(stage, stages);
+            gated_ = e.get();
+            return e;
+          }
+          return std::make_unique<testing::TestEngine>(stage, stages);
+        });
+    // Stage 1 of replica 0 first, so that it gets the gated engine.
+    EXPECT_NE(c->Start(1, 0), nullptr);
+    for (auto [stage, replica] :
+         std::vector<std::pair<uint32_t, uint32_t>>{{0, 0}, {0, 1}, {1, 1}}) {
+      EXPECT_NE(c->Start(stage, replica), nullptr);
+    }
+    absl::Status started = c->AwaitMembers(4);
+    EXPECT_TRUE(started.ok()) << started;
+    return c;
+  }
+
+  // Refusals that stage 1 of replica 0 sent (ACK messages), as the owner saw them.
+  void WatchRefusals(Cluster& c) {
+    c.signals().SetFilter([this](const std::string&, const std::string& frame) {
+      absl::StatusOr<Signal> s = Decode(frame);
+      if (s.ok()) {
+        if (const auto* ack = std::get_if<AckSignal>(&*s); ack != nullptr && ack->code != 0) {
+          connex::MutexLock lock(&mu_);
+          refusals_.push_back(ack->message);
+        }
+      }
+      return true;
+    });
+  }
+  std::vector<std::string> refusals() const {
+    connex::MutexLock lock(&mu_);
+    return refusals_;
+  }
+
+  // Submits requests 1..4 (100 tokens each), then holds stage 1 of replica 0 in its engine once
+  // it ran a few of their steps: the next ones queue behind the held one.
+  void RunThenHold(Cluster& c) {
+    for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(c.Submit(0, id, PromptOf(id), 100).ok());
+    ASSERT_TRUE(WaitUntil([&] { return c.node(1, 0)->stats().steps_executed > 8; }, 10000));
+    gated_->HoldNext();
+    ASSERT_TRUE(WaitUntil([&] { return gated_->holding(); }, 10000));
+  }
+
+  // The stall is the fault these tests inject: the held step keeps the stage's loop `ms` in the
+  // engine (four times the 50 ms bound), measured on the clock rather than slept.
+  static void HoldFor(int64_t ms) {
+    const int64_t from = MonotonicNowNs();
+    ASSERT_TRUE(WaitUntil([&] { return MonotonicNowNs() - from > ms * 1'000'000; }, ms + 5000));
+  }
+
+  static const EpochSteps* EpochOf(const StageNodeStats& s, uint64_t epoch) {
+    for (const EpochSteps& e : s.epochs) {
+      if (e.epoch == epoch) return &e;
+    }
+    return nullptr;
+  }
+
+  std::unique_ptr<directory::DirectoryClient> admin_;
+  GatedEngine* gated_ = nullptr;
+  mutable connex::Mutex mu_;
+  std::vector<std::string> refusals_ ABSL_GUARDED_BY(mu_);
+};
+
+StageNodeOptions SelfFenceOptions() {
+  StageNodeOptions o = Fast();
+  o.step_timeout_ms = 5000;  // no probe while a stage is held: the test evicts it itself
+  o.max_batch = 1;           // one request a step: several steps queue at a held stage
+  o.stall_confirm_ms = 50;
+  return o;
+}
+
+// (b): a FAILED of its own epoch, seen while it runs, fences the stage and starts its rejoin at
+// once (a heartbeat interval is 20 s here); every request still ends exactly.
+TEST_F(SelfFenceTest, AnEvictionEventAboutItsOwnEpochFencesAndRejoinsAtOnce) {
+  auto c = Make(SelfFenceOptions());
+  StageNode* stage = c->node(1, 0);
+  const uint64_t evicted = stage->epoch();
+  for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(c->Submit(0, id, PromptOf(id), 200).ok());
+  ASSERT_TRUE(WaitUntil([&] { return stage->stats().steps_executed > 20; }, 10000));
+  absl::StatusOr<bool> evict = admin_->ReportFailed(stage->lid(), evicted, "test");
+  ASSERT_TRUE(evict.ok() && *evict) << evict.status();
+  EXPECT_TRUE(WaitUntil([&] { return stage->epoch() != evicted && stage->epoch() != 0; }, 5000))
+      << "still epoch " << stage->epoch();
+  ASSERT_TRUE(c->AwaitAll(30000));
+  for (uint64_t id = 1; id <= 4; ++id) ExpectReference(*c, id, PromptOf(id), 200);
+  EXPECT_THAT(c->violations(), IsEmpty());
+}
+
+// (a): a stage held past the stall bound while the directory evicted it (its events are late and
+// its heartbeat far away, so only the stall detector can know) refuses the steps queued for the
+// evicted epoch, saying why, and runs none of them; the owner re-routes them.
+TEST_F(SelfFenceTest, AStallAcrossAnEvictionRefusesTheQueuedSteps) {
+  auto c = Make(SelfFenceOptions());
+  WatchRefusals(*c);
+  StageNode* stage = c->node(1, 0);
+  const uint64_t evicted = stage->epoch();
+  c->client(1, 0)->DelayEventsForTest(60000);
+  RunThenHold(*c);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<bool> evict = admin_->ReportFailed(stage->lid(), evicted, "test");
+  ASSERT_TRUE(evict.ok() && *evict) << evict.status();
+  HoldFor(200);
+  const int64_t released_ns = MonotonicNowNs();
+  gated_->Unhold();  // the held step was admitted before the eviction: it finishes
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        for (const std::string& r : refusals()) {
+          if (r.find("after a stall of") != std::string::npos) return true;
+        }
+        return false;
+      },
+      10000))
+      << ::testing::PrintToString(refusals());
+  bool named = false;
+  for (const std::string& r : refusals()) {
+    named |= r.find(StrCat("step for epoch ", evicted,
+                           " refused: the directory evicted it (no "
+                           "longer current after a stall of")) != std::string::npos;
+  }
+  EXPECT_TRUE(named) << ::testing::PrintToString(refusals());
+  ASSERT_TRUE(c->AwaitAll(30000));
+  for (uint64_t id = 1; id <= 4; ++id) ExpectReference(*c, id, PromptOf(id), 100);
+  StageNodeStats s = stage->stats();
+  const EpochSteps* e = EpochOf(s, evicted);
+  ASSERT_NE(e, nullptr);
+  EXPECT_LT(e->last_step_monotonic_ns, released_ns) << "a step ran under the evicted epoch";
+  EXPECT_GE(s.epoch_checks, 1u);
+  EXPECT_THAT(c->violations(), IsEmpty());
+}
+
+// (a), the other way: a stall with the epoch still current costs one confirmation, and the
+// queued steps run.
+TEST_F(SelfFenceTest, AStallWithTheEpochStillCurrentRunsTheQueuedSteps) {
+  auto c = Make(SelfFenceOptions());
+  WatchRefusals(*c);
+  StageNode* stage = c->node(1, 0);
+  const uint64_t epoch = stage->epoch();
+  RunThenHold(*c);
+  if (HasFatalFailure()) return;
+  const uint64_t executed_before = EpochOf(stage->stats(), epoch)->steps_executed;
+  // Held four times the bound (well below the owner's 5 s step timeout, so that nobody suspects
+  // the stage), with steps queued behind the held one.
+  HoldFor(200);
+  ASSERT_GE(c->node(0, 0)->stats().steps_in_flight, 3u);
+  gated_->Unhold();
+  ASSERT_TRUE(c->AwaitAll(30000));
+  for (uint64_t id = 1; id <= 4; ++id) ExpectReference(*c, id, PromptOf(id), 100);
+  StageNodeStats s = stage->stats();
+  EXPECT_EQ(s.epoch, epoch);
+  EXPECT_GE(s.epoch_checks, 1u);
+  EXPECT_GT(EpochOf(s, epoch)->steps_executed, executed_before + 1);
+  EXPECT_THAT(refusals(), IsEmpty());
+  EXPECT_EQ(s.fenced, 0u);
+}
+
 TEST_F(RobustnessTest, AFailedStartReturnsItsErrorAndLeavesNothingRunning) {
   auto fabric = transport::mem::Fabric::Create({});
   auto signals = MemSignalNetwork::Create(1);

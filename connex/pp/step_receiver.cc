@@ -68,6 +68,9 @@ void StepReceiver::Tick(int64_t now_ms) {
 }
 
 void StepReceiver::OnStep(const StepSignal& s) {
+  // Read before the epoch is checked: a step executed under an epoch was admitted at or before
+  // this time (a process frozen right after it still ran it "before").
+  const int64_t admitted_ns = MonotonicNowNs();
   const Hop& target = s.target();
   AckSignal ack;
   ack.corr = s.corr;
@@ -80,6 +83,16 @@ void StepReceiver::OnStep(const StepSignal& s) {
                          target.epoch, " refused, this is epoch ", epoch);
     send_(s.origin.signal, ack);
     return;
+  }
+  if (o_.admit) {
+    if (absl::Status admitted = o_.admit(epoch); !admitted.ok()) {
+      ++stats_.fenced;
+      ack.code = static_cast<uint32_t>(admitted.code());
+      ack.message =
+          StrCat(o_.self.ToString(), ": step for epoch ", epoch, " refused: ", admitted.message());
+      send_(s.origin.signal, ack);
+      return;
+    }
   }
   if (gone_owners_.Contains({s.owner.lid, s.owner.epoch})) {
     // Its requests were dropped here: running its step would make state nobody releases.
@@ -251,6 +264,7 @@ void StepReceiver::OnStep(const StepSignal& s) {
     return;
   }
   ++stats_.steps_executed;
+  if (o_.executed != nullptr) o_.executed->Executed(epoch, admitted_ns);
   {
     absl::StatusOr<Batch> ran = GetBatch(runnable);
     for (size_t i = 0; ran.ok() && i < run_owner.size(); ++i) {

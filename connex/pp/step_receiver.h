@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "connex/base/lid.h"
 #include "connex/pp/engine.h"
+#include "connex/pp/epoch_ledger.h"
 #include "connex/pp/internal/recent_set.h"
 #include "connex/pp/messages.h"
 #include "connex/pp/replay_cache.h"
@@ -34,6 +35,11 @@ struct StepReceiverOptions {
   uint32_t stages = 1;
   int64_t slot_bytes = 8 << 20;  // the largest payload (header included) it reads
   int64_t replay_cache_bytes = int64_t{64} << 20;
+  EpochLedger* executed = nullptr;  // not owned; records each step executed (nullptr: none)
+  // Asked for each step whose target epoch is this incarnation's, before anything else: a
+  // refusal (its code and message go back in the ACK, as for a wrong epoch, so that the owner
+  // re-routes the step) fences a process that may have been replaced. nullptr: admit all.
+  std::function<absl::Status(uint64_t epoch)> admit;
 };
 
 struct StepReceiverStats {

@@ -50,6 +50,23 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
   gauge("requests_in_flight", "Requests submitted and not finished (owner)", s.requests_in_flight);
   gauge("steps_in_flight", "Steps not yet answered, and sends waiting for a slot (owner)",
         s.steps_in_flight);
+  gauge("epoch", "The epoch this stage holds now (0: none)", s.epoch);
+  counter("epoch_checks", "Epochs confirmed with the directory after a stall", s.epoch_checks);
+  // Per epoch of the last few this process held: what ran under it, and when the last of it was
+  // admitted (CLOCK_MONOTONIC ns, comparable across the processes of a host).
+  auto per_epoch = [&out, &s](std::string_view name, std::string_view type, std::string_view help,
+                              auto value) {
+    out += StrCat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+    for (const pp::EpochSteps& e : s.epochs) {
+      out += StrCat(name, "{epoch=\"", e.epoch, "\"} ", value(e), "\n");
+    }
+  };
+  per_epoch("connex_stage_epoch_steps_executed_total", "counter",
+            "Engine steps run on this stage under each of its last epochs",
+            [](const pp::EpochSteps& e) { return e.steps_executed; });
+  per_epoch("connex_stage_epoch_last_step_monotonic_ns", "gauge",
+            "CLOCK_MONOTONIC ns at which the last step run under each epoch was admitted (0: none)",
+            [](const pp::EpochSteps& e) { return e.last_step_monotonic_ns; });
   return out;
 }
 

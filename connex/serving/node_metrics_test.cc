@@ -24,8 +24,23 @@ TEST(RenderNodeStatsTest, EveryFieldIsAFamilyCountersWithTotal) {
   EXPECT_THAT(text, HasSubstr("connex_stage_requests_in_flight 1\n"));
   EXPECT_THAT(text, HasSubstr("connex_stage_releases_pending 0\n"));
   EXPECT_THAT(text, Not(HasSubstr("held_requests_total")));
-  // 15 counters and 6 gauges, each with HELP, TYPE and one sample.
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 21 * 3);
+  // 16 counters and 7 gauges, each with HELP, TYPE and one sample; the two per-epoch families
+  // have HELP and TYPE, and no sample without epochs.
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 23 * 3 + 2 * 2);
+}
+
+TEST(RenderNodeStatsTest, PerEpochFamiliesHaveOneSampleAnEpoch) {
+  pp::StageNodeStats s;
+  s.epoch = 9;
+  s.epochs = {{4, 120, 5'000'000'123}, {9, 3, 0}};
+  std::string text = RenderNodeStats(s);
+  EXPECT_THAT(text, HasSubstr("# TYPE connex_stage_epoch gauge\nconnex_stage_epoch 9\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE connex_stage_epoch_steps_executed_total counter\n"
+                              "connex_stage_epoch_steps_executed_total{epoch=\"4\"} 120\n"
+                              "connex_stage_epoch_steps_executed_total{epoch=\"9\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE connex_stage_epoch_last_step_monotonic_ns gauge\n"
+                              "connex_stage_epoch_last_step_monotonic_ns{epoch=\"4\"} 5000000123\n"
+                              "connex_stage_epoch_last_step_monotonic_ns{epoch=\"9\"} 0\n"));
 }
 
 }  // namespace

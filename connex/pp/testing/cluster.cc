@@ -151,6 +151,9 @@ absl::Status Cluster::Migrate(uint32_t stage, uint32_t replica) {
 StageNode* Cluster::node(uint32_t stage, uint32_t replica) {
   return Get(stage, replica).node.get();
 }
+directory::DirectoryClient* Cluster::client(uint32_t stage, uint32_t replica) {
+  return Get(stage, replica).client.get();
+}
 TestEngine* Cluster::engine(uint32_t stage, uint32_t replica) {
   return dynamic_cast<TestEngine*>(Get(stage, replica).engine.get());
 }

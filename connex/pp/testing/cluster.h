@@ -56,6 +56,8 @@ class Cluster {
   void Leave(uint32_t stage, uint32_t replica);
   absl::Status Migrate(uint32_t stage, uint32_t replica);
   StageNode* node(uint32_t stage, uint32_t replica);
+  // The directory client of a stage's current process (nullptr if it never started).
+  directory::DirectoryClient* client(uint32_t stage, uint32_t replica);
   // The stage's TestEngine (nullptr when the cluster runs other engines).
   TestEngine* engine(uint32_t stage, uint32_t replica);
   bool alive(uint32_t stage, uint32_t replica) const;
