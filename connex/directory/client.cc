@@ -208,6 +208,7 @@ class DirectoryClient::Impl {
       r.addresses = std::move(addresses);
       r.metadata = std::move(metadata);
       r.next_heartbeat_ms = now + heartbeat_ms_;
+      r.renewed_ms = clock_->NowMs();
       // A heartbeat (or rejoin) of the previous epoch may still be in flight (a migration);
       // its reply is ignored as stale, so it must not hold the next heartbeats back.
       r.heartbeat_in_flight = false;
@@ -270,6 +271,14 @@ class DirectoryClient::Impl {
     return absl::FailedPreconditionError(StrCat("directory: ", lid.ToString(), " epoch ", epoch,
                                                 " is no longer held: ", held.status().message()));
   }
+
+  std::optional<int64_t> RenewalAgeMs(const Lid& lid) const {
+    connex::MutexLock lock(&mu_);
+    auto it = registrations_.find(lid);
+    if (it == registrations_.end() || it->second.renewed_ms == 0) return std::nullopt;
+    return clock_->NowMs() - it->second.renewed_ms;
+  }
+  int64_t heartbeat_ms() const { return heartbeat_ms_; }
 
   std::optional<uint64_t> EpochOf(const Lid& lid) const {
     connex::MutexLock lock(&mu_);
@@ -419,6 +428,7 @@ class DirectoryClient::Impl {
     int64_t next_heartbeat_ms = 0;
     bool heartbeat_in_flight = false;
     bool rejoining = false;  // a rejoin's JOIN is in flight: no second one
+    int64_t renewed_ms = 0;  // when the directory last confirmed `epoch` (JOIN or heartbeat)
   };
 
   void Wake() {
@@ -614,6 +624,7 @@ class DirectoryClient::Impl {
       if (it == registrations_.end() || it->second.epoch != epoch) return;  // left or migrated
       if (it->second.rejoining) return;  // the rejoin's JOIN decides (and re-arms heartbeats)
       if (scheduled) it->second.heartbeat_in_flight = false;
+      if (status.ok() && held == epoch) it->second.renewed_ms = clock_->NowMs();
       if (status.ok() && held != epoch && !credential.empty()) {
         // A JOIN of ours was applied but its reply was lost: the directory knows better.
         it->second.epoch = held;
@@ -678,6 +689,7 @@ class DirectoryClient::Impl {
           it->second.credential = *std::move(credential);
           it->second.heartbeat_in_flight = false;
           it->second.next_heartbeat_ms = clock_->NowMs() + heartbeat_ms_;
+          it->second.renewed_ms = clock_->NowMs();
         } else if (retry_later || joins_in_flight_.count(lid)) {
           // Unreachable: the next heartbeat tells us again. A Join of ours in flight (a
           // migration) took the LID first, or will report why it could not.
@@ -1009,6 +1021,10 @@ uint64_t DirectoryClient::resnapshots() const { return impl_->resnapshots(); }
 const std::string& DirectoryClient::pub_address() const { return impl_->pub_address(); }
 const std::string& DirectoryClient::directory_address() const { return impl_->directory_address(); }
 int64_t DirectoryClient::lease_ttl_ms() const { return impl_->lease_ttl_ms(); }
+int64_t DirectoryClient::heartbeat_ms() const { return impl_->heartbeat_ms(); }
+std::optional<int64_t> DirectoryClient::RenewalAgeMs(const Lid& lid) const {
+  return impl_->RenewalAgeMs(lid);
+}
 void DirectoryClient::DropEventsForTest(int n) { impl_->DropEventsForTest(n); }
 void DirectoryClient::DelayEventsForTest(int ms) { impl_->DelayEventsForTest(ms); }
 

@@ -122,6 +122,11 @@ class DirectoryClient {
   const std::string& pub_address() const;
   const std::string& directory_address() const;
   int64_t lease_ttl_ms() const;
+  int64_t heartbeat_ms() const;  // the interval this client heartbeats at
+  // How long ago the directory last confirmed the epoch this client holds `lid` under (its JOIN
+  // or a heartbeat's reply); nullopt when it does not hold `lid`. A holder cut off from the
+  // directory sees this grow past the heartbeat interval.
+  std::optional<int64_t> RenewalAgeMs(const Lid& lid) const;
   // Drops the next `n` events received, as a slow subscriber would. For gap-recovery tests.
   void DropEventsForTest(int n);
   // Holds every event `ms` milliseconds before subscribers see it (a slow directory), in order;

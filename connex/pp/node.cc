@@ -644,7 +644,19 @@ class StageNode::Impl {
       return absl::FailedPreconditionError(
           StrCat("the directory evicted it (", reg_->RevokedWhy(), "); joining again"));
     }
-    if (unconfirmed_epoch_ == 0) return absl::OkStatus();
+    if (unconfirmed_epoch_ == 0) {
+      // Cut off rather than frozen (a partition: the loop ran on, but neither the directory nor
+      // the peers heard from it): a heartbeat that should have renewed the lease by now did
+      // not, so the peers may have replaced it meanwhile.
+      std::optional<int64_t> age = dir_.RenewalAgeMs(lid_);
+      if (!age || *age <= dir_.heartbeat_ms() + stall_ms_) return absl::OkStatus();
+      unconfirmed_epoch_ = epoch;
+      stalled_ms_ = *age;
+      next_confirm_ms_ = 0;
+      CONNEX_LOG_INFO("pp {}: the lease of epoch {} was not renewed for {} ms: it is confirmed "
+                      "with the directory before the next step",
+                      lid_.ToString(), epoch, *age);
+    }
     if (unconfirmed_epoch_ != epoch) {
       unconfirmed_epoch_ = 0;  // a new epoch, joined after the stall
       return absl::OkStatus();
