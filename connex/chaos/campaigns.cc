@@ -614,7 +614,8 @@ std::vector<std::shared_ptr<Outcome>> OpenLoop(Cluster& c, const CommonOptions& 
                                                double duration_s, uint64_t* next_index) {
   Load load;
   load.set_model(c.options().model_name);
-  std::mt19937_64 rng(o.seed + *next_index);
+  // The same arrivals for the same (seed, rate), whatever ran before: every K sees one load.
+  std::mt19937_64 rng(o.seed * 1'000'003 + static_cast<uint64_t>(qps * 1000));
   std::exponential_distribution<double> gap(qps);
   const int64_t t0 = MonotonicNowNs();
   const int64_t end = t0 + static_cast<int64_t>(duration_s * 1e9);
@@ -685,6 +686,8 @@ absl::StatusOr<json> RunSteady(const SteadyOptions& st) {
   std::string model_path;
   uint64_t next_index = 0;
   for (int k : st.inflight) {
+    // Every K gets the same requests (prompts, sampling) in the same order.
+    next_index = 0;
     CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> c,
                             StartCluster(o, /*proxy=*/false, k, false));
     model_path = c->model_path();
