@@ -1311,8 +1311,14 @@ class StageNode::Impl {
       for (uint64_t id : missing) requests_[id].cached = 0;
       return false;
     }
+    // Admitted right before it runs (Schedule's admission may be a freeze ago), the time taken
+    // first: a freeze after it is a stall that Admit sees.
     const int64_t admitted_ns = MonotonicNowNs();
     const uint64_t epoch = reg_->epoch.load();
+    if (absl::Status admitted = Admit(epoch); !admitted.ok()) {
+      CONNEX_LOG_DEBUG("pp {}: step not run: {}", lid_.ToString(), AsStd(admitted.message()));
+      return false;  // its requests wait for the next round
+    }
     absl::StatusOr<TensorDict> out = engine_.ExecuteStep(in);
     if (!out.ok()) {
       for (uint64_t id : ids) {
