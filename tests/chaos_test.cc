@@ -142,6 +142,32 @@ TEST(ChaosTest, ProxyCostComparesTheSameRequests) {
   EXPECT_EQ(run.record["proxy"]["e2e_ms"]["n"].get<int64_t>(), 4);
 }
 
+// --directory: the same measurement of a deployment somebody else started (here this test,
+// through Cluster), found through its directory.
+TEST(ChaosTest, SteadyMeasuresARunningDeploymentThroughItsDirectory) {
+  const std::string work = ::testing::TempDir() + "/chaos-attach-" + std::to_string(getpid());
+  std::filesystem::create_directories(work);
+  ClusterOptions co;
+  co.bin_dir = BinDir();
+  co.work_dir = work;
+  co.stages = 2;
+  co.proxy = false;
+  absl::StatusOr<std::unique_ptr<Cluster>> deployment = Cluster::Start(co);
+  ASSERT_TRUE(deployment.ok()) << deployment.status();
+  ChaosRun run = Chaos({"steady", "--directory", (*deployment)->directory(), "--model",
+                        (*deployment)->model_path(), "--stages", "2", "--replicas", "1", "--inflight", "4", "--qps",
+                        "2", "--duration", "3", "--clients", "2", "--max-tokens", "16"});
+  ExpectCorrect(run);
+  // Both replicas found (--replicas does not apply to a deployment it did not start).
+  EXPECT_EQ(run.record["options"]["replicas"].get<int>(), 2) << run.output;
+  // Faults need processes of its own.
+  run = Chaos({"failover", "--directory", (*deployment)->directory()}, 30'000);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--directory"));
+  deployment->reset();
+  std::filesystem::remove_all(work);
+}
+
 TEST(ChaosTest, BadFlagsExitTwoNamingTheFlag) {
   ChaosRun run = Chaos({"failover", "--fault", "melt"}, 30'000);
   EXPECT_EQ(run.exit_code, 2) << run.output;

@@ -62,6 +62,17 @@ void AddCommon(CLI::App* app, CommonOptions* o, std::string* json_path, std::str
   app->add_flag("--quiet", *quiet, "no progress lines");
 }
 
+// steady and proxy-cost can measure a deployment that runs already.
+void AddAttach(CLI::App* app, CommonOptions* o) {
+  app->add_option("--directory", o->directory,
+                  "measure the deployment of this directory instead of starting one (give "
+                  "--model, its checkpoint, and --stages)");
+  app->add_option("--model-name", o->model_name, "the served model's name (with --directory)")
+      ->capture_default_str();
+  app->add_option("--proxy-address", o->proxy_address,
+                  "HOST:PORT of that deployment's connex-proxy (with --directory)");
+}
+
 std::vector<double> ParseDoubles(const std::string& what, const std::string& text) {
   std::vector<double> out;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
@@ -140,6 +151,7 @@ int main(int argc, char** argv) {
   std::string qps_list = "1,2,4", inflight_list = "1,4";
   CLI::App* s = app.add_subcommand("steady", "latency and throughput per QPS and K, no faults");
   AddCommon(s, &common, &json_path, &work_dir, &keep, &quiet);
+  AddAttach(s, &common);
   s->add_option("--qps", qps_list, "open-loop rates, comma-separated")->capture_default_str();
   s->add_option("--inflight", inflight_list, "values of K, comma-separated")
       ->capture_default_str();
@@ -153,6 +165,7 @@ int main(int argc, char** argv) {
   connex::chaos::ProxyCostOptions proxy_cost;
   CLI::App* p = app.add_subcommand("proxy-cost", "the same requests direct and via the proxy");
   AddCommon(p, &common, &json_path, &work_dir, &keep, &quiet);
+  AddAttach(p, &common);
   p->add_option("--requests", proxy_cost.requests, "requests per path, one at a time")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();

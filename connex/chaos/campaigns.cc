@@ -88,6 +88,14 @@ json CommonJson(const CommonOptions& o) {
 
 absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const CommonOptions& o, bool proxy,
                                                       int inflight, bool netns) {
+  if (!o.directory.empty()) {
+    ClusterOptions c;
+    c.model_path = o.model_path;
+    c.model_name = o.model_name;
+    c.stages = o.stages;
+    Progress(o, "measuring the deployment of directory " + o.directory);
+    return Cluster::Attach(std::move(c), o.directory, proxy ? o.proxy_address : "");
+  }
   ClusterOptions c;
   c.bin_dir = o.bin_dir;
   c.work_dir = o.work_dir;
@@ -293,6 +301,10 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
                             {"fault", FaultName(f.fault)},
                             {"batch", f.batch},
                             {"inflight", f.inflight}});
+  if (!o.directory.empty()) {
+    return absl::InvalidArgumentError(
+        "failover --directory: faults need the processes connex-chaos starts itself");
+  }
   if (f.kill_stage >= static_cast<int>(o.stages)) {
     return absl::InvalidArgumentError(StrCat("--kill-stage ", f.kill_stage, ": the pipeline has ",
                                              o.stages, " stages"));
@@ -483,6 +495,10 @@ absl::StatusOr<json> RunChurn(const ChurnOptions& ch) {
                             {"kill_every_s", ch.kill_every_s},
                             {"proxy", ch.proxy},
                             {"soft", ch.soft}});
+  if (!o.directory.empty()) {
+    return absl::InvalidArgumentError(
+        "churn --directory: faults need the processes connex-chaos starts itself");
+  }
   if (ch.qps <= 0 || ch.duration_s <= 0 || ch.kill_every_s <= 0) {
     return absl::InvalidArgumentError("churn: --qps, --duration and --kill-every must be > 0");
   }
@@ -631,7 +647,7 @@ std::vector<std::shared_ptr<Outcome>> OpenLoop(Cluster& c, const CommonOptions& 
     const uint64_t index = (*next_index)++;
     load.Issue(index, SpecFor(index, o.max_tokens), c.api(r), StrCat("replica ", r),
                static_cast<int>(r), o.request_timeout_ms);
-    r = (r + 1) % o.replicas;
+    r = (r + 1) % c.options().replicas;
   }
   return load.Wait();
 }
@@ -649,7 +665,7 @@ std::vector<std::shared_ptr<Outcome>> ClosedLoop(Cluster& c, const CommonOptions
   std::vector<std::thread> threads;
   for (int k = 0; k < clients; ++k) {
     threads.emplace_back([&, k] {
-      const uint32_t r = static_cast<uint32_t>(k) % o.replicas;
+      const uint32_t r = static_cast<uint32_t>(k) % c.options().replicas;
       while (MonotonicNowNs() < end) {
         auto out = std::make_shared<Outcome>();
         out->index = index.fetch_add(1);
@@ -685,12 +701,18 @@ absl::StatusOr<json> RunSteady(const SteadyOptions& st) {
   std::vector<std::string> problems;
   std::string model_path;
   uint64_t next_index = 0;
+  if (!o.directory.empty() && st.inflight.size() != 1) {
+    return absl::InvalidArgumentError(
+        "steady --directory: the deployment's K is its own; give one --inflight (what it runs)");
+  }
   for (int k : st.inflight) {
     // Every K gets the same requests (prompts, sampling) in the same order.
     next_index = 0;
     CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> c,
                             StartCluster(o, /*proxy=*/false, k, false));
     model_path = c->model_path();
+    record["options"]["replicas"] = c->options().replicas;  // --directory: as found
+    if (c->attached()) record["options"]["directory"] = o.directory;
     for (double qps : st.qps) {
       Progress(o, StrCat("K=", k, ": open loop at ", qps, " QPS for ", st.duration_s, " s"));
       const int64_t t0 = MonotonicNowNs();
@@ -744,7 +766,12 @@ absl::StatusOr<json> RunProxyCost(const ProxyCostOptions& pc) {
   json record = {{"campaign", "proxy-cost"}, {"machine", Machine()}};
   record["options"] = CommonJson(o);
   record["options"]["requests"] = pc.requests;
+  if (!o.directory.empty() && o.proxy_address.empty()) {
+    return absl::InvalidArgumentError("proxy-cost --directory: give --proxy-address too");
+  }
   CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> c, StartCluster(o, /*proxy=*/true, 0, false));
+  record["options"]["replicas"] = c->options().replicas;  // --directory: as found
+  if (c->attached()) record["options"]["directory"] = o.directory;
   std::vector<std::shared_ptr<Outcome>> direct, proxied, all;
   // One request at a time, alternating the paths (the same request index on each), so that
   // both see the same machine; direct requests go to the replicas in turn.
@@ -753,7 +780,7 @@ absl::StatusOr<json> RunProxyCost(const ProxyCostOptions& pc) {
       auto out = std::make_shared<Outcome>();
       out->index = static_cast<uint64_t>(i);
       out->spec = SpecFor(out->index, o.max_tokens);
-      const uint32_t r = static_cast<uint32_t>(i) % o.replicas;
+      const uint32_t r = static_cast<uint32_t>(i) % c->options().replicas;
       const HostPort at = path == 0 ? c->api(r) : *c->proxy();
       out->target = path == 0 ? StrCat("replica ", r) : "proxy";
       out->result = StreamCompletion(at, out->spec.Body(c->options().model_name),

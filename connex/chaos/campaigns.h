@@ -26,6 +26,11 @@ struct CommonOptions {
   uint64_t seed = 1;            // the campaign's choices (prompts, sampling, victims)
   bool progress = true;         // progress lines on stderr
   int64_t request_timeout_ms = 180'000;
+  // steady and proxy-cost only: measure a deployment that runs already, found through this
+  // directory (its stage-0 APIs), instead of starting one; `proxy_address` is its proxy.
+  std::string directory;
+  std::string proxy_address;
+  std::string model_name = "tiny";
 };
 
 enum class Fault { kKill, kStop, kPartition };

@@ -149,6 +149,45 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
   return c;
 }
 
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Attach(ClusterOptions options,
+                                                         const std::string& directory,
+                                                         const std::string& proxy) {
+  if (options.model_path.empty()) {
+    return absl::InvalidArgumentError(
+        "--directory: give --model, the checkpoint the deployment serves (for the references)");
+  }
+  std::unique_ptr<Cluster> c(new Cluster(std::move(options)));
+  c->attached_ = true;
+  c->model_path_ = c->options_.model_path;
+  c->directory_ = directory;
+  directory::DirectoryClientOptions dco;
+  dco.directory = directory;
+  CONNEX_ASSIGN_OR_RETURN(c->watcher_, directory::DirectoryClient::Connect(dco));
+  CONNEX_RETURN_IF_ERROR(c->watcher_->Watch(c->options_.model_name));
+  uint32_t replicas = 0;
+  for (const directory::Record& r : c->watcher_->View(c->options_.model_name)) {
+    auto http = r.metadata.find("http");
+    if (r.lid.group != 0 || http == r.metadata.end()) continue;
+    absl::StatusOr<HostPort> api = ParseHostPort(r.lid.ToString() + " metadata http", http->second);
+    if (!api.ok()) return api.status();
+    // Replicas are numbered here in the order found, whatever their LIDs' replica numbers.
+    StageProc& sp = c->at(0, replicas++);
+    sp.api = sp.metrics = *api;
+    sp.epoch = r.epoch;
+  }
+  if (replicas == 0) {
+    return absl::NotFoundError(StrCat("--directory ", directory, ": no stage 0 of model ",
+                                      c->options_.model_name, " publishes an API (metadata http)"));
+  }
+  c->options_.replicas = replicas;
+  if (!proxy.empty()) {
+    CONNEX_ASSIGN_OR_RETURN(HostPort at, ParseHostPort("--proxy-address", proxy));
+    c->proxy_ = at;
+  }
+  CONNEX_RETURN_IF_ERROR(c->WaitAllHealthy(c->options_.start_timeout_ms));
+  return c;
+}
+
 absl::Status Cluster::StartAll() {
   const ClusterOptions& o = options_;
   if (o.netns) CONNEX_RETURN_IF_ERROR(MakeNetwork());
@@ -356,6 +395,7 @@ bool Cluster::running(uint32_t stage, uint32_t replica) {
 }
 
 absl::Status Cluster::Kill(uint32_t stage, uint32_t replica) {
+  if (attached_) return absl::FailedPreconditionError("faults need processes this tool started");
   StageProc& s = at(stage, replica);
   if (!s.process) return absl::FailedPreconditionError(StrCat("stage ", stage, "/r", replica,
                                                               " is not running"));
@@ -366,6 +406,7 @@ absl::Status Cluster::Kill(uint32_t stage, uint32_t replica) {
 }
 
 absl::Status Cluster::Stop(uint32_t stage, uint32_t replica) {
+  if (attached_) return absl::FailedPreconditionError("faults need processes this tool started");
   StageProc& s = at(stage, replica);
   if (!s.process) return absl::FailedPreconditionError("not running");
   s.process->Signal(SIGSTOP);
@@ -390,6 +431,7 @@ absl::Status Cluster::Heal(uint32_t stage, uint32_t replica) {
 }
 
 absl::Status Cluster::Leave(uint32_t stage, uint32_t replica, int64_t timeout_ms) {
+  if (attached_) return absl::FailedPreconditionError("faults need processes this tool started");
   StageProc& s = at(stage, replica);
   if (!s.process) return absl::FailedPreconditionError("not running");
   s.process->Signal(SIGTERM);
@@ -406,6 +448,7 @@ absl::Status Cluster::Leave(uint32_t stage, uint32_t replica, int64_t timeout_ms
 }
 
 absl::Status Cluster::Restart(uint32_t stage, uint32_t replica) {
+  if (attached_) return absl::FailedPreconditionError("faults need processes this tool started");
   StageProc& s = at(stage, replica);
   if (s.process && !s.process->Exited()) {
     return absl::FailedPreconditionError(StrCat("stage ", stage, "/r", replica, " is running"));

@@ -55,6 +55,15 @@ class Cluster {
   // Starts everything and waits until every replica is healthy. Errors name the process that
   // failed and its log; nothing is left running.
   static absl::StatusOr<std::unique_ptr<Cluster>> Start(ClusterOptions options);
+  // A deployment someone else runs: its stage-0 replicas of `options.model_name` (those that
+  // publish an API, metadata "http") found through the directory at `directory`, and the proxy
+  // at `proxy` if given. Nothing is started, so nothing can be faulted (the fault methods fail
+  // with FailedPrecondition); `options.model_path` must be the checkpoint it serves (for the
+  // references) and `options.stages` its pipeline's length.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Attach(ClusterOptions options,
+                                                         const std::string& directory,
+                                                         const std::string& proxy);
+  bool attached() const { return attached_; }
   ~Cluster();
 
   const ClusterOptions& options() const { return options_; }
@@ -130,6 +139,7 @@ class Cluster {
   std::string net_prefix_;  // names of the namespaces, links and bridge start with it
   int subnet_ = 0;          // 10.231.<subnet>.0/24
   bool network_made_ = false;
+  bool attached_ = false;  // Attach: processes of someone else's
 };
 
 // Runs `ip` with `args` (the iproute2 binary), returning its error output when it fails.
