@@ -24,18 +24,18 @@
 #include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
 #include "connex/base/stats.h"
+#include "connex/base/subprocess.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
 #include "nlohmann/json.hpp"
 #include "tests/pp_prompts.h"
-#include "connex/base/subprocess.h"
 
 namespace {
 
-using connex::Percentile;
 using connex::BinDir;
-using connex::testing::PromptOf;
+using connex::Percentile;
 using connex::Subprocess;
+using connex::testing::PromptOf;
 
 struct Config {
   std::string backend = "tcp";

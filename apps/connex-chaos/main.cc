@@ -112,7 +112,8 @@ int main(int argc, char** argv) {
   std::string kill_stage = "any", fault = "kill";
   CLI::App* f = app.add_subcommand("failover", "fault a stage mid-generation, run after run");
   AddCommon(f, &common, &json_path, &work_dir, &keep, &quiet);
-  f->add_option("--runs", failover.runs, "fault runs")->check(CLI::Range(1, 100000))
+  f->add_option("--runs", failover.runs, "fault runs")
+      ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   f->add_option("--kill-stage", kill_stage, "the stage faulted: any (every stage in turn) or S")
       ->capture_default_str();
@@ -142,8 +143,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   auto* proxy_flag =
       c->add_flag("--proxy", with_proxy, "clients go through connex-proxy (the default)");
-  c->add_flag("--no-proxy", no_proxy,
-              "clients go to the live replicas' stage 0 directly")
+  c->add_flag("--no-proxy", no_proxy, "clients go to the live replicas' stage 0 directly")
       ->excludes(proxy_flag);
   c->add_flag("--soft", churn.soft, "a graceful leave (SIGTERM) instead of SIGKILL");
 
@@ -153,8 +153,7 @@ int main(int argc, char** argv) {
   AddCommon(s, &common, &json_path, &work_dir, &keep, &quiet);
   AddAttach(s, &common);
   s->add_option("--qps", qps_list, "open-loop rates, comma-separated")->capture_default_str();
-  s->add_option("--inflight", inflight_list, "values of K, comma-separated")
-      ->capture_default_str();
+  s->add_option("--inflight", inflight_list, "values of K, comma-separated")->capture_default_str();
   s->add_option("--duration", steady.duration_s, "seconds per rate (and of the closed loop)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -175,8 +174,8 @@ int main(int argc, char** argv) {
           if (kill_stage != "any") {
             int v = -1;
             if (!absl::SimpleAtoi(kill_stage, &v) || v < 0) {
-              throw CLI::ValidationError("--kill-stage", "\"" + kill_stage +
-                                                             "\": expected any or a stage number");
+              throw CLI::ValidationError("--kill-stage",
+                                         "\"" + kill_stage + "\": expected any or a stage number");
             }
             failover.kill_stage = v;
           }

@@ -2,8 +2,8 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -38,8 +38,7 @@ std::optional<Subprocess> Subprocess::Start(const std::vector<std::string>& argv
 }
 
 std::optional<Subprocess> Subprocess::Start(const std::vector<std::string>& argv,
-                                            const SubprocessOptions& options,
-                                            std::string* error) {
+                                            const SubprocessOptions& options, std::string* error) {
   auto fail = [error](std::string why) -> std::optional<Subprocess> {
     if (error != nullptr) *error = std::move(why);
     return std::nullopt;

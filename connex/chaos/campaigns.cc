@@ -74,13 +74,14 @@ std::string IsoNow() {
   return buf;
 }
 
-json Machine() {
-  return {{"cores", std::thread::hardware_concurrency()}, {"date", IsoNow()}};
-}
+json Machine() { return {{"cores", std::thread::hardware_concurrency()}, {"date", IsoNow()}}; }
 
 json CommonJson(const CommonOptions& o) {
-  return {{"replicas", o.replicas}, {"stages", o.stages},     {"backend", o.backend},
-          {"max_tokens", o.max_tokens}, {"seed", o.seed},
+  return {{"replicas", o.replicas},
+          {"stages", o.stages},
+          {"backend", o.backend},
+          {"max_tokens", o.max_tokens},
+          {"seed", o.seed},
           {"model", o.model_path.empty() ? "connex-mkmodel --layers 8 --dim 256 --heads 4 "
                                            "--kv-heads 2 --ffn 512 --seed 7"
                                          : o.model_path}};
@@ -210,9 +211,12 @@ json Totals(const std::vector<std::shared_ptr<Outcome>>& outcomes) {
       ++failed;
     }
   }
-  return {{"issued", outcomes.size()},       {"completed", completed},
-          {"failed", failed},                {"correct", correct},
-          {"tokens_compared", compared},     {"mismatched_tokens", mismatched}};
+  return {{"issued", outcomes.size()},
+          {"completed", completed},
+          {"failed", failed},
+          {"correct", correct},
+          {"tokens_compared", compared},
+          {"mismatched_tokens", mismatched}};
 }
 
 json Latencies(const std::vector<std::shared_ptr<Outcome>>& outcomes) {
@@ -231,12 +235,14 @@ json Latencies(const std::vector<std::shared_ptr<Outcome>>& outcomes) {
       }
     }
   }
-  return {{"e2e_ms", Dist(e2e)}, {"ttft_ms", Dist(ttft)}, {"tpot_ms", Dist(tpot)},
-          {"tokens", tokens}};
+  return {
+      {"e2e_ms", Dist(e2e)}, {"ttft_ms", Dist(ttft)}, {"tpot_ms", Dist(tpot)}, {"tokens", tokens}};
 }
 
 json Failure(const Outcome& o) {
-  return {{"request", o.index}, {"target", o.target}, {"error", o.result.error},
+  return {{"request", o.index},
+          {"target", o.target},
+          {"error", o.result.error},
           {"tokens_received", o.result.tokens.size()}};
 }
 
@@ -306,8 +312,8 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
         "failover --directory: faults need the processes connex-chaos starts itself");
   }
   if (f.kill_stage >= static_cast<int>(o.stages)) {
-    return absl::InvalidArgumentError(StrCat("--kill-stage ", f.kill_stage, ": the pipeline has ",
-                                             o.stages, " stages"));
+    return absl::InvalidArgumentError(
+        StrCat("--kill-stage ", f.kill_stage, ": the pipeline has ", o.stages, " stages"));
   }
   const bool netns = f.fault == Fault::kPartition;
   if (netns) {
@@ -323,20 +329,20 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
   std::vector<std::shared_ptr<Outcome>> all;
   json runs = json::array();
   std::vector<std::string> problems;
-  std::vector<double> next_token_all;   // every affected request of every run
+  std::vector<double> next_token_all;    // every affected request of every run
   std::vector<double> next_token_worst;  // the slowest affected request of each run
   int64_t fence_violations = 0, fence_checked = 0;
   uint64_t next_index = 0;
   const int fault_after = std::max(2, o.max_tokens / 8);  // tokens each request has first
   for (int run = 0; run < f.runs; ++run) {
-    const uint32_t stage =
-        f.kill_stage >= 0 ? static_cast<uint32_t>(f.kill_stage) : run % o.stages;
+    const uint32_t stage = f.kill_stage >= 0 ? static_cast<uint32_t>(f.kill_stage) : run % o.stages;
     const uint32_t replica = (run / o.stages) % o.replicas;
     const bool via_proxy = stage == 0;  // a dead stage 0 is covered by the proxy alone
     const uint64_t epoch = c->DirectoryEpoch(stage, replica);
     double reprefills_before = 0;
     for (uint32_t r = 0; r < o.replicas; ++r) {
-      if (auto m = c->Metrics(0, r); m.ok()) reprefills_before += (*m)["connex_stage_reprefills_total"];
+      if (auto m = c->Metrics(0, r); m.ok())
+        reprefills_before += (*m)["connex_stage_reprefills_total"];
     }
     Load load;
     load.set_model(c->options().model_name);
@@ -345,7 +351,10 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
     WaitUntil([&] { return load.AllHaveTokens(fault_after) || load.done() > 0; },
               o.request_timeout_ms, 1);
     const int64_t t_fault = MonotonicNowNs();
-    json r = {{"run", run}, {"stage", stage}, {"replica", replica}, {"epoch", epoch},
+    json r = {{"run", run},
+              {"stage", stage},
+              {"replica", replica},
+              {"epoch", epoch},
               {"via", via_proxy ? "proxy" : "direct"}};
     absl::Status injected;
     int64_t t_back = 0;  // SIGCONT / link up
@@ -363,13 +372,13 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
     if (!injected.ok()) return injected;
     if (f.fault != Fault::kKill) {
       // Hung or cut off until the others have replaced it, then back.
-      const bool replaced = WaitUntil(
-          [&] { return c->DirectoryEpoch(stage, replica) != epoch; }, 60'000, 5);
+      const bool replaced =
+          WaitUntil([&] { return c->DirectoryEpoch(stage, replica) != epoch; }, 60'000, 5);
       r["replaced_ms"] = Ms(MonotonicNowNs() - t_fault);
       if (!replaced) problems.push_back(StrCat("run ", run, ": never replaced in the directory"));
       t_back = MonotonicNowNs();
-      absl::Status back = f.fault == Fault::kStop ? c->Resume(stage, replica)
-                                                  : c->Heal(stage, replica);
+      absl::Status back =
+          f.fault == Fault::kStop ? c->Resume(stage, replica) : c->Heal(stage, replica);
       if (!back.ok()) return back;
     }
     std::vector<std::shared_ptr<Outcome>> outcomes = load.Wait();
@@ -426,7 +435,8 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
     double reprefills_after = 0;
     for (uint32_t rr = 0; rr < o.replicas; ++rr) {
       if (stage == 0 && rr == replica && f.fault == Fault::kKill) continue;
-      if (auto m = c->Metrics(0, rr); m.ok()) reprefills_after += (*m)["connex_stage_reprefills_total"];
+      if (auto m = c->Metrics(0, rr); m.ok())
+        reprefills_after += (*m)["connex_stage_reprefills_total"];
     }
     r["reprefills"] = std::max(0.0, reprefills_after - reprefills_before);
     int failed = 0;
@@ -471,8 +481,8 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
   for (const auto& out : all) {
     if (!out->result.ok()) failures.push_back(Failure(*out));
     if (out->result.ok() && !out->correct) {
-      problems.push_back(StrCat("request ", out->index, ": ", out->comparison.mismatched,
-                                " of ", out->comparison.compared, " tokens differ"));
+      problems.push_back(StrCat("request ", out->index, ": ", out->comparison.mismatched, " of ",
+                                out->comparison.compared, " tokens differ"));
     }
   }
   if (totals["failed"].get<int64_t>() > 0) {
@@ -567,9 +577,9 @@ absl::StatusOr<json> RunChurn(const ChurnOptions& ch) {
       replica_down[victim] = true;
     }
     const int64_t from = MonotonicNowNs();
-    Progress(o, StrCat(static_cast<int64_t>(Ms(from - t0) / 1000), " s: ",
-                       ch.soft ? "replica leaves: " : "killing replica ",
-                       victim, " (", load.issued(), " issued, ", load.done(), " done)"));
+    Progress(o, StrCat(static_cast<int64_t>(Ms(from - t0) / 1000),
+                       " s: ", ch.soft ? "replica leaves: " : "killing replica ", victim, " (",
+                       load.issued(), " issued, ", load.done(), " done)"));
     for (uint32_t s = 0; s < o.stages && failure.ok(); ++s) {
       failure = ch.soft ? c->Leave(s, victim) : c->Kill(s, victim);
     }
@@ -608,8 +618,8 @@ absl::StatusOr<json> RunChurn(const ChurnOptions& ch) {
   }
   std::vector<std::string> problems;
   if (ch.proxy && totals["correct"].get<int64_t>() != totals["issued"].get<int64_t>()) {
-    problems.push_back(StrCat(lost.size(), " of ", outcomes.size(),
-                              " requests lost or wrong with the proxy"));
+    problems.push_back(
+        StrCat(lost.size(), " of ", outcomes.size(), " requests lost or wrong with the proxy"));
   }
   if (totals["mismatched_tokens"].get<int64_t>() > 0) {
     problems.push_back(StrCat(totals["mismatched_tokens"].get<int64_t>(), " mismatched tokens"));
@@ -708,8 +718,7 @@ absl::StatusOr<json> RunSteady(const SteadyOptions& st) {
   for (int k : st.inflight) {
     // Every K gets the same requests (prompts, sampling) in the same order.
     next_index = 0;
-    CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> c,
-                            StartCluster(o, /*proxy=*/false, k, false));
+    CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> c, StartCluster(o, /*proxy=*/false, k, false));
     model_path = c->model_path();
     record["options"]["replicas"] = c->options().replicas;  // --directory: as found
     if (c->attached()) record["options"]["directory"] = o.directory;
@@ -783,8 +792,8 @@ absl::StatusOr<json> RunProxyCost(const ProxyCostOptions& pc) {
       const uint32_t r = static_cast<uint32_t>(i) % c->options().replicas;
       const HostPort at = path == 0 ? c->api(r) : *c->proxy();
       out->target = path == 0 ? StrCat("replica ", r) : "proxy";
-      out->result = StreamCompletion(at, out->spec.Body(c->options().model_name),
-                                     kIdleTimeoutMs, o.request_timeout_ms);
+      out->result = StreamCompletion(at, out->spec.Body(c->options().model_name), kIdleTimeoutMs,
+                                     o.request_timeout_ms);
       (path == 0 ? direct : proxied).push_back(out);
       all.push_back(out);
     }
@@ -850,18 +859,17 @@ std::string Summary(const json& r) {
                 f1(n["p50"]), " ms, p99 ", f1(n["p99"]), " ms, max ", f1(n["max"]), " ms"));
     line(StrCat("  re-prefills: ", t["reprefills"].get<double>()));
     if (t.contains("steps_executed_by_fenced_processes")) {
-      line(StrCat("  fencing: ", t["steps_executed_by_fenced_processes"].get<int64_t>(),
-                  " of ", t["fence_checks"].get<int64_t>(),
+      line(StrCat("  fencing: ", t["steps_executed_by_fenced_processes"].get<int64_t>(), " of ",
+                  t["fence_checks"].get<int64_t>(),
                   " replaced processes executed a step after they were back"));
     }
   } else if (campaign == "churn") {
     const json& l = r["latency"]["e2e_ms"];
     line(StrCat("  goodput ", f1(100 * t["goodput"].get<double>()), " % over ",
-                r["faults"].get<int64_t>(), " faults (", r["options"]["proxy"].get<bool>()
-                                                             ? "with the proxy"
-                                                             : "without the proxy",
-                r["options"]["soft"].get<bool>() ? ", soft" : "", "); e2e mean ",
-                f1(l["mean"]), " ms, p99 ", f1(l["p99"]), " ms"));
+                r["faults"].get<int64_t>(), " faults (",
+                r["options"]["proxy"].get<bool>() ? "with the proxy" : "without the proxy",
+                r["options"]["soft"].get<bool>() ? ", soft" : "", "); e2e mean ", f1(l["mean"]),
+                " ms, p99 ", f1(l["p99"]), " ms"));
     for (const auto& lost : r["lost"]) line("  lost: " + lost.dump());
   } else if (campaign == "steady") {
     for (const auto& row : r["open_loop"]) {
@@ -872,17 +880,17 @@ std::string Summary(const json& r) {
                   " tok/s"));
     }
     for (const auto& row : r["closed_loop"]) {
-      line(StrCat("  K=", row["inflight"].get<int>(), " closed loop (",
-                  row["clients"].get<int>(), " clients): ", f1(row["tokens_per_s"]), " tok/s",
+      line(StrCat("  K=", row["inflight"].get<int>(), " closed loop (", row["clients"].get<int>(),
+                  " clients): ", f1(row["tokens_per_s"]), " tok/s",
                   row.contains("speedup_vs_k1")
                       ? StrCat(", ", f1(row["speedup_vs_k1"].get<double>()), "x K=1")
                       : ""));
     }
   } else if (campaign == "proxy-cost") {
     line(StrCat("  e2e mean direct ", f1(r["direct"]["e2e_ms"]["mean"]), " ms, via proxy ",
-                f1(r["proxy"]["e2e_ms"]["mean"]), " ms: added ",
-                f1(r["added_ms"]["e2e_mean"]), " ms (p99 ", f1(r["added_ms"]["e2e_p99"]),
-                " ms, TTFT ", f1(r["added_ms"]["ttft_mean"]), " ms)"));
+                f1(r["proxy"]["e2e_ms"]["mean"]), " ms: added ", f1(r["added_ms"]["e2e_mean"]),
+                " ms (p99 ", f1(r["added_ms"]["e2e_p99"]), " ms, TTFT ",
+                f1(r["added_ms"]["ttft_mean"]), " ms)"));
     const json& pe = r["paired_added_ms"]["e2e"];
     const json& pt = r["paired_added_ms"]["ttft"];
     line(StrCat("  per pair (proxy - direct, same request): e2e median ", f1(pe["p50"]),

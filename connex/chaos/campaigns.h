@@ -16,15 +16,15 @@
 namespace connex::chaos {
 
 struct CommonOptions {
-  std::string bin_dir;    // the project's binaries
-  std::string work_dir;   // logs, the model, references; kept when `keep`
-  std::string model_path; // empty: make the default model
+  std::string bin_dir;     // the project's binaries
+  std::string work_dir;    // logs, the model, references; kept when `keep`
+  std::string model_path;  // empty: make the default model
   uint32_t replicas = 2;
   uint32_t stages = 4;
   std::string backend = "tcp";
-  int max_tokens = 64;          // per request
-  uint64_t seed = 1;            // the campaign's choices (prompts, sampling, victims)
-  bool progress = true;         // progress lines on stderr
+  int max_tokens = 64;   // per request
+  uint64_t seed = 1;     // the campaign's choices (prompts, sampling, victims)
+  bool progress = true;  // progress lines on stderr
   int64_t request_timeout_ms = 180'000;
   // steady and proxy-cost only: measure a deployment that runs already, found through this
   // directory (its stage-0 APIs), instead of starting one; `proxy_address` is its proxy.
@@ -42,8 +42,8 @@ struct FailoverOptions {
   int runs = 10;
   int kill_stage = -1;  // -1: every stage in turn
   Fault fault = Fault::kKill;
-  int batch = 8;        // requests in flight at each fault
-  int inflight = 4;     // K
+  int batch = 8;     // requests in flight at each fault
+  int inflight = 4;  // K
 };
 // A skip (netns cannot be made for --fault partition) is an OK record with "skipped": reason.
 absl::StatusOr<nlohmann::json> RunFailover(const FailoverOptions& options);
@@ -69,7 +69,7 @@ absl::StatusOr<nlohmann::json> RunSteady(const SteadyOptions& options);
 
 struct ProxyCostOptions {
   CommonOptions common;
-  int requests = 40;   // per path (direct, proxy), one at a time, alternating
+  int requests = 40;  // per path (direct, proxy), one at a time, alternating
 };
 absl::StatusOr<nlohmann::json> RunProxyCost(const ProxyCostOptions& options);
 

@@ -18,9 +18,8 @@ namespace {
 
 // The model connex-chaos makes when given none (as `make demo`'s): 8 layers of dim 256,
 // two layers per stage of a 4-stage pipeline.
-const std::vector<std::string> kMkmodelFlags = {"--layers", "8",   "--dim",  "256",
-                                                "--heads",  "4",   "--kv-heads", "2",
-                                                "--ffn",    "512", "--seed", "7"};
+const std::vector<std::string> kMkmodelFlags = {"--layers",   "8", "--dim", "256", "--heads", "4",
+                                                "--kv-heads", "2", "--ffn", "512", "--seed",  "7"};
 
 std::string IpBinary() {
   for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
@@ -96,9 +95,8 @@ absl::Status RunIp(const std::vector<std::string>& args) {
   if (code != 0) {
     std::string cmd = "ip";
     for (const std::string& a : args) cmd += " " + a;
-    return absl::FailedPreconditionError(StrCat(cmd, ": ", p->transcript().empty()
-                                                             ? "failed"
-                                                             : p->transcript()));
+    return absl::FailedPreconditionError(
+        StrCat(cmd, ": ", p->transcript().empty() ? "failed" : p->transcript()));
   }
   return absl::OkStatus();
 }
@@ -133,7 +131,9 @@ std::map<std::string, double> ParseMetrics(const std::string& text) {
     size_t space = line.rfind(' ');
     if (space == std::string_view::npos) continue;
     double value = 0;
-    if (!absl::SimpleAtod(absl::string_view(line.data() + space + 1, line.size() - space - 1), &value)) continue;
+    if (!absl::SimpleAtod(absl::string_view(line.data() + space + 1, line.size() - space - 1),
+                          &value))
+      continue;
     out[std::string(line.substr(0, space))] = value;
   }
   return out;
@@ -237,16 +237,16 @@ absl::Status Cluster::StartAll() {
     SubprocessOptions so;
     so.stderr_path = o.work_dir + "/proxy.log";
     std::string error;
-    proxy_process_ = Subprocess::Start({o.bin_dir + "/connex-proxy", "--directory", directory_,
-                                        "--model", o.model_name, "--listen", host_ + ":0",
-                                        "--idle-timeout-ms", StrCat(o.proxy_idle_timeout_ms),
-                                        "--log-level", "warn"},
-                                       so, &error);
+    proxy_process_ =
+        Subprocess::Start({o.bin_dir + "/connex-proxy", "--directory", directory_, "--model",
+                           o.model_name, "--listen", host_ + ":0", "--idle-timeout-ms",
+                           StrCat(o.proxy_idle_timeout_ms), "--log-level", "warn"},
+                          so, &error);
     if (!proxy_process_) return absl::InternalError("connex-proxy: " + error);
-    CONNEX_ASSIGN_OR_RETURN(
-        std::string at, WaitForMatch(*proxy_process_, "connex-proxy", "listening http=",
-                                     std::regex("http=([0-9.]+:[0-9]+)"), o.start_timeout_ms,
-                                     so.stderr_path));
+    CONNEX_ASSIGN_OR_RETURN(std::string at,
+                            WaitForMatch(*proxy_process_, "connex-proxy",
+                                         "listening http=", std::regex("http=([0-9.]+:[0-9]+)"),
+                                         o.start_timeout_ms, so.stderr_path));
     CONNEX_ASSIGN_OR_RETURN(proxy_, ParseHostPort("proxy", at));
     // Ready once it has found every replica.
     const uint32_t want = o.replicas;
@@ -260,8 +260,8 @@ absl::Status Cluster::StartAll() {
         },
         o.start_timeout_ms, 20);
     if (!ready) {
-      return absl::UnavailableError(StrCat("connex-proxy never saw the ", want,
-                                           " replicas; see ", so.stderr_path));
+      return absl::UnavailableError(
+          StrCat("connex-proxy never saw the ", want, " replicas; see ", so.stderr_path));
     }
   }
   return absl::OkStatus();
@@ -302,7 +302,8 @@ absl::Status Cluster::MakeNetwork() {
       CONNEX_RETURN_IF_ERROR(RunIp({"link", "set", peer, "netns", ns}));
       CONNEX_RETURN_IF_ERROR(RunIp({"link", "set", link, "master", bridge}));
       CONNEX_RETURN_IF_ERROR(RunIp({"link", "set", link, "up"}));
-      CONNEX_RETURN_IF_ERROR(RunIp({"-n", ns, "addr", "add", StageHost(s, r) + "/24", "dev", peer}));
+      CONNEX_RETURN_IF_ERROR(
+          RunIp({"-n", ns, "addr", "add", StageHost(s, r) + "/24", "dev", peer}));
       CONNEX_RETURN_IF_ERROR(RunIp({"-n", ns, "link", "set", peer, "up"}));
       CONNEX_RETURN_IF_ERROR(RunIp({"-n", ns, "link", "set", "lo", "up"}));
     }
@@ -342,19 +343,26 @@ absl::Status Cluster::StartStage(uint32_t stage, uint32_t replica) {
   const ClusterOptions& o = options_;
   const std::string host = StageHost(stage, replica);
   std::vector<std::string> argv = {o.bin_dir + "/connex-stage",
-                                   "--directory", directory_,
-                                   "--model", model_path_,
-                                   "--model-name", o.model_name,
-                                   "--stage", StrCat(stage),
-                                   "--stages", StrCat(o.stages),
-                                   "--replica", StrCat(replica),
-                                   "--backend", o.backend,
-                                   "--log-level", "warn"};
+                                   "--directory",
+                                   directory_,
+                                   "--model",
+                                   model_path_,
+                                   "--model-name",
+                                   o.model_name,
+                                   "--stage",
+                                   StrCat(stage),
+                                   "--stages",
+                                   StrCat(o.stages),
+                                   "--replica",
+                                   StrCat(replica),
+                                   "--backend",
+                                   o.backend,
+                                   "--log-level",
+                                   "warn"};
   argv.push_back(stage == 0 ? "--http" : "--metrics");
   argv.push_back(host + ":0");
   SubprocessOptions so;
-  so.env = {"CONNEX_ENGINE_THREADS=1",
-            "CONNEX_SIGNAL_HOST=" + host,
+  so.env = {"CONNEX_ENGINE_THREADS=1", "CONNEX_SIGNAL_HOST=" + host,
             "CONNEX_TRANSPORT_HOST=" + host,
             StrCat("CONNEX_PP_STEP_TIMEOUT_MS=", o.step_timeout_ms),
             StrCat("CONNEX_PP_PROBE_TIMEOUT_MS=", o.probe_timeout_ms)};
@@ -397,8 +405,8 @@ bool Cluster::running(uint32_t stage, uint32_t replica) {
 absl::Status Cluster::Kill(uint32_t stage, uint32_t replica) {
   if (attached_) return absl::FailedPreconditionError("faults need processes this tool started");
   StageProc& s = at(stage, replica);
-  if (!s.process) return absl::FailedPreconditionError(StrCat("stage ", stage, "/r", replica,
-                                                              " is not running"));
+  if (!s.process)
+    return absl::FailedPreconditionError(StrCat("stage ", stage, "/r", replica, " is not running"));
   s.process->Signal(SIGKILL);
   s.process->Wait(10'000);
   s.process.reset();
@@ -440,8 +448,8 @@ absl::Status Cluster::Leave(uint32_t stage, uint32_t replica, int64_t timeout_ms
     s.process->Signal(SIGKILL);
     s.process->Wait(10'000);
     s.process.reset();
-    return absl::DeadlineExceededError(StrCat("stage ", stage, "/r", replica,
-                                              " did not leave within ", timeout_ms, " ms"));
+    return absl::DeadlineExceededError(
+        StrCat("stage ", stage, "/r", replica, " did not leave within ", timeout_ms, " ms"));
   }
   s.process.reset();
   return absl::OkStatus();
@@ -482,8 +490,8 @@ absl::Status Cluster::WaitAllHealthy(int64_t timeout_ms) {
 absl::StatusOr<std::map<std::string, double>> Cluster::Metrics(uint32_t stage, uint32_t replica) {
   CONNEX_ASSIGN_OR_RETURN(HttpReply r, HttpGet(metrics(stage, replica), "/metrics", 5000));
   if (r.status != 200) {
-    return absl::UnavailableError(StrCat("/metrics of stage ", stage, "/r", replica, ": HTTP ",
-                                         r.status));
+    return absl::UnavailableError(
+        StrCat("/metrics of stage ", stage, "/r", replica, ": HTTP ", r.status));
   }
   return ParseMetrics(r.body);
 }

@@ -26,8 +26,8 @@
 namespace connex::chaos {
 
 struct ClusterOptions {
-  std::string bin_dir;   // connex-directory, connex-stage, connex-proxy, connex-mkmodel
-  std::string work_dir;  // logs and the model it makes; must exist
+  std::string bin_dir;     // connex-directory, connex-stage, connex-proxy, connex-mkmodel
+  std::string work_dir;    // logs and the model it makes; must exist
   std::string model_path;  // empty: a small model made with connex-mkmodel in work_dir
   std::string model_name = "tiny";
   uint32_t replicas = 2;

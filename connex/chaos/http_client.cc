@@ -79,7 +79,9 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view what, std::string_view t
   size_t colon = text.rfind(':');
   uint32_t port = 0;
   if (colon == std::string_view::npos || colon == 0 ||
-      !absl::SimpleAtoi(absl::string_view(text.data() + colon + 1, text.size() - colon - 1), &port) || port == 0 || port > 65535) {
+      !absl::SimpleAtoi(absl::string_view(text.data() + colon + 1, text.size() - colon - 1),
+                        &port) ||
+      port == 0 || port > 65535) {
     return absl::InvalidArgumentError(StrCat(what, " \"", text, "\": expected HOST:PORT"));
   }
   return HostPort{std::string(text.substr(0, colon)), static_cast<uint16_t>(port)};
@@ -106,8 +108,8 @@ absl::StatusOr<HttpReply> HttpGet(const HostPort& at, const std::string& target,
   return HttpReply{static_cast<int>(response.result_int()), response.body()};
 }
 
-StreamResult StreamCompletion(const HostPort& at, const std::string& body,
-                              int64_t idle_timeout_ms, int64_t total_timeout_ms,
+StreamResult StreamCompletion(const HostPort& at, const std::string& body, int64_t idle_timeout_ms,
+                              int64_t total_timeout_ms,
                               const std::function<void(int32_t)>& on_token) {
   StreamResult out;
   out.start_ns = MonotonicNowNs();
@@ -121,8 +123,8 @@ StreamResult StreamCompletion(const HostPort& at, const std::string& body,
   beast::tcp_stream stream(io);
   auto arm = [&] {
     int64_t left_ms = (deadline_ns - MonotonicNowNs()) / 1'000'000;
-    stream.expires_after(std::chrono::milliseconds(std::max<int64_t>(
-        1, std::min(idle_timeout_ms, left_ms))));
+    stream.expires_after(
+        std::chrono::milliseconds(std::max<int64_t>(1, std::min(idle_timeout_ms, left_ms))));
   };
   arm();
   if (beast::error_code ec = Connect(stream, at)) return finish("connect: " + ec.message());
