@@ -30,9 +30,8 @@ struct ChaosRun {
 // Runs connex-chaos with `args` and reads its --json record.
 ChaosRun Chaos(std::vector<std::string> args, int64_t timeout_ms = 240'000) {
   static int n = 0;
-  const std::string json_path =
-      ::testing::TempDir() + "/chaos-" + std::to_string(getpid()) + "-" + std::to_string(n++) +
-      ".json";
+  const std::string json_path = ::testing::TempDir() + "/chaos-" + std::to_string(getpid()) + "-" +
+                                std::to_string(n++) + ".json";
   std::vector<std::string> argv = {BinDir() + "/connex-chaos"};
   argv.insert(argv.end(), args.begin(), args.end());
   argv.insert(argv.end(), {"--json", json_path});
@@ -87,8 +86,8 @@ TEST(ChaosTest, KillOfEveryStageKeepsEveryTokenExact) {
 // A hung stage (SIGSTOP) is suspected, probed and replaced; once it runs again (SIGCONT) it must
 // not execute a single step under the epoch it lost.
 TEST(ChaosTest, StoppedStageIsReplacedAndFencedWhenItComesBack) {
-  ChaosRun run = Chaos(With({"failover", "--runs", "2", "--kill-stage", "2", "--fault", "stop",
-                        "--batch", "4"}));
+  ChaosRun run = Chaos(
+      With({"failover", "--runs", "2", "--kill-stage", "2", "--fault", "stop", "--batch", "4"}));
   ExpectCorrect(run);
   EXPECT_EQ(run.record["totals"]["fence_checks"].get<int64_t>(), 2) << run.output;
   EXPECT_EQ(run.record["totals"]["steps_executed_by_fenced_processes"].get<int64_t>(), 0)
@@ -100,8 +99,8 @@ TEST(ChaosTest, PartitionedStageIsReplacedAndFencedWhenItsLinkIsBack) {
   if (absl::Status can = NetnsAvailable(); !can.ok()) {
     GTEST_SKIP() << "network namespaces cannot be made here: " << can.message();
   }
-  ChaosRun run = Chaos(With({"failover", "--runs", "2", "--kill-stage", "1", "--fault", "partition",
-                        "--batch", "4"}));
+  ChaosRun run = Chaos(With(
+      {"failover", "--runs", "2", "--kill-stage", "1", "--fault", "partition", "--batch", "4"}));
   ExpectCorrect(run);
   EXPECT_FALSE(run.record.contains("skipped"));
   EXPECT_EQ(run.record["totals"]["steps_executed_by_fenced_processes"].get<int64_t>(), 0)
@@ -117,16 +116,15 @@ TEST(ChaosTest, ChurnThroughTheProxyLosesNothing) {
 
 TEST(ChaosTest, SoftChurnWithoutTheProxyLosesNothing) {
   // A graceful leave drains: even without the proxy no request is lost.
-  ChaosRun run = Chaos(
-      With({"churn", "--qps", "2", "--duration", "14", "--kill-every", "6", "--no-proxy",
-            "--soft"}));
+  ChaosRun run = Chaos(With(
+      {"churn", "--qps", "2", "--duration", "14", "--kill-every", "6", "--no-proxy", "--soft"}));
   ExpectCorrect(run);
   EXPECT_EQ(run.record["totals"]["goodput"].get<double>(), 1.0) << run.output;
 }
 
 TEST(ChaosTest, SteadyMeasuresEveryRateAndK) {
-  ChaosRun run = Chaos(With({"steady", "--qps", "2", "--inflight", "1,4", "--duration", "4",
-                        "--clients", "4"}));
+  ChaosRun run = Chaos(
+      With({"steady", "--qps", "2", "--inflight", "1,4", "--duration", "4", "--clients", "4"}));
   ExpectCorrect(run);
   ASSERT_EQ(run.record["open_loop"].size(), 2u) << run.output;
   ASSERT_EQ(run.record["closed_loop"].size(), 2u) << run.output;
@@ -154,9 +152,10 @@ TEST(ChaosTest, SteadyMeasuresARunningDeploymentThroughItsDirectory) {
   co.proxy = false;
   absl::StatusOr<std::unique_ptr<Cluster>> deployment = Cluster::Start(co);
   ASSERT_TRUE(deployment.ok()) << deployment.status();
-  ChaosRun run = Chaos({"steady", "--directory", (*deployment)->directory(), "--model",
-                        (*deployment)->model_path(), "--stages", "2", "--replicas", "1", "--inflight", "4", "--qps",
-                        "2", "--duration", "3", "--clients", "2", "--max-tokens", "16"});
+  ChaosRun run =
+      Chaos({"steady", "--directory", (*deployment)->directory(), "--model",
+             (*deployment)->model_path(), "--stages", "2", "--replicas", "1", "--inflight", "4",
+             "--qps", "2", "--duration", "3", "--clients", "2", "--max-tokens", "16"});
   ExpectCorrect(run);
   // Both replicas found (--replicas does not apply to a deployment it did not start).
   EXPECT_EQ(run.record["options"]["replicas"].get<int>(), 2) << run.output;

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "connex/base/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "connex/base/subprocess.h"
 
 namespace connex::testing {
 namespace {

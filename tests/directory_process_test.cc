@@ -14,11 +14,11 @@
 #include <regex>
 #include <set>
 
+#include "connex/base/subprocess.h"
 #include "connex/directory/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "connex/base/subprocess.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kSanitized = true;

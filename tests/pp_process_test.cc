@@ -10,6 +10,7 @@
 #include <regex>
 #include <tuple>
 
+#include "connex/base/subprocess.h"
 #include "connex/base/wait.h"
 #include "connex/directory/client.h"
 #include "connex/engine/generator.h"
@@ -19,7 +20,6 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/pp_prompts.h"
-#include "connex/base/subprocess.h"
 
 namespace connex::testing {
 namespace {

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <utility>
 
+#include "connex/base/subprocess.h"
 #include "connex/base/wait.h"
 #include "connex/directory/client.h"
 #include "connex/serving/chat_template.h"
@@ -19,7 +20,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "connex/base/subprocess.h"
 
 namespace connex::testing {
 namespace {

@@ -35,8 +35,8 @@ struct StreamResult {
   // Empty when the stream ended as it should (a finish_reason, then [DONE]); otherwise what
   // went wrong (connection, timeout, an error event, a non-200 answer).
   std::string error;
-  std::vector<int32_t> tokens;     // the generated token ids, in order
-  std::vector<int64_t> token_ns;   // when each arrived (steady clock = CLOCK_MONOTONIC, ns)
+  std::vector<int32_t> tokens;    // the generated token ids, in order
+  std::vector<int64_t> token_ns;  // when each arrived (steady clock = CLOCK_MONOTONIC, ns)
   std::string finish_reason;
   int64_t start_ns = 0;  // request about to be sent
   int64_t end_ns = 0;    // stream over
@@ -46,8 +46,8 @@ struct StreamResult {
 // POSTs `body` (a JSON completion request with "stream": true) to /v1/completions at `at`.
 // Gives up when nothing arrives for `idle_timeout_ms` or the whole takes `total_timeout_ms`.
 // `on_token` (if set) runs on the calling thread as each token arrives.
-StreamResult StreamCompletion(const HostPort& at, const std::string& body,
-                              int64_t idle_timeout_ms, int64_t total_timeout_ms,
+StreamResult StreamCompletion(const HostPort& at, const std::string& body, int64_t idle_timeout_ms,
+                              int64_t total_timeout_ms,
                               const std::function<void(int32_t)>& on_token = nullptr);
 
 // Steady-clock now in ns (the clock of StreamResult and of the stages' per-epoch metrics).

@@ -43,10 +43,9 @@ absl::Status References::Compute(const std::vector<RequestSpec>& specs) {
       for (const std::string& p : prompts) out << p << "\n";
       if (!out) return absl::InternalError(StrCat("reference: cannot write ", file));
     }
-    std::vector<std::string> argv = {generate_,        "--model",     model_path_,
-                                     "--prompts-file", file,          "--max-tokens",
-                                     StrCat(max_tokens), "--json",    "--stages",
-                                     StrCat(stages_)};
+    std::vector<std::string> argv = {
+        generate_,      "--model",          model_path_, "--prompts-file", file,
+        "--max-tokens", StrCat(max_tokens), "--json",    "--stages",       StrCat(stages_)};
     if (temperature > 0) {
       argv.insert(argv.end(), {"--temperature", StrCat(temperature), "--seed", StrCat(seed)});
     }
@@ -68,8 +67,8 @@ absl::Status References::Compute(const std::vector<RequestSpec>& specs) {
     if (code != 0 || lines.size() != prompts.size()) {
       return absl::InternalError(StrCat("reference: connex-generate exited ",
                                         code ? StrCat(*code) : std::string("(hung)"), " with ",
-                                        lines.size(), " of ", prompts.size(),
-                                        " lines (see ", options.stderr_path, ")"));
+                                        lines.size(), " of ", prompts.size(), " lines (see ",
+                                        options.stderr_path, ")"));
     }
     for (size_t i = 0; i < prompts.size(); ++i) {
       known_[Key(prompts[i], max_tokens, temperature, seed)] = std::move(lines[i]);

@@ -653,9 +653,10 @@ class StageNode::Impl {
       unconfirmed_epoch_ = epoch;
       stalled_ms_ = *age;
       next_confirm_ms_ = 0;
-      CONNEX_LOG_INFO("pp {}: the lease of epoch {} was not renewed for {} ms: it is confirmed "
-                      "with the directory before the next step",
-                      lid_.ToString(), epoch, *age);
+      CONNEX_LOG_INFO(
+          "pp {}: the lease of epoch {} was not renewed for {} ms: it is confirmed "
+          "with the directory before the next step",
+          lid_.ToString(), epoch, *age);
     }
     if (unconfirmed_epoch_ != epoch) {
       unconfirmed_epoch_ = 0;  // a new epoch, joined after the stall
