@@ -359,7 +359,9 @@ TEST_F(RuleTest, FencingRefusesASignalForAnotherEpoch) {
   EXPECT_EQ(acks[0].code, static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(acks[0].message, HasSubstr("refused"));
   EXPECT_EQ(c_->engine(1, 0)->executions(), 0u);
-  EXPECT_EQ(c_->node(1, 0)->stats().fenced, 1u);
+  // stats() is published once per turn of the node's loop, after the reply went out.
+  EXPECT_TRUE(WaitUntil([&] { return c_->node(1, 0)->stats().fenced == 1u; }, 5000))
+      << "fenced: " << c_->node(1, 0)->stats().fenced;
 }
 
 TEST_F(RuleTest, ADuplicateCorrelationIdRunsOnce) {
@@ -370,7 +372,9 @@ TEST_F(RuleTest, ADuplicateCorrelationIdRunsOnce) {
   EXPECT_EQ(Only<AckSignal>(got).size(), 2u);  // the duplicate is acknowledged again
   EXPECT_EQ(Only<ResultSignal>(got).size(), 1u);
   EXPECT_EQ(c_->engine(1, 0)->executions(), 1u);
-  EXPECT_EQ(c_->node(1, 0)->stats().duplicates_dropped, 1u);
+  // stats() is published once per turn of the node's loop, after the reply went out.
+  EXPECT_TRUE(WaitUntil([&] { return c_->node(1, 0)->stats().duplicates_dropped == 1u; }, 5000))
+      << "duplicates_dropped: " << c_->node(1, 0)->stats().duplicates_dropped;
 }
 
 TEST_F(RuleTest, AResentAttemptIsAnsweredWithoutRunningTheStepAgain) {
@@ -382,7 +386,9 @@ TEST_F(RuleTest, AResentAttemptIsAnsweredWithoutRunningTheStepAgain) {
   EXPECT_EQ(results[1].attempt, 2u);
   EXPECT_EQ(results[0].tokens, results[1].tokens);
   EXPECT_EQ(c_->engine(1, 0)->executions(), 1u);
-  EXPECT_EQ(c_->node(1, 0)->stats().steps_replayed, 1u);
+  // stats() is published once per turn of the node's loop, after the reply went out.
+  EXPECT_TRUE(WaitUntil([&] { return c_->node(1, 0)->stats().steps_replayed == 1u; }, 5000))
+      << "steps_replayed: " << c_->node(1, 0)->stats().steps_replayed;
   EXPECT_THAT(c_->violations(), ::testing::IsEmpty());
 }
 
