@@ -115,7 +115,7 @@ class DirectoryClient::Impl {
       sub_ = zmq::socket_t(context_, zmq::socket_type::sub);
       ConfigureZmqSocket(sub_, 64 << 20);
       sub_.set(zmq::sockopt::rcvhwm, kPubHighWaterMark);
-      sub_.set(zmq::sockopt::subscribe, "");
+      // Topics are subscribed to by Watch (a model's, or every model's).
       sub_.connect(pub_address_);
     } catch (const zmq::error_t& e) {
       return absl::UnavailableError(StrCat("directory ", options_.directory, ": ", e.what()));
@@ -325,26 +325,46 @@ class DirectoryClient::Impl {
     return Call(kLeave, body).status();
   }
 
-  absl::Status Watch() {
+  // Watches `model` ("" = every model). A model's watcher subscribes to its topic only (and to
+  // the directory-wide tick), takes snapshots of that model only, and finds gaps by the model's
+  // own revisions (Event::model_previous, the model's ticks): other models' traffic never
+  // reaches it.
+  absl::Status Watch(const std::string& model) {
+    std::string key;
     {
       connex::MutexLock lock(&mu_);
-      if (!watching_) {
-        watching_ = true;
-        want_snapshot_ = true;
+      if (scopes_.count("") == 0 && scopes_.count(model) == 0) {
+        if (scopes_.empty() && !model.empty()) to_subscribe_.push_back(std::string(kTickTopic));
+        if (model.empty()) {
+          // Every model: one scope replaces the per-model ones; its first snapshot reports what
+          // differs from the records already in the view.
+          scopes_.clear();
+          to_subscribe_.push_back("");
+          scopes_[""].synthesize = true;
+        } else {
+          to_subscribe_.push_back(EventTopic(model));
+          scopes_.emplace(model, Scope{});
+        }
       }
+      key = scopes_.count("") ? "" : model;
     }
     Wake();
     connex::MutexLock lock(&mu_);
-    // Ready once the snapshot is in and the subscription is live (a first tick or event came):
-    // events published before the SUB connection is up are otherwise lost to a slow joiner.
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return (have_snapshot_ && sub_live_) || stop_.load();
+    // Ready once the snapshot is in and the subscription is live (a tick or event of its topic
+    // came): events published before the SUB connection is up are otherwise lost to a slow
+    // joiner until the next tick shows the gap.
+    auto ready = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (stop_.load()) return true;
+      auto it = scopes_.find(key);
+      if (it == scopes_.end()) it = scopes_.find("");  // replaced by a watch of every model
+      return it != scopes_.end() && it->second.have_snapshot && it->second.live;
     };
     if (!mu_.AwaitWithTimeout(absl::Condition(&ready),
                               absl::Milliseconds(options_.request_timeout_ms * 2))) {
-      return absl::DeadlineExceededError(StrCat("directory ", options_.directory,
-                                                ": no snapshot within ",
-                                                options_.request_timeout_ms * 2, " ms"));
+      return absl::DeadlineExceededError(
+          StrCat("directory ", options_.directory, ": no snapshot of ",
+                 key.empty() ? std::string("every model") : StrCat("model '", key, "'"),
+                 " within ", options_.request_timeout_ms * 2, " ms"));
     }
     return absl::OkStatus();
   }
@@ -394,12 +414,15 @@ class DirectoryClient::Impl {
 
   uint64_t view_revision() const {
     connex::MutexLock lock(&mu_);
-    return revision_;
+    uint64_t revision = 0;
+    for (const auto& [name, scope] : scopes_) revision = std::max(revision, scope.revision);
+    return revision;
   }
   uint64_t resnapshots() const {
     connex::MutexLock lock(&mu_);
     return resnapshots_;
   }
+  uint64_t events_received() const { return events_received_.load(); }
   const std::string& pub_address() const { return pub_address_; }
   const std::string& directory_address() const { return options_.directory; }
   int64_t lease_ttl_ms() const { return lease_ttl_ms_; }
@@ -482,6 +505,7 @@ class DirectoryClient::Impl {
         (void)n;
       }
       SendOutbox();
+      Resubscribe();
       while (true) {
         absl::StatusOr<bool> got = RecvMultipart(dealer_, &parts);
         if (!got.ok() || !*got) break;
@@ -496,12 +520,14 @@ class DirectoryClient::Impl {
       DeliverDue(now);
       ExpirePending(now);
       SendHeartbeats(now);
-      bool snapshot_wanted = false;
+      std::vector<std::string> wanted;
       {
         connex::MutexLock lock(&mu_);
-        snapshot_wanted = want_snapshot_ && watching_;
+        for (const auto& [name, scope] : scopes_) {
+          if (scope.want_snapshot && !scope.in_flight) wanted.push_back(name);
+        }
       }
-      if (snapshot_wanted && !snapshot_in_flight_) RequestSnapshot();
+      for (const std::string& name : wanted) RequestSnapshot(name);
     }
     // Fail whatever is still waiting.
     {
@@ -721,42 +747,73 @@ class DirectoryClient::Impl {
 
   // ---- the view ----
 
-  void RequestSnapshot() {
-    snapshot_in_flight_ = true;
+  // The topics Watch added, subscribed to on the loop thread (which owns the socket).
+  void Resubscribe() {
+    std::vector<std::string> topics;
     {
       connex::MutexLock lock(&mu_);
-      want_snapshot_ = false;
+      topics.swap(to_subscribe_);
+    }
+    for (const std::string& topic : topics) {
+      try {
+        sub_.set(zmq::sockopt::subscribe, topic);
+      } catch (const zmq::error_t& e) {
+        CONNEX_LOG_WARN("directory client: subscribing to '{}' failed: {}", topic, e.what());
+      }
+    }
+  }
+
+  // A fresh snapshot of scope `name` ("" = every model).
+  void RequestSnapshot(const std::string& name) {
+    {
+      connex::MutexLock lock(&mu_);
+      auto it = scopes_.find(name);
+      if (it == scopes_.end() || it->second.in_flight) return;
+      it->second.in_flight = true;
+      it->second.want_snapshot = false;
     }
     wire::MapBuilder body;
-    Send(kSnapshot, body, [this](absl::StatusOr<wire::Frame> reply) {
-      snapshot_in_flight_ = false;
-      if (!reply.ok()) {
-        CONNEX_LOG_DEBUG("directory client: snapshot failed: {}", reply.status().ToString());
-        connex::MutexLock lock(&mu_);
-        want_snapshot_ = true;
-        return;
-      }
-      absl::StatusOr<Snapshot> snapshot = DecodeSnapshot(reply->body);
+    if (!name.empty()) body.Str("model", name);
+    Send(kSnapshot, body, [this, name](absl::StatusOr<wire::Frame> reply) {
+      absl::StatusOr<Snapshot> snapshot =
+          reply.ok() ? DecodeSnapshot(reply->body) : absl::StatusOr<Snapshot>(reply.status());
       if (!snapshot.ok()) {
-        CONNEX_LOG_WARN("directory client: bad snapshot: {}", snapshot.status().ToString());
+        if (reply.ok()) {
+          CONNEX_LOG_WARN("directory client: bad snapshot: {}", snapshot.status().ToString());
+        } else {
+          CONNEX_LOG_DEBUG("directory client: snapshot failed: {}", reply.status().ToString());
+        }
         connex::MutexLock lock(&mu_);
-        want_snapshot_ = true;
+        auto it = scopes_.find(name);
+        if (it != scopes_.end()) {
+          it->second.in_flight = false;
+          it->second.want_snapshot = true;
+        }
         return;
       }
-      InstallSnapshot(*std::move(snapshot));
+      InstallSnapshot(name, *std::move(snapshot));
     });
     SendOutbox();
   }
 
-  void InstallSnapshot(Snapshot snapshot) {
+  void InstallSnapshot(const std::string& name, Snapshot snapshot) {
     std::vector<Event> synthesized;
+    std::vector<std::pair<Event, uint64_t>> buffered;
     {
       connex::MutexLock lock(&mu_);
+      auto scope = scopes_.find(name);
+      if (scope == scopes_.end()) return;  // replaced by a watch of every model
+      Scope& sc = scope->second;
+      sc.in_flight = false;
+      auto in_scope = [&name](const Lid& lid) { return name.empty() || lid.model == name; };
       std::map<Lid, Record> fresh;
-      for (Record& r : snapshot.records) fresh.emplace(r.lid, std::move(r));
-      if (have_snapshot_) {
+      for (Record& r : snapshot.records) {
+        if (in_scope(r.lid)) fresh.emplace(r.lid, std::move(r));
+      }
+      if (sc.have_snapshot || sc.synthesize) {
         // What changed while we were not looking, as events.
         for (const auto& [lid, old] : view_) {
+          if (!in_scope(lid)) continue;
           auto it = fresh.find(lid);
           if (it == fresh.end() || it->second.epoch != old.epoch) {
             Event e;
@@ -777,21 +834,28 @@ class DirectoryClient::Impl {
             synthesized.push_back(std::move(e));
           }
         }
-        ++resnapshots_;
+        if (sc.have_snapshot) ++resnapshots_;
       }
-      view_ = std::move(fresh);
-      incarnation_ = snapshot.incarnation;
-      revision_ = snapshot.revision;
-      have_snapshot_ = true;
+      for (auto it = view_.begin(); it != view_.end();) {
+        it = in_scope(it->first) ? view_.erase(it) : std::next(it);
+      }
+      view_.merge(fresh);
+      sc.synthesize = false;
+      sc.incarnation = snapshot.incarnation;
+      sc.revision = name.empty() ? snapshot.revision : snapshot.model_revision;
+      sc.have_snapshot = true;
+      buffered.swap(sc.buffered);
+      // Another directory incarnation: the other scopes' views are of the previous one.
+      for (auto& [other, o] : scopes_) {
+        if (o.have_snapshot && o.incarnation != snapshot.incarnation) o.want_snapshot = true;
+      }
     }
     Deliver(synthesized);
     // Events that arrived while the snapshot was in flight.
-    std::vector<std::pair<Event, uint64_t>> buffered;
-    buffered.swap(buffered_);
     std::sort(buffered.begin(), buffered.end(),
               [](const auto& a, const auto& b) { return a.first.revision < b.first.revision; });
     for (auto& [e, incarnation] : buffered) {
-      if (incarnation == incarnation_) ApplyEvent(std::move(e), incarnation);
+      if (incarnation == snapshot.incarnation) ApplyEvent(name, std::move(e), incarnation);
     }
   }
 
@@ -804,28 +868,12 @@ class DirectoryClient::Impl {
     }
     absl::StatusOr<uint64_t> incarnation = frame->body.Uint("incarnation");
     if (!incarnation.ok()) return;
-    bool watching;
-    uint64_t revision;
-    bool have;
-    {
-      connex::MutexLock lock(&mu_);
-      sub_live_ = true;
-      watching = watching_;
-      revision = revision_;
-      have = have_snapshot_;
-    }
-    if (!watching) return;
     if (frame->type == kTick) {
-      absl::StatusOr<uint64_t> tick_revision = frame->body.Uint("revision");
-      if (!tick_revision.ok() || !have || snapshot_in_flight_) return;
-      if (*incarnation != incarnation_ || *tick_revision > revision) {
-        CONNEX_LOG_DEBUG("directory client: gap (at {}, directory at {}); new snapshot", revision,
-                         *tick_revision);
-        RequestSnapshot();
-      }
+      HandleTick(frame->body, *incarnation);
       return;
     }
     if (frame->type != kEvent) return;
+    events_received_.fetch_add(1);
     if (drop_events_.load() > 0) {
       drop_events_.fetch_sub(1);
       return;
@@ -835,23 +883,71 @@ class DirectoryClient::Impl {
       CONNEX_LOG_WARN("directory client: bad event: {}", event.status().ToString());
       return;
     }
-    if (!have || snapshot_in_flight_) {
-      buffered_.emplace_back(*std::move(event), *incarnation);
-      return;
-    }
-    ApplyEvent(*std::move(event), *incarnation);
-  }
-
-  void ApplyEvent(Event event, uint64_t incarnation) {
+    std::string name;
     {
       connex::MutexLock lock(&mu_);
-      if (incarnation != incarnation_ || event.revision > revision_ + 1) {
-        buffered_.emplace_back(std::move(event), incarnation);
-        want_snapshot_ = true;
+      name = scopes_.count("") ? "" : event->record.lid.model;
+      auto it = scopes_.find(name);
+      if (it == scopes_.end()) return;  // not a model this client watches
+      Scope& sc = it->second;
+      sc.live = true;
+      if (!sc.have_snapshot || sc.in_flight) {
+        sc.buffered.emplace_back(*std::move(event), *incarnation);
         return;
       }
-      if (event.revision <= revision_) return;  // already in the snapshot
-      revision_ = event.revision;
+    }
+    ApplyEvent(name, *std::move(event), *incarnation);
+  }
+
+  // The directory-wide tick (`model` absent) shows a gap of the every-model scope and a restart
+  // of the directory (a new incarnation) to every scope; a model's tick shows a gap of that
+  // model's scope. Either makes the scope live (its subscription is up).
+  void HandleTick(const wire::MapView& body, uint64_t incarnation) {
+    absl::StatusOr<uint64_t> revision = body.Uint("revision");
+    absl::StatusOr<std::string> model = body.StrOr("model", "");
+    absl::StatusOr<uint64_t> model_revision = body.UintOr("model_revision", 0);
+    if (!revision.ok() || !model.ok() || !model_revision.ok()) return;
+    std::vector<std::string> stale;
+    {
+      connex::MutexLock lock(&mu_);
+      for (auto& [name, sc] : scopes_) {
+        uint64_t seen = 0;
+        if (model->empty()) {
+          if (name.empty()) sc.live = true;
+          seen = name.empty() ? *revision : 0;
+        } else {
+          if (name != *model) continue;
+          sc.live = true;
+          seen = *model_revision;
+        }
+        if (!sc.have_snapshot || sc.in_flight) continue;
+        if (incarnation != sc.incarnation || seen > sc.revision) {
+          CONNEX_LOG_DEBUG("directory client: gap of '{}' (at {}, directory at {}); new snapshot",
+                           name, sc.revision, seen);
+          stale.push_back(name);
+        }
+      }
+    }
+    for (const std::string& name : stale) RequestSnapshot(name);
+  }
+
+  void ApplyEvent(const std::string& name, Event event, uint64_t incarnation) {
+    {
+      connex::MutexLock lock(&mu_);
+      auto scope = scopes_.find(name);
+      if (scope == scopes_.end()) return;
+      Scope& sc = scope->second;
+      if (event.revision <= sc.revision && incarnation == sc.incarnation) return;  // seen
+      // Events of every model are numbered without gaps; a model's event names the revision of
+      // the model's previous one.
+      bool follows = name.empty() ? event.revision == sc.revision + 1
+                                  : event.model_previous <= sc.revision;
+      if (incarnation != sc.incarnation || !follows) {
+        sc.buffered.emplace_back(std::move(event), incarnation);
+        sc.want_snapshot = true;
+        return;
+      }
+      sc.revision = event.revision;
       const Lid& lid = event.record.lid;
       switch (event.kind) {
         case EventKind::kJoined:
@@ -931,14 +1027,13 @@ class DirectoryClient::Impl {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> next_id_{1};
   std::atomic<int> drop_events_{0};
+  std::atomic<uint64_t> events_received_{0};
   std::atomic<int> delay_events_ms_{0};
   std::mutex deliver_mu_;  // held while subscribers run (loop thread), so Unsubscribe can wait
 
   // Loop thread only.
   std::map<uint64_t, Pending> pending_;
-  std::vector<std::pair<Event, uint64_t>> buffered_;            // (event, its incarnation)
   std::deque<std::pair<int64_t, std::vector<Event>>> delayed_;  // (due ms, events)
-  std::atomic<bool> snapshot_in_flight_{false};
 
   mutable connex::Mutex mu_;
   std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
@@ -952,13 +1047,20 @@ class DirectoryClient::Impl {
   std::map<uint64_t, std::shared_ptr<std::function<void(const Event&)>>> subscribers_
       ABSL_GUARDED_BY(mu_);
   uint64_t next_subscriber_ ABSL_GUARDED_BY(mu_) = 1;
-  bool watching_ ABSL_GUARDED_BY(mu_) = false;
-  bool want_snapshot_ ABSL_GUARDED_BY(mu_) = false;
-  bool have_snapshot_ ABSL_GUARDED_BY(mu_) = false;
-  bool sub_live_ ABSL_GUARDED_BY(mu_) = false;
+  // What one Watch keeps: "" every model, else one model.
+  struct Scope {
+    bool want_snapshot = true;
+    bool in_flight = false;      // its SNAPSHOT request is out
+    bool have_snapshot = false;
+    bool synthesize = false;     // its first snapshot reports differences (it replaced scopes)
+    bool live = false;           // a message of its topic came: the subscription is up
+    uint64_t incarnation = 0;    // of the directory its snapshot came from
+    uint64_t revision = 0;       // "": the directory's revision; else the model's latest event
+    std::vector<std::pair<Event, uint64_t>> buffered;  // (event, its incarnation), to apply
+  };
+  std::map<std::string, Scope> scopes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> to_subscribe_ ABSL_GUARDED_BY(mu_);  // topics for the loop thread
   std::map<Lid, Record> view_ ABSL_GUARDED_BY(mu_);
-  uint64_t incarnation_ = 0;  // written under mu_ by the loop thread, read by it without
-  uint64_t revision_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t resnapshots_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -1001,7 +1103,7 @@ absl::StatusOr<bool> DirectoryClient::ReportFailed(const Lid& lid, uint64_t epoc
 absl::Status DirectoryClient::Evict(const Lid& lid) { return impl_->Evict(lid); }
 absl::Status DirectoryClient::Watch(std::string model) {
   if (!model.empty()) CONNEX_RETURN_IF_ERROR(Lid::ValidateModel(model));
-  return impl_->Watch();
+  return impl_->Watch(model);
 }
 std::vector<Record> DirectoryClient::View(std::string_view model,
                                           std::optional<uint32_t> group) const {
@@ -1018,6 +1120,7 @@ bool DirectoryClient::AwaitView(std::string_view model,
 }
 uint64_t DirectoryClient::view_revision() const { return impl_->view_revision(); }
 uint64_t DirectoryClient::resnapshots() const { return impl_->resnapshots(); }
+uint64_t DirectoryClient::events_received() const { return impl_->events_received(); }
 const std::string& DirectoryClient::pub_address() const { return impl_->pub_address(); }
 const std::string& DirectoryClient::directory_address() const { return impl_->directory_address(); }
 int64_t DirectoryClient::lease_ttl_ms() const { return impl_->lease_ttl_ms(); }

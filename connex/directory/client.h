@@ -102,8 +102,9 @@ class DirectoryClient {
   absl::Status Evict(const Lid& lid);
 
   // ---- watcher side ----
-  // Watches `model` ("" = every model): subscribes to events and takes the first snapshot before
-  // returning.
+  // Watches `model` ("" = every model): subscribes to that model's events (its topic only: other
+  // models' traffic never reaches this client) and takes its first snapshot before returning.
+  // May be called for several models; DeadlineExceeded when no snapshot comes in time.
   absl::Status Watch(std::string model);
   // The watched records (of `model`, and of `group` if given), sorted by LID.
   std::vector<Record> View(std::string_view model,
@@ -119,6 +120,8 @@ class DirectoryClient {
 
   uint64_t view_revision() const;
   uint64_t resnapshots() const;
+  // EVENT frames received from the directory: a watcher of one model receives only that model's.
+  uint64_t events_received() const;
   const std::string& pub_address() const;
   const std::string& directory_address() const;
   int64_t lease_ttl_ms() const;

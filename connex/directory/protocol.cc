@@ -60,7 +60,8 @@ void EncodeEvent(const Event& event, uint64_t incarnation, wire::MapBuilder* out
       .Str("kind", EventKindName(event.kind))
       .Map("record", record)
       .Uint("previous_epoch", event.previous_epoch)
-      .Str("reason", event.reason);
+      .Str("reason", event.reason)
+      .Uint("model_previous", event.model_previous);
 }
 
 absl::StatusOr<Event> DecodeEvent(const wire::MapView& in) {
@@ -74,6 +75,12 @@ absl::StatusOr<Event> DecodeEvent(const wire::MapView& in) {
   CONNEX_ASSIGN_OR_RETURN(event.record, DecodeRecord(record));
   CONNEX_ASSIGN_OR_RETURN(event.previous_epoch, in.UintOr("previous_epoch", 0));
   CONNEX_ASSIGN_OR_RETURN(event.reason, in.StrOr("reason", ""));
+  CONNEX_ASSIGN_OR_RETURN(event.model_previous, in.UintOr("model_previous", 0));
+  if (event.model_previous >= event.revision) {
+    return absl::InvalidArgumentError(StrCat(in.path(), ".model_previous: ", event.model_previous,
+                                             " is not below the event's revision ",
+                                             event.revision));
+  }
   return event;
 }
 
@@ -86,6 +93,7 @@ void EncodeSnapshot(const Snapshot& snapshot, wire::MapBuilder* out) {
   }
   out->Uint("incarnation", snapshot.incarnation)
       .Uint("revision", snapshot.revision)
+      .Uint("model_revision", snapshot.model_revision)
       .List("records", records);
 }
 
@@ -93,6 +101,12 @@ absl::StatusOr<Snapshot> DecodeSnapshot(const wire::MapView& in) {
   Snapshot snapshot;
   CONNEX_ASSIGN_OR_RETURN(snapshot.incarnation, in.Uint("incarnation"));
   CONNEX_ASSIGN_OR_RETURN(snapshot.revision, in.Uint("revision"));
+  CONNEX_ASSIGN_OR_RETURN(snapshot.model_revision, in.UintOr("model_revision", snapshot.revision));
+  if (snapshot.model_revision > snapshot.revision) {
+    return absl::InvalidArgumentError(StrCat(in.path(), ".model_revision: ",
+                                             snapshot.model_revision, " is above the revision ",
+                                             snapshot.revision));
+  }
   CONNEX_ASSIGN_OR_RETURN(wire::ListView records, in.List("records"));
   snapshot.records.reserve(records.size());
   for (size_t i = 0; i < records.size(); ++i) {

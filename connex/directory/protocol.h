@@ -31,7 +31,9 @@ inline constexpr std::string_view kError = "ERROR";
 // Frames on the PUB socket.
 inline constexpr std::string_view kEvent = "EVENT";
 inline constexpr std::string_view kTick = "TICK";
-// PUB topic of TICK frames (events use `<model>/`); subscribers to a model subscribe to both.
+// PUB topic of the directory-wide TICK (incarnation and revision). Events of a model use the
+// topic `<model>/`, and so does that model's TICK (with `model` and `model_revision`): a watcher
+// of one model subscribes to `<model>/` and `~` and receives nothing of other models.
 inline constexpr std::string_view kTickTopic = "~";
 
 // Events the PUB socket queues per subscriber before it drops that subscriber's events (which
@@ -67,12 +69,19 @@ struct Event {
   Record record;                // the record joined/migrated to, or the one that left/failed
   uint64_t previous_epoch = 0;  // MIGRATED: the epoch before the migration
   std::string reason;           // FAILED: lease-expired, reported, superseded
+  // The revision of the previous event of the same model (or a floor no event of the model was
+  // lost below): a watcher of one model applies an event when this is at most the revision it
+  // has seen of that model, and takes a fresh snapshot when it is above (a gap).
+  uint64_t model_previous = 0;
 };
 
 // A consistent view at `revision` of directory incarnation `incarnation`.
 struct Snapshot {
   uint64_t incarnation = 0;
   uint64_t revision = 0;
+  // Of a snapshot of one model: the revision of that model's latest event (Event::model_previous
+  // of its next one); of a whole snapshot, `revision`.
+  uint64_t model_revision = 0;
   std::vector<Record> records;
 };
 

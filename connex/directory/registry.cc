@@ -26,6 +26,20 @@ void Registry::Emit(EventKind kind, const Record& record, uint64_t previous_epoc
                     std::string reason) {
   Event e;
   e.revision = ++revision_;
+  e.model_previous = ModelRevision(record.lid.model);
+  model_revision_[record.lid.model] = e.revision;
+  if (model_revision_.size() > options_.max_records) {
+    // Forget models that hold no record; what they answer from now on (the floor) is at least
+    // their latest event, so a watcher behind them still sees a gap.
+    for (auto it = model_revision_.begin(); it != model_revision_.end();) {
+      if (records_per_model_.count(it->first) == 0 && it->first != record.lid.model) {
+        model_revision_floor_ = std::max(model_revision_floor_, it->second);
+        it = model_revision_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   e.kind = kind;
   e.record = record;
   e.previous_epoch = previous_epoch;
@@ -293,11 +307,17 @@ std::optional<int64_t> Registry::MsUntilNextExpiry() const {
   return std::max<int64_t>(0, earliest - clock_->NowMs());
 }
 
+uint64_t Registry::ModelRevision(std::string_view model) const {
+  auto it = model_revision_.find(model);
+  return it == model_revision_.end() ? model_revision_floor_ : it->second;
+}
+
 Snapshot Registry::Snap(uint64_t incarnation, std::optional<std::string> model,
                         std::optional<uint32_t> group) const {
   Snapshot s;
   s.incarnation = incarnation;
   s.revision = revision_;
+  s.model_revision = model ? ModelRevision(*model) : revision_;
   for (const auto& [lid, entry] : records_) {
     if (model && lid.model != *model) continue;
     if (group && lid.group != *group) continue;
@@ -326,6 +346,11 @@ RegistryState Registry::Export() const {
 void Registry::Restore(const RegistryState& state) {
   next_epoch_ = std::max(next_epoch_, state.next_epoch);
   revision_ = std::max(revision_, state.revision);
+  // Per-model revisions are not kept: every model answers the restored revision, at least its
+  // latest event (a watcher that was behind still sees a gap; one that was not re-reads an
+  // unchanged snapshot, which emits nothing).
+  model_revision_.clear();
+  model_revision_floor_ = revision_;
   const int64_t deadline = clock_->NowMs() + options_.lease_ttl_ms;
   for (const RegistryState::Entry& e : state.entries) {
     next_epoch_ = std::max(next_epoch_, e.record.epoch + 1);

@@ -137,6 +137,15 @@ class Registry {
 
   uint64_t next_epoch() const { return next_epoch_; }
   uint64_t revision() const { return revision_; }
+  // The revision of `model`'s latest event (what a watcher of that model alone has seen when it
+  // is up to date): every event carries the one before it (`Event::model_previous`), so that a
+  // watcher subscribed to one model finds a gap without seeing the other models' events.
+  // Models without a known latest event answer a floor no event of theirs was lost below.
+  uint64_t ModelRevision(std::string_view model) const;
+  // Every model with a known latest event and that revision (the per-model ticks).
+  const std::map<std::string, uint64_t, std::less<>>& model_revisions() const {
+    return model_revision_;
+  }
   size_t size() const { return records_.size(); }
   int64_t lease_ttl_ms() const { return options_.lease_ttl_ms; }
 
@@ -169,6 +178,10 @@ class Registry {
   uint64_t revision_ = 0;
   std::map<Lid, Entry> records_;
   std::map<std::string, size_t, std::less<>> records_per_model_;
+  // Per model, the revision of its latest event; bounded: models without records are forgotten
+  // once the map outgrows max_records, raising the floor that forgotten models answer.
+  std::map<std::string, uint64_t, std::less<>> model_revision_;
+  uint64_t model_revision_floor_ = 0;
   std::map<std::pair<Lid, uint64_t>, Ended> tombstones_;
   std::deque<std::pair<Lid, uint64_t>> tombstone_order_;
   std::vector<Event> pending_;

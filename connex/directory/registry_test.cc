@@ -428,6 +428,32 @@ TEST_F(RegistryTest, RejectsBadRegistrations) {
   EXPECT_EQ(registry_.revision(), 0u);
 }
 
+// Per-model watchers find gaps by the model's own revisions: each event names the revision of
+// its model's previous event, and a model's snapshot the revision of its latest.
+TEST_F(RegistryTest, EventsNameTheirModelsPreviousRevision) {
+  Registry r(&clock_, TestOptions());
+  ASSERT_TRUE(r.Join(Lid{"a", 1, 0, 0}, {"tcp://h:1"}, {}).ok());  // revision 1
+  ASSERT_TRUE(r.Join(Lid{"b", 1, 0, 0}, {"tcp://h:2"}, {}).ok());  // 2
+  ASSERT_TRUE(r.Join(Lid{"b", 1, 0, 1}, {"tcp://h:3"}, {}).ok());  // 3
+  ASSERT_TRUE(r.Join(Lid{"a", 1, 0, 1}, {"tcp://h:4"}, {}).ok());  // 4
+  std::vector<Event> events = r.TakeEvents();
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[0].model_previous, 0u);
+  EXPECT_EQ(events[1].model_previous, 0u);
+  EXPECT_EQ(events[2].model_previous, 2u);
+  EXPECT_EQ(events[3].model_previous, 1u);
+  EXPECT_EQ(r.Snap(1, "a").model_revision, 4u);
+  EXPECT_EQ(r.Snap(1, "b").model_revision, 3u);
+  EXPECT_EQ(r.Snap(1, "c").model_revision, 0u);
+  EXPECT_EQ(r.Snap(1).model_revision, 4u);
+  // Restored, a model answers the restored revision (no watcher behind it misses a gap).
+  Registry again(&clock_, TestOptions());
+  again.Restore(r.Export());
+  EXPECT_EQ(again.ModelRevision("a"), 4u);
+  ASSERT_TRUE(again.Join(Lid{"b", 1, 0, 2}, {"tcp://h:5"}, {}).ok());
+  EXPECT_EQ(again.TakeEvents().at(0).model_previous, 4u);
+}
+
 TEST_F(RegistryTest, SnapshotFiltersAndCarriesLeases) {
   registry_.Join(a_, {"tcp://h:1"}, {}).IgnoreError();
   registry_.Join(b_, {"tcp://h:2"}, {}).IgnoreError();

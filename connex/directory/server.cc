@@ -1,6 +1,8 @@
 #include "connex/directory/server.h"
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -252,6 +254,7 @@ class DirectoryServer::Loop {
         if (g > UINT32_MAX) return absl::InvalidArgumentError("SNAPSHOT.group: out of range");
         group = static_cast<uint32_t>(g);
       }
+      if (model) Watched(*model);
       wire::MapBuilder out;
       out.Uint("id", id);
       EncodeSnapshot(registry_.Snap(server_->incarnation_, model, group), &out);
@@ -350,12 +353,45 @@ class DirectoryServer::Loop {
     }
   }
 
+  // The directory-wide TICK, then one per model with a known latest event (a watcher of that
+  // model alone finds a dropped event by it).
   void PublishTick() {
     wire::MapBuilder body;
     body.Uint("incarnation", server_->incarnation_).Uint("revision", registry_.revision());
-    std::string frame = wire::EncodeFrame(kTick, body);
+    SendTick(kTickTopic, wire::EncodeFrame(kTick, body));
+    const int64_t now = options_.clock->NowMs();
+    for (auto it = watched_.begin(); it != watched_.end();) {
+      it = now - it->second > kWatchedForMs ? watched_.erase(it) : std::next(it);
+    }
+    auto tick = [&](const std::string& model, uint64_t revision) {
+      wire::MapBuilder m;
+      m.Uint("incarnation", server_->incarnation_)
+          .Uint("revision", registry_.revision())
+          .Str("model", model)
+          .Uint("model_revision", revision);
+      SendTick(EventTopic(model), wire::EncodeFrame(kTick, m));
+    };
+    const auto& known = registry_.model_revisions();
+    for (const auto& [model, revision] : known) tick(model, revision);
+    for (const auto& [model, at] : watched_) {
+      if (known.count(model) == 0) tick(model, registry_.ModelRevision(model));
+    }
+  }
+
+  // A model somebody took a snapshot of is ticked for a while even without events: its new
+  // watcher learns from the tick that its subscription is up. Bounded like the table.
+  void Watched(const std::string& model) {
+    if (watched_.size() >= options_.max_records && watched_.count(model) == 0) {
+      auto oldest = std::min_element(watched_.begin(), watched_.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+      watched_.erase(oldest);
+    }
+    watched_[model] = options_.clock->NowMs();
+  }
+
+  void SendTick(std::string_view topic, const std::string& frame) {
     try {
-      pub_.send(zmq::buffer(kTickTopic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      pub_.send(zmq::buffer(topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
       pub_.send(zmq::buffer(frame), zmq::send_flags::dontwait);
     } catch (const zmq::error_t& err) {
       CONNEX_LOG_WARN("directory: publishing tick failed: {}", err.what());
@@ -377,6 +413,8 @@ class DirectoryServer::Loop {
   uint64_t saved_next_epoch_ = 0;
   uint64_t saved_revision_ = 0;
   std::vector<Reply> replies_;  // answers of one batch, sent once its state is durable
+  static constexpr int64_t kWatchedForMs = 60'000;
+  std::map<std::string, int64_t> watched_;  // model -> when it was last snapshotted
 };
 
 DirectoryServer::DirectoryServer(DirectoryServerOptions options)

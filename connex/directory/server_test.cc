@@ -315,6 +315,44 @@ TEST_F(DirectoryTest, ViewConvergesWhenPublishedEventsAreDropped) {
   ASSERT_TRUE(WaitUntil([&] { return watcher->view_revision() == snapshot->revision; }, 3000));
 }
 
+// Issue 12 finding 2: Watch(model) ignored `model` — every client received every model's events
+// and took whole snapshots. A watcher of one model now receives only that model's events, and
+// finds its gaps by the model's own revisions although other models' events come in between.
+TEST_F(DirectoryTest, AWatcherOfOneModelReceivesNothingOfAnother) {
+  StartServer();
+  EventLog log;
+  auto watcher = Watcher(&log);  // "demo"
+  auto noisy = Client();
+  auto holder = Client();
+  for (uint32_t i = 0; i < 40; ++i) {
+    ASSERT_TRUE(noisy->Join(Lid{"junk", 1, 0, i}, {"tcp://127.0.0.1:9"}).ok());
+    if (i % 10 == 0) {
+      ASSERT_TRUE(holder->Join(Lid{"demo", 1, 0, i}, {"tcp://127.0.0.1:1"}).ok());
+    }
+  }
+  ASSERT_TRUE(WaitUntil([&] { return watcher->View("demo").size() == 4; }, 3000));
+  EXPECT_TRUE(watcher->View("junk").empty());
+  EXPECT_EQ(watcher->events_received(), 4u);  // the 40 of junk never reached it
+  EXPECT_EQ(watcher->resnapshots(), 0u);      // and their revisions in between are no gap
+  ASSERT_TRUE(WaitUntil([&] { return log.All().size() == 4; }, 3000));
+
+  // A dropped event of its model is still found (by the model's tick) and recovered.
+  watcher->DropEventsForTest(1);
+  ASSERT_TRUE(holder->Leave(Lid{"demo", 1, 0, 0}).ok());
+  ASSERT_TRUE(noisy->Join(Lid{"junk", 1, 0, 99}, {"tcp://127.0.0.1:9"}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return watcher->View("demo").size() == 3; }, 3000));
+  EXPECT_EQ(watcher->resnapshots(), 1u);
+  EXPECT_TRUE(WaitUntil([&] { return log.Has(EventKind::kFailed, Lid{"demo", 1, 0, 0}); }, 3000));
+
+  // A second model on the same client, then every model.
+  ASSERT_TRUE(watcher->Watch("junk").ok());
+  EXPECT_EQ(watcher->View("junk").size(), 41u);
+  ASSERT_TRUE(watcher->Watch("").ok());
+  ASSERT_TRUE(noisy->Join(Lid{"other", 1, 0, 0}, {"tcp://127.0.0.1:9"}).ok());
+  EXPECT_TRUE(WaitUntil([&] { return watcher->View("other").size() == 1; }, 3000));
+  EXPECT_EQ(watcher->View("demo").size(), 3u);
+}
+
 TEST_F(DirectoryTest, DirectoryRestartIsRecovered) {
   StartServer();
   EventLog log;
