@@ -340,6 +340,71 @@ TEST_F(DirectoryProcessTest, HeartbeatAboveTheLeaseIsRefusedAtStart) {
   EXPECT_THAT(p->transcript(), ::testing::Not(HasSubstr("listening")));
 }
 
+// Protected mode: a directory on a non-loopback address (here every interface) without a CURVE
+// key pair is refused at start, naming both ways out; with --insecure, or with a key pair, it
+// starts. A client with the wrong key or none is refused by name (connexctl, exit 1).
+TEST_F(DirectoryProcessTest, BeyondLoopbackOnlyWithCurveOrInsecure) {
+  const std::string dir = ::testing::TempDir() + "/curve-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (std::string name : {"dir", "stranger"}) {
+    auto keygen =
+        Subprocess::Start({BinDir() + "/connexctl", "keygen", "--out", dir + "/" + name}, {}, true);
+    ASSERT_TRUE(keygen.has_value());
+    while (keygen->ReadLine(5000)) {
+    }
+    ASSERT_EQ(keygen->Wait(5000), 0) << keygen->transcript();
+  }
+  std::vector<std::string> argv = {BinDir() + "/connex-directory", "--bind", "tcp://0.0.0.0:0",
+                                   "--pub", "tcp://127.0.0.1:0"};
+  {
+    auto p = Subprocess::Start(argv, {"CONNEX_INSECURE=0"}, true);
+    ASSERT_TRUE(p.has_value());
+    while (p->ReadLine(5000)) {
+    }
+    EXPECT_EQ(p->Wait(5000), 2);
+    EXPECT_THAT(p->transcript(), HasSubstr("refusing to listen on '0.0.0.0'"));
+    EXPECT_THAT(p->transcript(), HasSubstr("--insecure"));
+    EXPECT_THAT(p->transcript(), HasSubstr("CONNEX_CURVE_KEY_FILE"));
+  }
+  {
+    std::vector<std::string> insecure = argv;
+    insecure.push_back("--insecure");
+    auto p = Subprocess::Start(insecure, {}, true);
+    ASSERT_TRUE(p.has_value());
+    EXPECT_TRUE(p->WaitForLine("listening", 10000).has_value()) << p->transcript();
+  }
+  auto p = Subprocess::Start(argv, {"CONNEX_CURVE_KEY_FILE=" + dir + "/dir.key"}, true);
+  ASSERT_TRUE(p.has_value());
+  auto line = p->WaitForLine("listening", 10000);
+  ASSERT_TRUE(line.has_value()) << p->transcript();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(*line, m, std::regex("bind=tcp://0\\.0\\.0\\.0:([0-9]+)")));
+  const std::string at = "tcp://127.0.0.1:" + std::string(m[1]);
+  std::ifstream pub_file(dir + "/dir.pub");
+  std::string dir_pub;
+  std::getline(pub_file, dir_pub);
+  auto status = [&](std::vector<std::string> env) {
+    auto c = Subprocess::Start(
+        {BinDir() + "/connexctl", "--directory", at, "--timeout-ms", "2000", "status"}, env, true);
+    EXPECT_TRUE(c.has_value());
+    while (c->ReadLine(5000)) {
+    }
+    return std::make_pair(c->Wait(5000).value_or(-1), c->transcript());
+  };
+  auto [ok_code, ok_out] = status({"CONNEX_CURVE_KEY_FILE=" + dir + "/dir.key"});
+  EXPECT_EQ(ok_code, 0) << ok_out;
+  auto [none_code, none_out] = status({});
+  EXPECT_EQ(none_code, 1);
+  EXPECT_THAT(none_out, HasSubstr("the directory requires CURVE"));
+  auto [bad_code, bad_out] = status(
+      {"CONNEX_CURVE_KEY_FILE=" + dir + "/stranger.key", "CONNEX_DIRECTORY_SERVER_KEY=" + dir_pub});
+  EXPECT_EQ(bad_code, 1);
+  EXPECT_THAT(bad_out, HasSubstr("not authorized"));
+  EXPECT_TRUE(p->WaitForLine("not authorized", 5000).has_value()) << p->transcript();
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(DirectoryProcessTest, NoDirectoryIsAClearError) {
   std::vector<std::string> argv = {BinDir() + "/connexctl", "--directory", "tcp://127.0.0.1:1",
                                    "--timeout-ms",          "300",         "status"};

@@ -81,6 +81,7 @@ int main(int argc, char** argv) {
                "print `epochs current=E E1:STEPS:LAST_NS ...` whenever the steps run per epoch "
                "change (the last step's admission, CLOCK_MONOTONIC ns)");
   connex::AddLogLevelFlag(app);
+  connex::AddInsecureFlag(app);
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
         if (stage >= stages) {
           throw CLI::ValidationError("--stage", "stage " + std::to_string(stage) +
@@ -112,7 +113,7 @@ int main(int argc, char** argv) {
   topts->backend = *parsed;
   auto transfer = connex::transport::CreateTransferEngine(*topts);
   if (!transfer.ok()) return fail(transfer.status());
-  auto sig = connex::pp::CreateZmqSignalTransport();
+  auto sig = connex::pp::CreateZmqSignalTransport("127.0.0.1", dopts->curve);
   if (!sig.ok()) return fail(sig.status());
   connex::pp::StageNodeOptions base;
   base.model = model;

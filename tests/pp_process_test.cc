@@ -10,6 +10,7 @@
 #include <regex>
 #include <tuple>
 
+#include "connex/base/curve.h"
 #include "connex/base/subprocess.h"
 #include "connex/base/wait.h"
 #include "connex/directory/client.h"
@@ -218,6 +219,64 @@ TEST_P(PpProcessTest, KilledStageHandsItsStepsOver) {
   std::string done = CheckOwner(owner, 6, 400);
   EXPECT_THAT(done, ::testing::Not(HasSubstr("failovers=0 ")));
   EXPECT_THAT(done, ::testing::Not(HasSubstr("reprefills=0 ")));
+}
+
+// Issue 12: CURVE on every ZeroMQ socket of a deployment — the directory's and the step
+// protocol's signal sockets — with one shared key pair: a stage killed mid-generation still
+// hands over exactly; a process with another key is refused by the directory, naming why, and
+// a signal socket without CURVE cannot be reached by a stage with it.
+TEST_P(PpProcessTest, UnderCurveAKilledStageStillHandsOverAndStrangersAreRefused) {
+  const std::string dir =
+      ::testing::TempDir() + "/pp-curve-" + GetParam() + "-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  absl::StatusOr<CurveKeyPair> shared = GenerateCurveKeyPair();
+  absl::StatusOr<CurveKeyPair> stranger = GenerateCurveKeyPair();
+  ASSERT_TRUE(shared.ok() && stranger.ok());
+  ASSERT_TRUE(WriteCurveKeyFiles(dir + "/deploy", *shared).ok());
+  ASSERT_TRUE(WriteCurveKeyFiles(dir + "/stranger", *stranger).ok());
+  const std::string key = "CONNEX_CURVE_KEY_FILE=" + dir + "/deploy.key";
+  directory_.reset();
+  auto p = Subprocess::Start({BinDir() + "/connex-directory", "--bind", "tcp://127.0.0.1:0", "--pub",
+                              "tcp://127.0.0.1:0", "--lease-ttl-ms", "1500", "--heartbeat-ms",
+                              "300"},
+                             {key, "CONNEX_LOG_LEVEL=warn"});
+  ASSERT_TRUE(p.has_value());
+  directory_.emplace(std::move(*p));
+  auto line = directory_->WaitForLine("listening", 10000);
+  ASSERT_TRUE(line.has_value());
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(*line, m, std::regex("bind=(tcp://[0-9.:]+)")));
+  bind_ = m[1];
+
+  // A stranger's key, and no key at all: refused at HELLO, by name; nothing registered.
+  for (const std::vector<std::string>& env :
+       {std::vector<std::string>{"CONNEX_CURVE_KEY_FILE=" + dir + "/stranger.key",
+                                 "CONNEX_DIRECTORY_SERVER_KEY=" + shared->public_key},
+        std::vector<std::string>{}}) {
+    auto intruder = Subprocess::Start(
+        {BinDir() + "/pp_test_node", "--directory", bind_, "--backend", GetParam(), "--model",
+         "pp", "--stage", "1", "--stages", std::to_string(kStages), "--replica", "0"},
+        env, /*capture_stderr=*/true);
+    ASSERT_TRUE(intruder.has_value());
+    std::optional<int> code = intruder->Wait(15000);
+    ASSERT_TRUE(code.has_value()) << intruder->transcript();
+    while (intruder->ReadLine(200)) {
+    }
+    EXPECT_NE(*code, 0);
+    EXPECT_THAT(intruder->transcript(),
+                HasSubstr(env.empty() ? "the directory requires CURVE" : "not authorized"));
+  }
+
+  node_env_ = {key};
+  StartStages();
+  Subprocess owner = Node(0, 0, {"--requests", "4", "--max-new-tokens", "300"});
+  ASSERT_TRUE(owner.WaitForLine("progress", 30000)) << owner.transcript();
+  stages_.at({1, 0}).Signal(SIGKILL);
+  std::string done = CheckOwner(owner, 4, 300);
+  EXPECT_THAT(done, ::testing::Not(HasSubstr("failovers=0 ")));
+  directory_.reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST_P(PpProcessTest, StoppedStageIsProbedAndReplaced) {

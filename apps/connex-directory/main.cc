@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(size_t{256}, size_t{1} << 24))
       ->capture_default_str();
   connex::AddLogLevelFlag(app);
+  connex::AddInsecureFlag(app);
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv)) return *code;
   if (!token_file.empty()) {
     absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(token_file);

@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   connex::AddLogLevelFlag(app);
+  connex::AddInsecureFlag(app);
   if (std::optional<int> exit = connex::ParseFlags(app, argc, argv)) return *exit;
   options.http = *http_options;
   if (absl::Status ok = connex::serving::ParseListenAddress("--listen", listen, &options.http);

@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   connex::AddLogLevelFlag(app);
+  connex::AddInsecureFlag(app);
   if (std::optional<int> exit = connex::ParseFlags(app, argc, argv)) return *exit;
   connex::serving::OpenAiServerOptions api;
   api.default_max_tokens = default_max_tokens;

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "connex/base/cli.h"
 #include "connex/base/config.h"
+#include "connex/base/curve.h"
 #include "connex/base/logging.h"
 #include "connex/base/signals.h"
 #include "connex/base/status.h"
@@ -164,6 +165,10 @@ int main(int argc, char** argv) {
   report->add_option("lid", lid_text, "model/g<group>/s<shard>/r<replica>")->required();
   uint64_t epoch = 0;
   report->add_option("--epoch", epoch, "only this epoch (default: the current one)");
+  CLI::App* keygen = app.add_subcommand(
+      "keygen", "write a CURVE key pair: PREFIX.key (secret, mode 600) and PREFIX.pub");
+  std::string key_prefix;
+  keygen->add_option("--out", key_prefix, "path prefix of the two files")->required();
 
   // The first word that is neither a global option nor its value names the command.
   for (int i = 1; i < argc; ++i) {
@@ -179,12 +184,25 @@ int main(int argc, char** argv) {
     for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == word;
     if (!known) {
       std::cerr << "connexctl: unknown command '" << word
-                << "' (commands: status, serving, watch, resolve, join, leave, report-failed)\n";
+                << "' (commands: status, serving, watch, resolve, join, leave, report-failed, keygen)\n";
       return 2;
     }
     break;
   }
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv)) return *code;
+  if (keygen->parsed()) {
+    absl::StatusOr<connex::CurveKeyPair> keys = connex::GenerateCurveKeyPair();
+    if (!keys.ok()) return Fail(keys.status());
+    absl::Status written = connex::WriteCurveKeyFiles(key_prefix, *keys);
+    if (!written.ok()) return Fail(written);
+    std::printf("%s.key  secret key (CONNEX_CURVE_KEY_FILE)\n%s.pub  public key %s\n",
+                key_prefix.c_str(), key_prefix.c_str(), keys->public_key.c_str());
+    return 0;
+  }
+  // CURVE comes from the environment only (a secret key file; never argv).
+  absl::StatusOr<connex::CurveSettings> curve = connex::CurveSettings::FromEnv();
+  if (!curve.ok()) return Fail(curve.status());
+  options.curve = *std::move(curve);
   if (!token_file.empty()) {
     absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(token_file);
     if (!token.ok()) return Fail(Annotate(token.status(), "--token-file"));

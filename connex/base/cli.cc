@@ -1,5 +1,7 @@
 #include "connex/base/cli.h"
 
+#include <cstdlib>
+
 #include <string>
 
 #include "absl/strings/str_split.h"
@@ -28,6 +30,14 @@ CLI::Option* AddLogLevelFlag(CLI::App& app, std::string_view default_level) {
       ->check(names)
       ->default_str(std::string(default_level))
       ->force_callback();
+}
+
+CLI::Option* AddInsecureFlag(CLI::App& app) {
+  return app
+      .add_flag_callback(
+          "--insecure", [] { setenv("CONNEX_INSECURE", "1", 1); },
+          "listen beyond loopback without authentication (CONNEX_INSECURE=1): the data plane and "
+          "HTTP always, ZeroMQ sockets without a CURVE key pair");
 }
 
 CLI::Validator SizeRange(uint64_t min, uint64_t max, bool list) {

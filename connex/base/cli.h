@@ -21,6 +21,11 @@ inline constexpr int kUsageExitCode = 2;
 // `default_level` when neither the flag nor the variable is given.
 CLI::Option* AddLogLevelFlag(CLI::App& app, std::string_view default_level = "info");
 
+// Adds --insecure (variable CONNEX_INSECURE): lets the listeners of this process use a
+// non-loopback address without authentication (connex/base/curve.h, CheckListenExposure). The flag
+// sets CONNEX_INSECURE=1 for the process.
+CLI::Option* AddInsecureFlag(CLI::App& app);
+
 // A validator for a size flag (`4096`, `4K`, `64KiB`, `1M`, `1G`: ParseSize) that must lie in
 // [min, max] bytes; with `list`, every item of a comma-separated list must. The message names the
 // value and the limit (CLI11 prefixes the flag).

@@ -160,7 +160,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Attach(ClusterOptions options,
   c->attached_ = true;
   c->model_path_ = c->options_.model_path;
   c->directory_ = directory;
-  directory::DirectoryClientOptions dco;
+  // Every setting a directory client honours (token, CURVE) from the environment.
+  CONNEX_ASSIGN_OR_RETURN(directory::DirectoryClientOptions dco,
+                          directory::DirectoryClientOptions::FromEnv());
   dco.directory = directory;
   CONNEX_ASSIGN_OR_RETURN(c->watcher_, directory::DirectoryClient::Connect(dco));
   CONNEX_RETURN_IF_ERROR(c->watcher_->Watch(c->options_.model_name));
@@ -212,6 +214,8 @@ absl::Status Cluster::StartAll() {
   {
     SubprocessOptions so;
     so.stderr_path = o.work_dir + "/directory.log";
+    // The bridge's addresses are not loopback ones: a test network of this tool's own.
+    if (o.netns) so.env.push_back("CONNEX_INSECURE=1");
     std::string error;
     directory_process_ = Subprocess::Start(
         {o.bin_dir + "/connex-directory", "--bind", "tcp://" + host_ + ":0", "--pub",
@@ -224,7 +228,8 @@ absl::Status Cluster::StartAll() {
                                  std::regex("bind=(tcp://[0-9.]+:[0-9]+)"), o.start_timeout_ms,
                                  so.stderr_path));
   }
-  directory::DirectoryClientOptions dco;
+  CONNEX_ASSIGN_OR_RETURN(directory::DirectoryClientOptions dco,
+                          directory::DirectoryClientOptions::FromEnv());
   dco.directory = directory_;
   CONNEX_ASSIGN_OR_RETURN(watcher_, directory::DirectoryClient::Connect(dco));
   CONNEX_RETURN_IF_ERROR(watcher_->Watch(o.model_name));
@@ -236,6 +241,7 @@ absl::Status Cluster::StartAll() {
   if (o.proxy) {
     SubprocessOptions so;
     so.stderr_path = o.work_dir + "/proxy.log";
+    if (o.netns) so.env.push_back("CONNEX_INSECURE=1");
     std::string error;
     proxy_process_ =
         Subprocess::Start({o.bin_dir + "/connex-proxy", "--directory", directory_, "--model",
@@ -367,6 +373,7 @@ absl::Status Cluster::StartStage(uint32_t stage, uint32_t replica) {
             StrCat("CONNEX_PP_STEP_TIMEOUT_MS=", o.step_timeout_ms),
             StrCat("CONNEX_PP_PROBE_TIMEOUT_MS=", o.probe_timeout_ms)};
   if (o.inflight > 0) so.env.push_back(StrCat("CONNEX_PP_INFLIGHT=", o.inflight));
+  if (o.netns) so.env.push_back("CONNEX_INSECURE=1");  // the tool's own test network
   so.env.insert(so.env.end(), o.stage_env.begin(), o.stage_env.end());
   so.stderr_path = log_path(stage, replica);
   if (o.netns) so.netns = NetnsName(stage, replica);

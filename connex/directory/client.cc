@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <mutex>
@@ -32,6 +33,7 @@ absl::StatusOr<DirectoryClientOptions> DirectoryClientOptions::FromEnv() {
   CONNEX_ASSIGN_OR_RETURN(o.heartbeat_ms, EnvInt("CONNEX_HEARTBEAT_MS", 0, 0, 3'600'000));
   CONNEX_ASSIGN_OR_RETURN(o.request_timeout_ms, EnvInt("CONNEX_DIRECTORY_TIMEOUT_MS",
                                                        o.request_timeout_ms, 1, 3'600'000));
+  CONNEX_ASSIGN_OR_RETURN(o.curve, CurveSettings::FromEnv());
   return o;
 }
 
@@ -72,6 +74,21 @@ class DirectoryClient::Impl {
     try {
       dealer_ = zmq::socket_t(context_, zmq::socket_type::dealer);
       ConfigureZmqSocket(dealer_, 64 << 20);
+      MakeCurveClient(dealer_, options_.curve, options_.curve.directory_key);
+      // Handshake failures (a CURVE key refused, CURVE on one side only) are seen by a monitor:
+      // the HELLO then fails naming them instead of timing out.
+      const std::string monitor_endpoint =
+          StrCat("inproc://connex-directory-monitor-", reinterpret_cast<uintptr_t>(this));
+      zmq_socket_monitor(dealer_.handle(), monitor_endpoint.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
+      zmq::socket_t monitor(context_, zmq::socket_type::pair);
+      monitor.set(zmq::sockopt::linger, 0);
+      monitor.connect(monitor_endpoint);
+      struct StopMonitor {
+        zmq::socket_t& dealer;
+        ~StopMonitor() { zmq_socket_monitor(dealer.handle(), nullptr, 0); }
+      } stop_monitor{dealer_};
       dealer_.connect(options_.directory);
       // HELLO on this thread, before the loop owns the socket.
       wire::MapBuilder body;
@@ -79,16 +96,34 @@ class DirectoryClient::Impl {
       std::string frame = wire::EncodeFrame(kHello, body);
       dealer_.send(zmq::buffer(frame), zmq::send_flags::none);
       // Waited for in slices, so that the deadline follows the injected clock.
-      zmq::pollitem_t item{dealer_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
+                                 {monitor.handle(), 0, ZMQ_POLLIN, 0}};
       const int64_t deadline_ms = clock_->NowMs() + options_.request_timeout_ms;
-      for (int64_t now = clock_->NowMs(); now < deadline_ms && !(item.revents & ZMQ_POLLIN);
+      for (int64_t now = clock_->NowMs(); now < deadline_ms && !(items[0].revents & ZMQ_POLLIN);
            now = clock_->NowMs()) {
-        zmq::poll(&item, 1, std::chrono::milliseconds(std::min<int64_t>(deadline_ms - now, 100)));
+        zmq::poll(items, 2, std::chrono::milliseconds(std::min<int64_t>(deadline_ms - now, 100)));
+        if (items[1].revents & ZMQ_POLLIN) {
+          zmq::message_t event, where;
+          (void)monitor.recv(event, zmq::recv_flags::none);
+          if (event.more()) (void)monitor.recv(where, zmq::recv_flags::none);
+          uint16_t kind = 0;
+          if (event.size() >= sizeof(kind)) std::memcpy(&kind, event.data(), sizeof(kind));
+          return absl::PermissionDeniedError(StrCat(
+              "directory ", options_.directory, ": the connection was refused in its handshake (",
+              kind == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ? "our CURVE key is not authorized there"
+              : options_.curve.enabled()
+                  ? "CURVE failed: is CONNEX_DIRECTORY_SERVER_KEY the directory's public key, "
+                    "and does the directory use CURVE?"
+                  : "the directory requires CURVE: set CONNEX_CURVE_KEY_FILE",
+              ")"));
+        }
       }
-      if (!(item.revents & ZMQ_POLLIN)) {
-        return absl::UnavailableError(StrCat("directory ", options_.directory,
-                                             ": no answer within ", options_.request_timeout_ms,
-                                             " ms (is connex-directory running there?)"));
+      if (!(items[0].revents & ZMQ_POLLIN)) {
+        return absl::UnavailableError(StrCat(
+            "directory ", options_.directory, ": no answer within ", options_.request_timeout_ms,
+            " ms (is connex-directory running there",
+            options_.curve.enabled() ? ", with CURVE, and is CONNEX_DIRECTORY_SERVER_KEY its key?"
+                                     : "?)"));
       }
       zmq::message_t reply;
       (void)dealer_.recv(reply, zmq::recv_flags::none);
@@ -114,6 +149,7 @@ class DirectoryClient::Impl {
       }
       sub_ = zmq::socket_t(context_, zmq::socket_type::sub);
       ConfigureZmqSocket(sub_, 64 << 20);
+      MakeCurveClient(sub_, options_.curve, options_.curve.directory_key);
       sub_.set(zmq::sockopt::rcvhwm, kPubHighWaterMark);
       // Topics are subscribed to by Watch (a model's, or every model's).
       sub_.connect(pub_address_);

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "connex/base/clock.h"
+#include "connex/base/curve.h"
 #include "connex/base/lid.h"
 #include "connex/directory/protocol.h"
 
@@ -36,12 +37,15 @@ struct DirectoryClientOptions {
   // Join of a LID held by a live lease waits up to one lease TTL (plus a heartbeat) for it to
   // run out — a restarted process whose previous incarnation died — before AlreadyExists.
   bool join_waits_for_lease = true;
+  // CURVE (connex/base/curve.h): with a key pair, the client reaches the directory as a CURVE
+  // client of `curve.directory_key`. CONNEX_CURVE_KEY_FILE, CONNEX_DIRECTORY_SERVER_KEY.
+  CurveSettings curve;
   // Time for request deadlines, heartbeats and the lease wait of Join (not owned; must outlive
   // the client). nullptr: the real monotonic clock. Tests pass a FakeClock.
   Clock* clock = nullptr;
 
   // Defaults overridden by CONNEX_DIRECTORY, CONNEX_DIRECTORY_TOKEN, CONNEX_HEARTBEAT_MS,
-  // CONNEX_DIRECTORY_TIMEOUT_MS, CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE).
+  // CONNEX_DIRECTORY_TIMEOUT_MS, CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE) and the CURVE settings.
   static absl::StatusOr<DirectoryClientOptions> FromEnv();
 };
 
@@ -55,7 +59,8 @@ struct RegistrationChange {
 
 class DirectoryClient {
  public:
-  // Connects and says HELLO. Unavailable/DeadlineExceeded when no directory answers.
+  // Connects and says HELLO. Unavailable/DeadlineExceeded when no directory answers;
+  // PermissionDenied when the directory refuses this client's CURVE key or settings.
   static absl::StatusOr<std::unique_ptr<DirectoryClient>> Connect(DirectoryClientOptions options);
   // Stops heartbeating without leaving: the directory sees the leases run out, as after a crash.
   // Call Leave (or LeaveAll) first for a graceful exit.

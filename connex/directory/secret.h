@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "connex/base/secret_file.h"
 
 namespace connex::directory {
 
@@ -16,9 +17,7 @@ std::string NewCredential();
 // Compares secrets in time independent of where they differ. An empty secret equals nothing.
 bool SecretsEqual(std::string_view a, std::string_view b);
 
-// The first line of `path`, without surrounding whitespace. InvalidArgument naming the file when
-// it cannot be read or is empty; refuses a file that others may read (mode & 077), as ssh does.
-absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
+using ::connex::ReadSecretFile;  // connex/base/secret_file.h
 
 // The admin token from the environment: the first line of CONNEX_DIRECTORY_ADMIN_TOKEN_FILE when
 // set, else CONNEX_DIRECTORY_ADMIN_TOKEN, else empty.

@@ -50,6 +50,7 @@ absl::StatusOr<DirectoryServerOptions> DirectoryServerOptions::FromEnv() {
                                         static_cast<int64_t>(o.max_record_bytes), 256, 1 << 24));
   o.max_record_bytes = static_cast<size_t>(limit);
   CONNEX_ASSIGN_OR_RETURN(o.admin_token, AdminTokenFromEnv());
+  CONNEX_ASSIGN_OR_RETURN(o.curve, CurveSettings::FromEnv());
   return o;
 }
 
@@ -430,11 +431,26 @@ absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
       Annotate(ValidateTableLimits(options.max_records, options.max_records_per_model,
                                    options.max_record_bytes),
                "directory"));
+  for (const auto& [flag, endpoint] :
+       {std::pair<std::string_view, const std::string&>{"--bind", options.bind},
+        std::pair<std::string_view, const std::string&>{"--pub", options.pub}}) {
+    absl::StatusOr<TcpEndpoint> parsed = ParseTcpEndpoint(endpoint);
+    if (!parsed.ok()) return Annotate(parsed.status(), StrCat("directory: ", flag));
+    CONNEX_RETURN_IF_ERROR(CheckListenExposure(StrCat("directory ", flag), parsed->host,
+                                               options.curve.enabled()));
+  }
   std::unique_ptr<DirectoryServer> server(new DirectoryServer(std::move(options)));
+  if (server->options_.curve.enabled()) {
+    CONNEX_ASSIGN_OR_RETURN(server->zap_, ZapHandler::Start(server->context_,
+                                                            server->options_.curve.authorized,
+                                                            "directory"));
+  }
   zmq::socket_t router(server->context_, zmq::socket_type::router);
   zmq::socket_t pub(server->context_, zmq::socket_type::pub);
   ConfigureZmqSocket(router, kMaxRequestBytes);
   ConfigureZmqSocket(pub, kMaxRequestBytes);
+  MakeCurveServer(router, server->options_.curve);
+  MakeCurveServer(pub, server->options_.curve);
   router.set(zmq::sockopt::router_mandatory, 0);
   pub.set(zmq::sockopt::sndhwm, kPubHighWaterMark);
   absl::StatusOr<std::string> bound = BindZmq(router, server->options_.bind);
@@ -474,6 +490,7 @@ void DirectoryServer::Stop() {
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
   loop_.reset();
+  zap_.reset();
 }
 
 DirectoryServer::~DirectoryServer() { Stop(); }

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "connex/base/clock.h"
+#include "connex/base/curve.h"
 #include "connex/directory/protocol.h"
 #include "zmq.hpp"
 
@@ -36,11 +37,16 @@ struct DirectoryServerOptions {
   size_t max_records = kDefaultMaxRecords;
   size_t max_records_per_model = kDefaultMaxRecordsPerModel;
   size_t max_record_bytes = kDefaultMaxRecordBytes;
+  // CURVE (connex/base/curve.h): with a key pair, both sockets are CURVE servers that admit the
+  // authorized client keys only, and may listen beyond loopback. CONNEX_CURVE_KEY_FILE,
+  // CONNEX_CURVE_AUTHORIZED_KEYS_FILE.
+  CurveSettings curve;
   Clock* clock = RealClock::Get();
 
   // Defaults overridden by CONNEX_DIRECTORY_BIND, CONNEX_DIRECTORY_PUB, CONNEX_LEASE_TTL_MS,
   // CONNEX_HEARTBEAT_MS, CONNEX_DIRECTORY_TOKEN, CONNEX_DIRECTORY_TICK_MS,
-  // CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE), CONNEX_DIRECTORY_STATE_DIR and the table limits.
+  // CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE), CONNEX_DIRECTORY_STATE_DIR, the table limits and the
+  // CURVE settings.
   static absl::StatusOr<DirectoryServerOptions> FromEnv();
 };
 
@@ -48,8 +54,8 @@ class DirectoryServer {
  public:
   // Binds both sockets, loads the state dir (if any) and starts the loop. Unavailable when an
   // address is taken; InvalidArgument for a malformed endpoint or setting or an unwritable state
-  // dir; FailedPrecondition when another directory uses the state dir; DataLoss for a corrupt
-  // state file.
+  // dir, or a non-loopback address without CURVE (unless CONNEX_INSECURE=1); FailedPrecondition
+  // when another directory uses the state dir; DataLoss for a corrupt state file.
   static absl::StatusOr<std::unique_ptr<DirectoryServer>> Start(DirectoryServerOptions options);
   ~DirectoryServer();
 
@@ -71,6 +77,8 @@ class DirectoryServer {
   // Requests served and malformed requests seen so far.
   uint64_t requests_served() const { return requests_served_.load(); }
   uint64_t requests_rejected() const { return requests_rejected_.load(); }
+  // Connections refused by CURVE (a wrong or missing client key).
+  uint64_t connections_refused() const { return zap_ ? zap_->refused() : 0; }
 
  private:
   class Loop;
@@ -81,6 +89,7 @@ class DirectoryServer {
   std::string pub_address_;
   uint64_t incarnation_ = 0;
   zmq::context_t context_;
+  std::unique_ptr<ZapHandler> zap_;  // with CURVE: decides which client keys get in
   std::unique_ptr<Loop> loop_;
   std::thread thread_;
   std::atomic<bool> stop_{false};

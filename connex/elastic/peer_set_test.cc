@@ -156,8 +156,9 @@ TEST_F(PeerSetTest, ResolvesPicksAndSends) {
   ASSERT_TRUE(other->Join(Lid{"demo", 2, 0, 0}, {"zmq+tcp://127.0.0.1:1"}).ok());
   ASSERT_TRUE(other->Join(Lid{"else", 1, 0, 0}, {"zmq+tcp://127.0.0.1:1"}).ok());
   ASSERT_TRUE(owner->AwaitView(
-      "", [](const auto& v) { return v.size() == 4; }, 3000));
+      "demo", [](const auto& v) { return v.size() == 3; }, 3000));
   EXPECT_EQ(peers.Peers().size(), 2u);
+  EXPECT_TRUE(owner->View("else").empty());  // a watcher of demo receives nothing of else
 }
 
 TEST_F(PeerSetTest, HandsOverWhenAPeerDies) {

@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "connex/base/curve.h"
 
 namespace connex::pp {
 
@@ -35,12 +36,17 @@ class SignalTransport {
   virtual void Send(const std::string& address, std::string frame) = 0;
   // Stops receiving and sending; inbound frames are dropped from then on.
   virtual void Close() = 0;
+  // Connections its receiving socket refused for their credentials (a CURVE key not authorized).
+  virtual uint64_t connections_refused() const { return 0; }
 };
 
 // A ZeroMQ transport bound on `host` at a free port (`pp+tcp://HOST:PORT`): a ROUTER receives,
-// one DEALER per destination sends; one I/O thread owns every socket.
+// one DEALER per destination sends; one I/O thread owns every socket. With a CURVE key pair in
+// `curve` the ROUTER is a CURVE server admitting `curve.authorized` only, its address carries its
+// public key (`...?curve=HEX`), and it sends only to peers that use CURVE too (and vice versa).
+// InvalidArgument for a non-loopback `host` without CURVE unless CONNEX_INSECURE=1.
 absl::StatusOr<std::unique_ptr<SignalTransport>> CreateZmqSignalTransport(
-    const std::string& host = "127.0.0.1");
+    const std::string& host = "127.0.0.1", const CurveSettings& curve = {});
 
 }  // namespace connex::pp
 

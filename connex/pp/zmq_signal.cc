@@ -1,6 +1,7 @@
-// The ZeroMQ signal transport: `pp+tcp://HOST:PORT`. One I/O thread owns the ROUTER that
-// receives and one DEALER per destination; other threads hand frames over through a queue and an
-// eventfd.
+// The ZeroMQ signal transport: `pp+tcp://HOST:PORT`, with CURVE `pp+tcp://HOST:PORT?curve=HEX`
+// (the ROUTER's public key, so that a sender learns it from the directory with the address). One
+// I/O thread owns the ROUTER that receives and one DEALER per destination; other threads hand
+// frames over through a queue and an eventfd.
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -8,10 +9,13 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <set>
 #include <thread>
 
+#include "connex/base/curve.h"
 #include "connex/base/logging.h"
 #include "connex/base/mutex.h"
+#include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/base/zmq_util.h"
 #include "connex/pp/signal_transport.h"
@@ -21,25 +25,36 @@ namespace {
 
 constexpr std::string_view kScheme = "pp+tcp://";
 constexpr int64_t kMaxSignalBytes = 4 << 20;
+constexpr std::string_view kCurveQuery = "?curve=";
 
 class ZmqSignalTransport : public SignalTransport {
  public:
-  ZmqSignalTransport() : context_(1) {}
-  ~ZmqSignalTransport() override { Close(); }
+  explicit ZmqSignalTransport(CurveSettings curve) : curve_(std::move(curve)), context_(1) {}
+  ~ZmqSignalTransport() override {
+    Close();
+    zap_.reset();  // before the context goes
+  }
 
   absl::Status Start(const std::string& host) {
+    CONNEX_RETURN_IF_ERROR(CheckListenExposure("step-protocol signals", host, curve_.enabled()));
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return absl::InternalError("eventfd failed");
+    if (curve_.enabled()) {
+      CONNEX_ASSIGN_OR_RETURN(zap_, ZapHandler::Start(context_, curve_.authorized, "pp signals"));
+    }
     router_ = zmq::socket_t(context_, zmq::socket_type::router);
     ConfigureZmqSocket(router_, kMaxSignalBytes);
+    MakeCurveServer(router_, curve_);
     absl::StatusOr<std::string> bound = BindZmq(router_, StrCat("tcp://", host, ":0"));
     if (!bound.ok()) return bound.status();
     address_ = StrCat("pp+", *bound);
+    if (curve_.enabled()) address_ += StrCat(kCurveQuery, CurveKeyToHex(curve_.keys->public_key));
     thread_ = std::thread([this] { Run(); });
     return absl::OkStatus();
   }
 
   const std::string& address() const override { return address_; }
+  uint64_t connections_refused() const override { return zap_ ? zap_->refused() : 0; }
 
   void SetReceiver(Receiver receiver) override {
     connex::MutexLock lock(&mu_);
@@ -75,14 +90,40 @@ class ZmqSignalTransport : public SignalTransport {
   }
 
  private:
-  zmq::socket_t& DealerFor(const std::string& address) {
+  // The DEALER to `address`; nullptr (said once per address) when this transport and the
+  // peer disagree on CURVE, or the peer's key is malformed.
+  zmq::socket_t* DealerFor(const std::string& address) {
     auto it = dealers_.find(address);
-    if (it != dealers_.end()) return it->second;
+    if (it != dealers_.end()) return &it->second;
+    if (refused_.count(address)) return nullptr;
+    std::string endpoint = address.substr(3);  // drop "pp+"
+    std::string server_key;
+    size_t query = endpoint.find(kCurveQuery);
+    if (query != std::string::npos) {
+      absl::StatusOr<std::string> key =
+          CurveKeyFromHex(std::string_view(endpoint).substr(query + kCurveQuery.size()));
+      endpoint.resize(query);
+      if (!key.ok()) return Refuse(address, AsStd(key.status().message()));
+      server_key = *key;
+    }
+    if (curve_.enabled() && server_key.empty()) {
+      return Refuse(address, "the peer does not use CURVE and this node does");
+    }
+    if (!curve_.enabled() && !server_key.empty()) {
+      return Refuse(address, "the peer uses CURVE and this node has no key (CONNEX_CURVE_KEY_FILE)");
+    }
     zmq::socket_t dealer(context_, zmq::socket_type::dealer);
     ConfigureZmqSocket(dealer, kMaxSignalBytes);
     dealer.set(zmq::sockopt::sndhwm, 10000);
-    dealer.connect(address.substr(3));  // drop "pp+"
-    return dealers_.emplace(address, std::move(dealer)).first->second;
+    MakeCurveClient(dealer, curve_, server_key);
+    dealer.connect(endpoint);
+    return &dealers_.emplace(address, std::move(dealer)).first->second;
+  }
+
+  zmq::socket_t* Refuse(const std::string& address, std::string_view why) {
+    CONNEX_LOG_ERROR("pp signals: not sending to {}: {}", address, why);
+    if (refused_.size() < 4096) refused_.insert(address);
+    return nullptr;
   }
 
   void Run() {
@@ -115,7 +156,8 @@ class ZmqSignalTransport : public SignalTransport {
           continue;
         }
         try {
-          DealerFor(address).send(zmq::buffer(frame), zmq::send_flags::dontwait);
+          zmq::socket_t* dealer = DealerFor(address);
+          if (dealer != nullptr) dealer->send(zmq::buffer(frame), zmq::send_flags::dontwait);
         } catch (const zmq::error_t& e) {
           CONNEX_LOG_DEBUG("pp signals: send to {} failed: {}", address, e.what());
         }
@@ -131,7 +173,10 @@ class ZmqSignalTransport : public SignalTransport {
     router_.close();
   }
 
+  const CurveSettings curve_;
   zmq::context_t context_;
+  std::unique_ptr<ZapHandler> zap_;               // with CURVE: which client keys get in
+  std::set<std::string> refused_;                 // I/O thread: addresses we cannot talk to
   zmq::socket_t router_;                          // I/O thread
   std::map<std::string, zmq::socket_t> dealers_;  // I/O thread
   std::string address_;
@@ -146,8 +191,9 @@ class ZmqSignalTransport : public SignalTransport {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SignalTransport>> CreateZmqSignalTransport(const std::string& host) {
-  auto transport = std::make_unique<ZmqSignalTransport>();
+absl::StatusOr<std::unique_ptr<SignalTransport>> CreateZmqSignalTransport(
+    const std::string& host, const CurveSettings& curve) {
+  auto transport = std::make_unique<ZmqSignalTransport>(curve);
   absl::Status started = transport->Start(host);
   if (!started.ok()) return started;
   return transport;

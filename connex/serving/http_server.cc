@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "boost/asio.hpp"
 #include "connex/base/config.h"
+#include "connex/base/curve.h"
 #include "connex/base/logging.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
@@ -91,6 +92,8 @@ class BeastHttpServer final : public HttpServer {
   ~BeastHttpServer() override { Stop(); }
 
   absl::Status Bind() {
+    // The API has no authentication of its own: beyond loopback only when told so.
+    CONNEX_RETURN_IF_ERROR(CheckListenExposure("http", options_.host, /*authenticated=*/false));
     ErrorCode ec;
     net::ip::address address = net::ip::make_address(options_.host, ec);
     if (ec) {

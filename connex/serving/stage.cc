@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<StageProcess>> StageProcess::Start(
   CONNEX_ASSIGN_OR_RETURN(transport::TransferEnginePtr transfer,
                           transport::CreateTransferEngine(topts));
   CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<pp::SignalTransport> signals,
-                          pp::CreateZmqSignalTransport(options.signal_host));
+                          pp::CreateZmqSignalTransport(options.signal_host, dopts.curve));
 
   // Every stage says how many there are: connexctl's serving view and tools find a served
   // model's chains by it.

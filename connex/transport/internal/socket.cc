@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "connex/base/curve.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 
@@ -92,6 +93,9 @@ int64_t NowUs() {
 }
 
 absl::StatusOr<Fd> ListenTcp(const std::string& host, uint16_t port, uint16_t* bound_port) {
+  // The data plane authenticates nobody (a reader that knows a region reads it): beyond loopback
+  // only when told so.
+  CONNEX_RETURN_IF_ERROR(CheckListenExposure("data plane", host, /*authenticated=*/false));
   CONNEX_ASSIGN_OR_RETURN(sockaddr_in addr, Resolve(host, port));
   Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return absl::UnavailableError(StrCat("socket: ", Errno()));

@@ -1,0 +1,83 @@
+// The ZeroMQ signal transport with and without CURVE.
+#include <atomic>
+#include <string>
+
+#include "connex/base/curve.h"
+#include "connex/base/mutex.h"
+#include "connex/base/wait.h"
+#include "connex/pp/signal_transport.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace connex::pp {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Inbox {
+  void Add(std::string frame) {
+    connex::MutexLock lock(&mu);
+    frames.push_back(std::move(frame));
+  }
+  bool Has(const std::string& frame) const {
+    connex::MutexLock lock(&mu);
+    for (const std::string& f : frames) {
+      if (f == frame) return true;
+    }
+    return false;
+  }
+  mutable connex::Mutex mu;
+  std::vector<std::string> frames ABSL_GUARDED_BY(mu);
+};
+
+std::unique_ptr<SignalTransport> Make(const CurveSettings& curve, Inbox* inbox = nullptr) {
+  absl::StatusOr<std::unique_ptr<SignalTransport>> t = CreateZmqSignalTransport("127.0.0.1", curve);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return nullptr;
+  if (inbox != nullptr) (*t)->SetReceiver([inbox](std::string f) { inbox->Add(std::move(f)); });
+  return *std::move(t);
+}
+
+TEST(ZmqSignalTest, CurvePeersWithAuthorizedKeysTalkAndStrangersAreRefused) {
+  absl::StatusOr<CurveKeyPair> deploy = GenerateCurveKeyPair();
+  absl::StatusOr<CurveKeyPair> other = GenerateCurveKeyPair();
+  ASSERT_TRUE(deploy.ok() && other.ok());
+  Inbox a_in, plain_in;
+  auto a = Make(CurveSettings::Shared(*deploy), &a_in);
+  auto b = Make(CurveSettings::Shared(*deploy));
+  auto stranger = Make(CurveSettings::Shared(*other));
+  auto plain = Make({}, &plain_in);
+  ASSERT_TRUE(a && b && stranger && plain);
+  EXPECT_THAT(a->address(), HasSubstr("?curve="));  // its key travels with its address
+  EXPECT_THAT(plain->address(), ::testing::Not(HasSubstr("curve")));
+
+  // A key the receiver does not authorize: the handshake is refused, nothing is delivered.
+  stranger->Send(a->address(), "from a stranger");
+  ASSERT_TRUE(WaitUntil([&] { return a->connections_refused() >= 1; }, 5000));
+  // No CURVE on one side: the sender refuses to talk at all (said once in its log).
+  plain->Send(a->address(), "in clear");
+  a->Send(plain->address(), "to a plain peer");
+  // The authorized peer gets through, after all of the above were sent.
+  b->Send(a->address(), "hello");
+  ASSERT_TRUE(WaitUntil([&] { return a_in.Has("hello"); }, 5000));
+  EXPECT_FALSE(a_in.Has("from a stranger"));
+  EXPECT_FALSE(a_in.Has("in clear"));
+  EXPECT_FALSE(plain_in.Has("to a plain peer"));
+}
+
+TEST(ZmqSignalTest, ANonLoopbackHostNeedsCurveOrInsecure) {
+  unsetenv("CONNEX_INSECURE");
+  absl::StatusOr<std::unique_ptr<SignalTransport>> open = CreateZmqSignalTransport("0.0.0.0");
+  ASSERT_FALSE(open.ok());
+  EXPECT_EQ(open.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(open.status().message(), HasSubstr("--insecure"));
+  absl::StatusOr<CurveKeyPair> keys = GenerateCurveKeyPair();
+  ASSERT_TRUE(keys.ok());
+  EXPECT_TRUE(CreateZmqSignalTransport("0.0.0.0", CurveSettings::Shared(*keys)).ok());
+  setenv("CONNEX_INSECURE", "1", 1);
+  EXPECT_TRUE(CreateZmqSignalTransport("0.0.0.0").ok());
+  unsetenv("CONNEX_INSECURE");
+}
+
+}  // namespace
+}  // namespace connex::pp
