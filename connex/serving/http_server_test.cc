@@ -419,7 +419,15 @@ TEST(HttpServerTest, StopLetsAResponseInFlightFinish) {
 TEST(HttpServerTest, BadAddressesAndOptions) {
   HttpServerOptions options;
   options.host = "203.0.113.1";  // TEST-NET-3: not an address of this machine
+  // Beyond loopback the API (no authentication of its own) needs --insecure first.
+  unsetenv("CONNEX_INSECURE");
   absl::StatusOr<std::unique_ptr<HttpServer>> server = StartHttpServer(options, Echo);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(server.status().message(), HasSubstr("refusing to listen on '203.0.113.1'"));
+  setenv("CONNEX_INSECURE", "1", 1);
+  server = StartHttpServer(options, Echo);
+  unsetenv("CONNEX_INSECURE");
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(server.status().message(), HasSubstr("203.0.113.1"));
