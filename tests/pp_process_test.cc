@@ -146,6 +146,36 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
     return true;
   }
 
+  // A small reference Llama checkpoint in `dir` (made by connex-mkmodel), and the tokens an
+  // undisturbed single-process run of it generates for a request.
+  std::string MakeLlamaModel(const std::string& dir) {
+    std::filesystem::create_directories(dir);
+    std::string model = dir + "/model.safetensors";
+    auto mk = Subprocess::Start({BinDir() + "/connex-mkmodel", "--out", model, "--layers", "3",
+                                 "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
+                                 "--seed", "11"},
+                                {}, true);
+    EXPECT_TRUE(mk.has_value());
+    while (mk->ReadLine(10000)) {
+    }
+    EXPECT_EQ(mk->Wait(30000), 0) << mk->transcript();
+    return model;
+  }
+  static Reference LlamaReference(const std::string& model) {
+    auto loaded = engine::Pipeline::Load(model, kStages);
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    std::shared_ptr<engine::Pipeline> pipeline;
+    if (loaded.ok()) pipeline = *std::move(loaded);
+    return [pipeline](uint64_t id, int max_new) {
+      if (pipeline == nullptr) return std::vector<int32_t>{};
+      engine::GenerateOptions options;
+      options.max_tokens = max_new;
+      options.stop_at_eos = false;
+      auto g = engine::Generate(*pipeline, {PromptOf(id)}, options, /*first_request_id=*/1000 + id);
+      return g.ok() ? (*g)[0].tokens : std::vector<int32_t>{};
+    };
+  }
+
   // The mid-generation directory restart of the campaign, with real processes: SIGKILL, then a
   // start at the same ports, with the state dir it had or an empty one.
   void RunThroughADirectoryRestart(bool keep_state) {
@@ -383,6 +413,41 @@ TEST_P(PpProcessTest, DirectoryKilledAndRestartedWithItsStateChangesNothing) {
 // are then recomputed); every request still ends with exactly the reference tokens.
 TEST_P(PpProcessTest, DirectoryRestartedWithoutItsStateStillEndsEveryRequestExactly) {
   RunThroughADirectoryRestart(/*keep_state=*/false);
+}
+
+// Issue 12's must-show with the reference Llama engine: the directory SIGKILLed mid-generation
+// and restarted with its state dir. No watcher sees a FAILED event (`connexctl watch` runs
+// through it), no stage fails over, no request is re-prefilled, every token is exact.
+TEST_P(PpProcessTest, LlamaGenerationThroughADirectoryKillAndRestartFailsNothingOver) {
+  const std::string dir =
+      ::testing::TempDir() + "/llama-restart-" + GetParam() + "-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  const std::string model = MakeLlamaModel(dir);
+  node_env_ = {"CONNEX_PP_STEP_TIMEOUT_MS=5000", "CONNEX_PP_PROBE_TIMEOUT_MS=2000"};
+  ASSERT_TRUE(StartRestartableDirectory(dir + "/state"));
+  std::vector<std::string> llama = {"--engine", "llama", "--model-path", model};
+  StartStages(llama);
+  auto watch = Subprocess::Start(
+      {BinDir() + "/connexctl", "--directory", bind_, "watch", "--model", "pp"}, {}, true);
+  ASSERT_TRUE(watch.has_value());
+  std::vector<std::string> owner_args = llama;
+  for (const char* a : {"--requests", "4", "--max-new-tokens", "400"}) owner_args.push_back(a);
+  Subprocess owner = Node(0, 0, owner_args);
+  ASSERT_TRUE(owner.WaitForLine("progress", 60000)) << owner.transcript();
+  directory_->Signal(SIGKILL);
+  ASSERT_TRUE(directory_->Wait(5000).has_value());
+  ASSERT_TRUE(RestartDirectory(dir + "/state")) << "the directory did not start again at " << bind_;
+  std::string done = CheckOwner(owner, 4, 400, 120000, LlamaReference(model));
+  EXPECT_THAT(done, HasSubstr("failovers=0 ")) << owner.transcript();
+  EXPECT_THAT(done, HasSubstr("reprefills=0 ")) << owner.transcript();
+  watch->Signal(SIGTERM);
+  while (watch->ReadLine(2000)) {
+  }
+  watch->Wait(5000);
+  EXPECT_THAT(watch->transcript(), HasSubstr("JOINED"));  // it did watch: the owner's join
+  EXPECT_THAT(watch->transcript(), ::testing::Not(HasSubstr("FAILED")));
+  directory_.reset();
+  std::filesystem::remove_all(dir);
 }
 
 // The mission in one test: a pipeline stage of the reference Llama engine is killed with
