@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <atomic>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -581,6 +583,67 @@ TEST_F(LimitedDirectoryTest, AStoppedWatcherLeavesTheDirectoryMemoryBounded) {
   auto [code, out] = Run({"resolve", "demo", "1"});
   EXPECT_THAT(out, HasSubstr("epoch=" + std::to_string(last)));
   EXPECT_TRUE(stopped.WaitForLine("epoch=" + std::to_string(last), 10000).has_value());
+}
+
+// Finding 2 of issue 12: expensive but legal JOINs from 100 connections delayed HELLO by 3.7 s
+// and expired a live holder's lease. Now 32 connections that migrate maximal records as fast as
+// they can (each migration an event and, with the state dir, a write of the table) expire no
+// lease of a live holder, and a new client still gets its HELLO answered promptly (printed).
+TEST_F(StateDirectoryTest, AFloodOfExpensiveJoinsExpiresNoLease) {
+  auto holder = Client();
+  ASSERT_NE(holder, nullptr);
+  const Lid lid{"prod", 1, 0, 0};
+  absl::StatusOr<uint64_t> epoch = holder->Join(lid, {"tcp://127.0.0.1:5555"});
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  auto watcher = Client();
+  std::atomic<int> failed{0};
+  watcher->Subscribe([&](const directory::Event& e) {
+    if (e.record.lid == lid && e.kind != directory::EventKind::kJoined) failed.fetch_add(1);
+  });
+  ASSERT_TRUE(watcher->Watch("prod").ok());
+
+  std::map<std::string, std::string> large = {{"a", std::string(3900, 'a')},
+                                              {"b", std::string(3900, 'b')}};
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> joins{0};
+  std::vector<std::thread> flood;
+  for (uint32_t t = 0; t < 32; ++t) {
+    flood.emplace_back([&, t] {
+      auto c = Client();
+      if (c == nullptr) return;
+      for (int i = 0; !stop.load(); ++i) {
+        if (c->Join(Lid{"flood", 1, 0, t}, {"tcp://127.0.0.1:" + std::to_string(1 + i % 2)}, large)
+                .ok()) {
+          joins.fetch_add(1);
+        }
+      }
+    });
+  }
+  int64_t worst_hello_ms = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(4);
+  while (std::chrono::steady_clock::now() < end) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto probe = Client();  // Connect is a HELLO round trip
+    EXPECT_NE(probe, nullptr);
+    worst_hello_ms = std::max<int64_t>(
+        worst_hello_ms, std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a probe's pace, not a wait
+  }
+  stop.store(true);
+  for (std::thread& t : flood) t.join();
+  std::cout << "flood: " << joins.load() << " maximal migrations from 32 connections in 4 s; "
+            << "slowest HELLO " << worst_hello_ms << " ms\n";
+  RecordProperty("flood_joins", std::to_string(joins.load()));
+  RecordProperty("worst_hello_ms", std::to_string(worst_hello_ms));
+  EXPECT_GT(joins.load(), 0u);
+  EXPECT_EQ(failed.load(), 0) << "the live holder's lease expired under the flood";
+  EXPECT_EQ(holder->EpochOf(lid), std::optional<uint64_t>(*epoch));
+  auto snapshot = watcher->GetSnapshot("prod");
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  ASSERT_EQ(snapshot->records.size(), 1u);
+  EXPECT_EQ(snapshot->records[0].epoch, *epoch);
 }
 
 // A directory that requires a token, read from a file (as connexctl may read it too).
