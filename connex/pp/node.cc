@@ -1040,8 +1040,11 @@ class StageNode::Impl {
     }
     engine_.Release(id);
     releases_->Add(id, q.visited);
+    // What led to this outcome (re-prefills, failovers, ...) is in stats() before the caller
+    // hears of it: a caller that reads stats() after its request ended sees them.
     if (status.ok()) {
       ++stats_.completed;
+      PublishStats();
       if (q.done) q.done(id, std::vector<int32_t>(q.tokens.begin() + q.prompt_len, q.tokens.end()));
     } else {
       ++stats_.aborted;
@@ -1051,6 +1054,7 @@ class StageNode::Impl {
       } else {
         CONNEX_LOG_WARN("pp {}: {}", lid_.ToString(), AsStd(status.message()));
       }
+      PublishStats();
       if (q.done) q.done(id, status);
     }
   }

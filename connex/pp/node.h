@@ -176,8 +176,9 @@ class StageNode {
   // or the directory gave it up): it then refuses every step and request, and says so in the
   // log at ERROR level.
   absl::Status health() const;
-  // A snapshot published once per turn of the node's loop: it may lag a reply the node has
-  // just sent by that turn (wait for a counter with a deadline, never read it once).
+  // A snapshot published once per turn of the node's loop, and before a request's outcome is
+  // delivered (its callback then sees what led to it): it may lag a signal the node has just
+  // sent by that turn (wait for such a counter with a deadline, never read it once).
   StageNodeStats stats() const;
 
  private:
