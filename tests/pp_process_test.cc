@@ -455,17 +455,7 @@ TEST_P(PpProcessTest, LlamaGenerationThroughADirectoryKillAndRestartFailsNothing
 // and every request produces exactly the tokens of an undisturbed single-process run.
 TEST_P(PpProcessTest, LlamaStageKilledMidGenerationKeepsExactTokens) {
   std::string dir = ::testing::TempDir() + "/llama-" + GetParam() + "-" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  std::string model = dir + "/model.safetensors";
-  auto mk =
-      Subprocess::Start({BinDir() + "/connex-mkmodel", "--out", model, "--layers", "3", "--dim",
-                         "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--seed", "11"},
-                        {}, true);
-  ASSERT_TRUE(mk.has_value());
-  while (mk->ReadLine(10000)) {
-  }
-  ASSERT_EQ(mk->Wait(30000), 0) << mk->transcript();
-
+  const std::string model = MakeLlamaModel(dir);
   std::vector<std::string> llama = {"--engine", "llama", "--model-path", model};
   StartStages(llama);
   std::vector<std::string> owner_args = llama;
@@ -473,17 +463,7 @@ TEST_P(PpProcessTest, LlamaStageKilledMidGenerationKeepsExactTokens) {
   Subprocess owner = Node(0, 0, owner_args);
   ASSERT_TRUE(owner.WaitForLine("progress", 60000)) << owner.transcript();
   stages_.at({1, 0}).Signal(SIGKILL);
-
-  auto pipeline = engine::Pipeline::Load(model, kStages);
-  ASSERT_TRUE(pipeline.ok()) << pipeline.status();
-  Reference reference = [&](uint64_t id, int max_new) {
-    engine::GenerateOptions options;
-    options.max_tokens = max_new;
-    options.stop_at_eos = false;
-    auto g = engine::Generate(**pipeline, {PromptOf(id)}, options, /*first_request_id=*/1000 + id);
-    return g.ok() ? (*g)[0].tokens : std::vector<int32_t>{};
-  };
-  std::string done = CheckOwner(owner, 4, 120, 120000, reference);
+  std::string done = CheckOwner(owner, 4, 120, 120000, LlamaReference(model));
   EXPECT_THAT(done, ::testing::Not(HasSubstr("reprefills=0 ")));
   std::filesystem::remove_all(dir);
 }
