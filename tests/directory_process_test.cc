@@ -6,15 +6,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <atomic>
-#include <thread>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "connex/base/codec.h"
 #include "connex/base/subprocess.h"
@@ -630,9 +630,9 @@ TEST_F(StateDirectoryTest, AFloodOfExpensiveJoinsExpiresNoLease) {
     auto probe = Client();  // Connect is a HELLO round trip
     EXPECT_NE(probe, nullptr);
     worst_hello_ms = std::max<int64_t>(
-        worst_hello_ms, std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::steady_clock::now() - t0)
-                            .count());
+        worst_hello_ms,
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a probe's pace, not a wait
   }
   stop.store(true);

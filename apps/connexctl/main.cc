@@ -183,8 +183,9 @@ int main(int argc, char** argv) {
     bool known = false;
     for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == word;
     if (!known) {
-      std::cerr << "connexctl: unknown command '" << word
-                << "' (commands: status, serving, watch, resolve, join, leave, report-failed, keygen)\n";
+      std::cerr
+          << "connexctl: unknown command '" << word
+          << "' (commands: status, serving, watch, resolve, join, leave, report-failed, keygen)\n";
       return 2;
     }
     break;

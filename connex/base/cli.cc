@@ -1,7 +1,6 @@
 #include "connex/base/cli.h"
 
 #include <cstdlib>
-
 #include <string>
 
 #include "absl/strings/str_split.h"
@@ -33,11 +32,10 @@ CLI::Option* AddLogLevelFlag(CLI::App& app, std::string_view default_level) {
 }
 
 CLI::Option* AddInsecureFlag(CLI::App& app) {
-  return app
-      .add_flag_callback(
-          "--insecure", [] { setenv("CONNEX_INSECURE", "1", 1); },
-          "listen beyond loopback without authentication (CONNEX_INSECURE=1): the data plane and "
-          "HTTP always, ZeroMQ sockets without a CURVE key pair");
+  return app.add_flag_callback(
+      "--insecure", [] { setenv("CONNEX_INSECURE", "1", 1); },
+      "listen beyond loopback without authentication (CONNEX_INSECURE=1): the data plane and "
+      "HTTP always, ZeroMQ sockets without a CURVE key pair");
 }
 
 CLI::Validator SizeRange(uint64_t min, uint64_t max, bool list) {

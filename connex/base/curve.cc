@@ -40,8 +40,8 @@ absl::StatusOr<CurveKeyPair> GenerateCurveKeyPair() {
 
 absl::Status ValidateCurveKey(std::string_view z85, std::string_view what) {
   if (z85.size() != kZ85KeyLength) {
-    return absl::InvalidArgumentError(StrCat(what, ": a CURVE key is ", kZ85KeyLength,
-                                             " Z85 characters, this is ", z85.size()));
+    return absl::InvalidArgumentError(
+        StrCat(what, ": a CURVE key is ", kZ85KeyLength, " Z85 characters, this is ", z85.size()));
   }
   uint8_t raw[32];
   std::string text(z85);
@@ -56,9 +56,8 @@ absl::StatusOr<CurveKeyPair> LoadCurveKeyFile(const std::string& path) {
   CONNEX_RETURN_IF_ERROR(ValidateCurveKey(secret, StrCat("CURVE key file '", path, "'")));
   char pub[kZ85KeyLength + 1];
   if (zmq_curve_public(pub, secret.c_str()) != 0) {
-    return absl::InvalidArgumentError(StrCat("CURVE key file '", path,
-                                             "': cannot derive its public key: ",
-                                             zmq_strerror(zmq_errno())));
+    return absl::InvalidArgumentError(StrCat(
+        "CURVE key file '", path, "': cannot derive its public key: ", zmq_strerror(zmq_errno())));
   }
   return CurveKeyPair{pub, secret};
 }
@@ -253,9 +252,9 @@ void ZapHandler::Run() {
           text = "CURVE client key not authorized";
           uint64_t n = refused_.fetch_add(1) + 1;
           if (n <= kRefusalsLogged) {
-            CONNEX_LOG_WARN("{}: refused a connection from {}: its CURVE key {} is not authorized{}",
-                            name_, address, z85,
-                            n == kRefusalsLogged ? " (further refusals are only counted)" : "");
+            CONNEX_LOG_WARN(
+                "{}: refused a connection from {}: its CURVE key {} is not authorized{}", name_,
+                address, z85, n == kRefusalsLogged ? " (further refusals are only counted)" : "");
           }
         }
       } else {

@@ -399,8 +399,8 @@ class DirectoryClient::Impl {
                               absl::Milliseconds(options_.request_timeout_ms * 2))) {
       return absl::DeadlineExceededError(
           StrCat("directory ", options_.directory, ": no snapshot of ",
-                 key.empty() ? std::string("every model") : StrCat("model '", key, "'"),
-                 " within ", options_.request_timeout_ms * 2, " ms"));
+                 key.empty() ? std::string("every model") : StrCat("model '", key, "'"), " within ",
+                 options_.request_timeout_ms * 2, " ms"));
     }
     return absl::OkStatus();
   }
@@ -976,8 +976,8 @@ class DirectoryClient::Impl {
       if (event.revision <= sc.revision && incarnation == sc.incarnation) return;  // seen
       // Events of every model are numbered without gaps; a model's event names the revision of
       // the model's previous one.
-      bool follows = name.empty() ? event.revision == sc.revision + 1
-                                  : event.model_previous <= sc.revision;
+      bool follows =
+          name.empty() ? event.revision == sc.revision + 1 : event.model_previous <= sc.revision;
       if (incarnation != sc.incarnation || !follows) {
         sc.buffered.emplace_back(std::move(event), incarnation);
         sc.want_snapshot = true;
@@ -1086,12 +1086,12 @@ class DirectoryClient::Impl {
   // What one Watch keeps: "" every model, else one model.
   struct Scope {
     bool want_snapshot = true;
-    bool in_flight = false;      // its SNAPSHOT request is out
+    bool in_flight = false;  // its SNAPSHOT request is out
     bool have_snapshot = false;
-    bool synthesize = false;     // its first snapshot reports differences (it replaced scopes)
-    bool live = false;           // a message of its topic came: the subscription is up
-    uint64_t incarnation = 0;    // of the directory its snapshot came from
-    uint64_t revision = 0;       // "": the directory's revision; else the model's latest event
+    bool synthesize = false;   // its first snapshot reports differences (it replaced scopes)
+    bool live = false;         // a message of its topic came: the subscription is up
+    uint64_t incarnation = 0;  // of the directory its snapshot came from
+    uint64_t revision = 0;     // "": the directory's revision; else the model's latest event
     std::vector<std::pair<Event, uint64_t>> buffered;  // (event, its incarnation), to apply
   };
   std::map<std::string, Scope> scopes_ ABSL_GUARDED_BY(mu_);

@@ -103,9 +103,9 @@ absl::StatusOr<Snapshot> DecodeSnapshot(const wire::MapView& in) {
   CONNEX_ASSIGN_OR_RETURN(snapshot.revision, in.Uint("revision"));
   CONNEX_ASSIGN_OR_RETURN(snapshot.model_revision, in.UintOr("model_revision", snapshot.revision));
   if (snapshot.model_revision > snapshot.revision) {
-    return absl::InvalidArgumentError(StrCat(in.path(), ".model_revision: ",
-                                             snapshot.model_revision, " is above the revision ",
-                                             snapshot.revision));
+    return absl::InvalidArgumentError(StrCat(in.path(),
+                                             ".model_revision: ", snapshot.model_revision,
+                                             " is above the revision ", snapshot.revision));
   }
   CONNEX_ASSIGN_OR_RETURN(wire::ListView records, in.List("records"));
   snapshot.records.reserve(records.size());

@@ -383,8 +383,9 @@ class DirectoryServer::Loop {
   // watcher learns from the tick that its subscription is up. Bounded like the table.
   void Watched(const std::string& model) {
     if (watched_.size() >= options_.max_records && watched_.count(model) == 0) {
-      auto oldest = std::min_element(watched_.begin(), watched_.end(),
-                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+      auto oldest =
+          std::min_element(watched_.begin(), watched_.end(),
+                           [](const auto& a, const auto& b) { return a.second < b.second; });
       watched_.erase(oldest);
     }
     watched_[model] = options_.clock->NowMs();
@@ -436,14 +437,14 @@ absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
         std::pair<std::string_view, const std::string&>{"--pub", options.pub}}) {
     absl::StatusOr<TcpEndpoint> parsed = ParseTcpEndpoint(endpoint);
     if (!parsed.ok()) return Annotate(parsed.status(), StrCat("directory: ", flag));
-    CONNEX_RETURN_IF_ERROR(CheckListenExposure(StrCat("directory ", flag), parsed->host,
-                                               options.curve.enabled()));
+    CONNEX_RETURN_IF_ERROR(
+        CheckListenExposure(StrCat("directory ", flag), parsed->host, options.curve.enabled()));
   }
   std::unique_ptr<DirectoryServer> server(new DirectoryServer(std::move(options)));
   if (server->options_.curve.enabled()) {
-    CONNEX_ASSIGN_OR_RETURN(server->zap_, ZapHandler::Start(server->context_,
-                                                            server->options_.curve.authorized,
-                                                            "directory"));
+    CONNEX_ASSIGN_OR_RETURN(
+        server->zap_,
+        ZapHandler::Start(server->context_, server->options_.curve.authorized, "directory"));
   }
   zmq::socket_t router(server->context_, zmq::socket_type::router);
   zmq::socket_t pub(server->context_, zmq::socket_type::pub);

@@ -110,7 +110,8 @@ class ZmqSignalTransport : public SignalTransport {
       return Refuse(address, "the peer does not use CURVE and this node does");
     }
     if (!curve_.enabled() && !server_key.empty()) {
-      return Refuse(address, "the peer uses CURVE and this node has no key (CONNEX_CURVE_KEY_FILE)");
+      return Refuse(address,
+                    "the peer uses CURVE and this node has no key (CONNEX_CURVE_KEY_FILE)");
     }
     zmq::socket_t dealer(context_, zmq::socket_type::dealer);
     ConfigureZmqSocket(dealer, kMaxSignalBytes);
