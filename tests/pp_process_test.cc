@@ -151,10 +151,10 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
   std::string MakeLlamaModel(const std::string& dir) {
     std::filesystem::create_directories(dir);
     std::string model = dir + "/model.safetensors";
-    auto mk = Subprocess::Start({BinDir() + "/connex-mkmodel", "--out", model, "--layers", "3",
-                                 "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
-                                 "--seed", "11"},
-                                {}, true);
+    auto mk =
+        Subprocess::Start({BinDir() + "/connex-mkmodel", "--out", model, "--layers", "3", "--dim",
+                           "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--seed", "11"},
+                          {}, true);
     EXPECT_TRUE(mk.has_value());
     while (mk->ReadLine(10000)) {
     }
@@ -267,10 +267,10 @@ TEST_P(PpProcessTest, UnderCurveAKilledStageStillHandsOverAndStrangersAreRefused
   ASSERT_TRUE(WriteCurveKeyFiles(dir + "/stranger", *stranger).ok());
   const std::string key = "CONNEX_CURVE_KEY_FILE=" + dir + "/deploy.key";
   directory_.reset();
-  auto p = Subprocess::Start({BinDir() + "/connex-directory", "--bind", "tcp://127.0.0.1:0", "--pub",
-                              "tcp://127.0.0.1:0", "--lease-ttl-ms", "1500", "--heartbeat-ms",
-                              "300"},
-                             {key, "CONNEX_LOG_LEVEL=warn"});
+  auto p =
+      Subprocess::Start({BinDir() + "/connex-directory", "--bind", "tcp://127.0.0.1:0", "--pub",
+                         "tcp://127.0.0.1:0", "--lease-ttl-ms", "1500", "--heartbeat-ms", "300"},
+                        {key, "CONNEX_LOG_LEVEL=warn"});
   ASSERT_TRUE(p.has_value());
   directory_.emplace(std::move(*p));
   auto line = directory_->WaitForLine("listening", 10000);
@@ -285,8 +285,8 @@ TEST_P(PpProcessTest, UnderCurveAKilledStageStillHandsOverAndStrangersAreRefused
                                  "CONNEX_DIRECTORY_SERVER_KEY=" + shared->public_key},
         std::vector<std::string>{}}) {
     auto intruder = Subprocess::Start(
-        {BinDir() + "/pp_test_node", "--directory", bind_, "--backend", GetParam(), "--model",
-         "pp", "--stage", "1", "--stages", std::to_string(kStages), "--replica", "0"},
+        {BinDir() + "/pp_test_node", "--directory", bind_, "--backend", GetParam(), "--model", "pp",
+         "--stage", "1", "--stages", std::to_string(kStages), "--replica", "0"},
         env, /*capture_stderr=*/true);
     ASSERT_TRUE(intruder.has_value());
     std::optional<int> code = intruder->Wait(15000);

@@ -297,18 +297,17 @@ class DirectoryClient::Impl {
     }
     auto promise = std::make_shared<std::promise<absl::StatusOr<uint64_t>>>();
     std::future<absl::StatusOr<uint64_t>> future = promise->get_future();
-    SendHeartbeat(lid, epoch, body, /*scheduled=*/false,
-                  [promise](absl::StatusOr<uint64_t> held) {
-                    // A fresh Status for the caller's thread: one shared with this loop thread
-                    // is freed here by a refcount TSan cannot see (libabsl is not instrumented),
-                    // which it reports as a race with the caller reading the message.
-                    if (held.ok()) {
-                      promise->set_value(*held);
-                    } else {
-                      promise->set_value(absl::Status(held.status().code(),
-                                                      std::string(held.status().message())));
-                    }
-                  });
+    SendHeartbeat(lid, epoch, body, /*scheduled=*/false, [promise](absl::StatusOr<uint64_t> held) {
+      // A fresh Status for the caller's thread: one shared with this loop thread
+      // is freed here by a refcount TSan cannot see (libabsl is not instrumented),
+      // which it reports as a race with the caller reading the message.
+      if (held.ok()) {
+        promise->set_value(*held);
+      } else {
+        promise->set_value(
+            absl::Status(held.status().code(), std::string(held.status().message())));
+      }
+    });
     absl::StatusOr<uint64_t> held = future.get();
     if (held.ok() || held.status().code() == absl::StatusCode::kDeadlineExceeded ||
         held.status().code() == absl::StatusCode::kUnavailable) {
