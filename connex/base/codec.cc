@@ -146,6 +146,12 @@ MapBuilder& MapBuilder::List(std::string_view key, const ListBuilder& nested) {
   return *this;
 }
 
+MapBuilder& MapBuilder::Entries(const MapBuilder& other) {
+  buffer_.write(other.buffer_.data(), other.buffer_.size());
+  entries_ += other.entries_;
+  return *this;
+}
+
 void MapBuilder::AppendPacked(msgpack::sbuffer& out) const {
   msgpack::packer<msgpack::sbuffer> p(out);
   p.pack_map(static_cast<uint32_t>(entries_));

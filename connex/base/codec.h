@@ -49,8 +49,13 @@ class MapBuilder {
   MapBuilder& Map(std::string_view key, const MapBuilder& nested);
   MapBuilder& StrMap(std::string_view key, const std::map<std::string, std::string>& values);
   MapBuilder& List(std::string_view key, const ListBuilder& nested);
+  // Appends every entry of `other` (already encoded: a cached part of a reply is copied, not
+  // re-encoded). Keys must not repeat the ones already here.
+  MapBuilder& Entries(const MapBuilder& other);
 
   size_t size() const { return entries_; }
+  // Bytes of the encoded entries so far (without the map header).
+  size_t encoded_bytes() const { return buffer_.size(); }
   // Appends the packed map (header + entries) to `out`.
   void AppendPacked(msgpack::sbuffer& out) const;
 

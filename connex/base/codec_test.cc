@@ -51,6 +51,21 @@ TEST(CodecTest, RoundTripsEveryFieldKind) {
   EXPECT_EQ(*b.StrOr("absent", "d"), "d");
 }
 
+TEST(CodecTest, EntriesOfAnEncodedMapAreAppendedAsTheirOwn) {
+  MapBuilder cached;
+  cached.Uint("revision", 7).StrList("records", {"a", "b"});
+  MapBuilder body;
+  body.Uint("id", 3).Entries(cached).Entries(MapBuilder().Bool("last", true));
+  EXPECT_EQ(body.size(), 4u);
+  absl::StatusOr<Frame> frame = DecodeFrame(EncodeFrame("OK", body));
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  EXPECT_EQ(frame->body.size(), 4u);
+  EXPECT_EQ(*frame->body.Uint("id"), 3u);
+  EXPECT_EQ(*frame->body.Uint("revision"), 7u);
+  EXPECT_THAT(*frame->body.StrList("records"), ElementsAre("a", "b"));
+  EXPECT_TRUE(*frame->body.Bool("last"));
+}
+
 TEST(CodecTest, ErrorsNameTheField) {
   MapBuilder body;
   body.Uint("lid", 3).Int("epoch", -1);

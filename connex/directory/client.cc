@@ -569,7 +569,9 @@ class DirectoryClient::Impl {
       {
         connex::MutexLock lock(&mu_);
         for (const auto& [name, scope] : scopes_) {
-          if (scope.want_snapshot && !scope.in_flight) wanted.push_back(name);
+          if (scope.want_snapshot && !scope.in_flight && now >= scope.retry_at_ms) {
+            wanted.push_back(name);
+          }
         }
       }
       for (const std::string& name : wanted) RequestSnapshot(name);
@@ -831,10 +833,21 @@ class DirectoryClient::Impl {
         connex::MutexLock lock(&mu_);
         auto it = scopes_.find(name);
         if (it != scopes_.end()) {
-          it->second.in_flight = false;
-          it->second.want_snapshot = true;
+          // Retried with backoff (50 ms doubling to 1 s): a directory that refuses snapshots
+          // under load (too many unread replies) is not asked again at once.
+          Scope& sc = it->second;
+          sc.in_flight = false;
+          sc.want_snapshot = true;
+          sc.retry_at_ms =
+              clock_->NowMs() + std::min<int64_t>(1000, int64_t{50} << std::min(sc.failures, 5));
+          ++sc.failures;
         }
         return;
+      }
+      {
+        connex::MutexLock lock(&mu_);
+        auto it = scopes_.find(name);
+        if (it != scopes_.end()) it->second.failures = 0;
       }
       InstallSnapshot(name, *std::move(snapshot));
     });
@@ -1099,6 +1112,8 @@ class DirectoryClient::Impl {
     bool have_snapshot = false;
     bool synthesize = false;   // its first snapshot reports differences (it replaced scopes)
     bool live = false;         // a message of its topic came: the subscription is up
+    int failures = 0;          // snapshots refused or lost in a row
+    int64_t retry_at_ms = 0;   // after a failure: no new request before (backoff)
     uint64_t incarnation = 0;  // of the directory its snapshot came from
     uint64_t revision = 0;     // "": the directory's revision; else the model's latest event
     std::vector<std::pair<Event, uint64_t>> buffered;  // (event, its incarnation), to apply

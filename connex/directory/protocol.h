@@ -41,6 +41,18 @@ inline constexpr std::string_view kTickTopic = "~";
 // kDefaultMaxRecordBytes this bounds a slow or stopped subscriber's backlog to about 8 MiB.
 inline constexpr int kPubHighWaterMark = 1000;
 
+// Replies the server has handed to ZeroMQ that have not yet left for the network, in bytes: a
+// client that asks and never reads would otherwise make the directory queue its replies (up to
+// ZeroMQ's 1000 messages a connection, each snapshot up to a frame's 16 MiB). Above the first
+// limit a connection's SNAPSHOTs are refused (ResourceExhausted) until it reads; above the second,
+// over every connection, SNAPSHOTs are refused for now (Unavailable; a watcher retries with
+// backoff). Other requests are never refused for it: their replies are small.
+inline constexpr int64_t kMaxUnreadBytesPerConnection = 4 << 20;
+inline constexpr int64_t kMaxUnreadBytes = 256 << 20;
+// SNAPSHOTs waiting to be served (they are served after the cheap requests of each turn, within a
+// time budget, so that no flood of them delays a heartbeat); more are refused (Unavailable).
+inline constexpr size_t kMaxPendingSnapshots = 16384;
+
 // Largest request the server accepts (ZMQ_MAXMSGSIZE on its ROUTER socket).
 inline constexpr int64_t kMaxRequestBytes = 1 << 20;
 // Limits on fields of a record.

@@ -1,9 +1,13 @@
 #include "connex/directory/server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <deque>
 #include <map>
+#include <memory>
 #include <random>
+#include <unordered_map>
 #include <vector>
 
 #include "connex/base/codec.h"
@@ -24,6 +28,35 @@ uint64_t WallClockMillis() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
+}
+
+// Bytes of replies handed to ZeroMQ and not yet sent (or dropped): libzmq frees a message's
+// data once it has written it to the connection, or when the connection goes. Counted per
+// connection and in total; the counters outlive the loop (libzmq may free a message after it).
+struct Unread {
+  std::atomic<int64_t> total{0};
+};
+
+struct ReplyData {
+  std::string bytes;
+  std::shared_ptr<Unread> unread;
+  std::shared_ptr<std::atomic<int64_t>> connection;
+  // Set (release) by the loop before libzmq takes the message, read (acquire) by FreeReply: the
+  // hand-over inside libzmq is invisible to ThreadSanitizer, this edge is not.
+  std::atomic<bool> handed_over{false};
+};
+
+// Runs on whichever thread libzmq releases the message on.
+void FreeReply(void* /*data*/, void* hint) {
+  std::unique_ptr<ReplyData> reply(static_cast<ReplyData*>(hint));
+  (void)reply->handed_over.load(std::memory_order_acquire);
+  const auto n = static_cast<int64_t>(reply->bytes.size());
+  reply->unread->total.fetch_sub(n, std::memory_order_relaxed);
+  reply->connection->fetch_sub(n, std::memory_order_relaxed);
+}
+
+std::string Mib(int64_t bytes) {
+  return bytes >= (1 << 20) ? StrCat(bytes >> 20, " MiB") : StrCat(bytes >> 10, " KiB");
 }
 
 }  // namespace
@@ -109,6 +142,7 @@ class DirectoryServer::Loop {
       int64_t timeout = std::min<int64_t>(50, std::max<int64_t>(0, next_tick - now));
       std::optional<int64_t> expiry = registry_.MsUntilNextExpiry();
       if (expiry) timeout = std::min(timeout, *expiry);
+      if (!snapshots_.empty()) timeout = 0;
       zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0}};
       try {
         zmq::poll(items, 1, std::chrono::milliseconds(timeout));
@@ -132,6 +166,7 @@ class DirectoryServer::Loop {
       }
       SendReplies();
       Publish();
+      ServeSnapshots();
       now = options_.clock->NowMs();
       if (now >= next_tick) {
         PublishTick();
@@ -179,6 +214,19 @@ class DirectoryServer::Loop {
       if (!id.ok()) {
         server_->requests_rejected_.fetch_add(1);
         reply = EncodeError(0, Annotate(id.status(), "directory: malformed request"));
+      } else if (frame->type == kSnapshot) {
+        // Checked now, served after this turn's cheap requests (ServeSnapshots).
+        absl::StatusOr<PendingSnapshot> pending = ParseSnapshot(frame->body);
+        if (pending.ok()) {
+          pending->id = *id;
+          pending->envelope = std::move(envelope);
+          snapshots_.push_back(*std::move(pending));
+          return;
+        }
+        if (pending.status().code() == absl::StatusCode::kInvalidArgument) {
+          server_->requests_rejected_.fetch_add(1);
+        }
+        reply = EncodeError(*id, pending.status());
       } else {
         absl::StatusOr<std::string> ok = Dispatch(*frame, *id);
         if (ok.ok()) {
@@ -196,16 +244,126 @@ class DirectoryServer::Loop {
   }
 
   void SendReplies() {
-    for (Reply& r : replies_) {
-      try {
-        for (zmq::message_t& e : r.envelope)
-          router_.send(e, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-        router_.send(zmq::buffer(r.frame), zmq::send_flags::dontwait);
-      } catch (const zmq::error_t& e) {
-        CONNEX_LOG_DEBUG("directory: reply dropped: {}", e.what());
-      }
-    }
+    for (Reply& r : replies_) Send(r.envelope, std::move(r.frame));
     replies_.clear();
+  }
+
+  // The counter of unsent reply bytes of the connection `envelope` names (its ROUTER identity).
+  std::shared_ptr<std::atomic<int64_t>> UnreadOf(const std::vector<zmq::message_t>& envelope) {
+    std::string identity = envelope.empty() ? std::string() : std::string(AsView(envelope[0]));
+    if (unread_by_connection_.size() >= prune_unread_at_) {
+      // Connections with nothing unread are forgotten; the table is as large as those with a
+      // backlog, which the total limit bounds.
+      std::erase_if(unread_by_connection_,
+                    [](const auto& entry) { return entry.second->load() <= 0; });
+      prune_unread_at_ = std::max<size_t>(1024, 2 * unread_by_connection_.size());
+    }
+    auto& counter = unread_by_connection_[identity];
+    if (counter == nullptr) counter = std::make_shared<std::atomic<int64_t>>(0);
+    return counter;
+  }
+
+  // Sends one reply without copying it, counted as unread until libzmq is done with it.
+  void Send(std::vector<zmq::message_t>& envelope, std::string frame) {
+    auto data = std::make_unique<ReplyData>();
+    data->bytes = std::move(frame);
+    data->unread = unread_;
+    data->connection = UnreadOf(envelope);
+    const auto n = static_cast<int64_t>(data->bytes.size());
+    unread_->total.fetch_add(n, std::memory_order_relaxed);
+    data->connection->fetch_add(n, std::memory_order_relaxed);
+    char* bytes = data->bytes.data();
+    const size_t size = data->bytes.size();
+    data->handed_over.store(true, std::memory_order_release);
+    // From here libzmq owns `data`: FreeReply runs when the message is sent or dropped.
+    zmq::message_t message(bytes, size, &FreeReply, data.release());
+    try {
+      for (zmq::message_t& e : envelope)
+        router_.send(e, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      router_.send(message, zmq::send_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      CONNEX_LOG_DEBUG("directory: reply dropped: {}", e.what());
+    }
+  }
+
+  struct PendingSnapshot {
+    std::vector<zmq::message_t> envelope;
+    uint64_t id = 0;
+    std::optional<std::string> model;
+    std::optional<uint32_t> group;
+  };
+
+  absl::StatusOr<PendingSnapshot> ParseSnapshot(const wire::MapView& body) {
+    // The table (addresses of every endpoint) is for members of the deployment only.
+    CONNEX_RETURN_IF_ERROR(Annotate(CheckToken(body), "directory: SNAPSHOT"));
+    PendingSnapshot p;
+    if (body.Has("model")) {
+      CONNEX_ASSIGN_OR_RETURN(p.model, body.Str("model"));
+    }
+    if (body.Has("group")) {
+      CONNEX_ASSIGN_OR_RETURN(uint64_t g, body.Uint("group"));
+      if (g > UINT32_MAX) return absl::InvalidArgumentError("SNAPSHOT.group: out of range");
+      p.group = static_cast<uint32_t>(g);
+    }
+    if (snapshots_.size() >= kMaxPendingSnapshots) {
+      return absl::UnavailableError(StrCat("directory: SNAPSHOT refused: ", snapshots_.size(),
+                                           " snapshots are waiting to be served; retry"));
+    }
+    return p;
+  }
+
+  // Serves waiting SNAPSHOTs for at most kSnapshotBudgetMs, then returns to the loop (heartbeats
+  // and other cheap requests are handled in between). A snapshot is encoded once per revision
+  // and scope, and copied for each request of it.
+  void ServeSnapshots() {
+    const int64_t start = options_.clock->NowMs();
+    while (!snapshots_.empty()) {
+      PendingSnapshot p = std::move(snapshots_.front());
+      snapshots_.pop_front();
+      std::shared_ptr<std::atomic<int64_t>> connection = UnreadOf(p.envelope);
+      std::string reply;
+      if (const int64_t mine = connection->load(); mine > kMaxUnreadBytesPerConnection) {
+        ++server_->snapshots_refused_;
+        reply = EncodeError(
+            p.id, absl::ResourceExhaustedError(
+                      StrCat("directory: SNAPSHOT refused: ", Mib(mine),
+                             " of earlier replies to this connection are unread (the limit is ",
+                             Mib(kMaxUnreadBytesPerConnection), "); read them, then ask again")));
+      } else if (const int64_t all = unread_->total.load(); all > kMaxUnreadBytes) {
+        ++server_->snapshots_refused_;
+        reply = EncodeError(p.id, absl::UnavailableError(StrCat(
+                                      "directory: SNAPSHOT refused for now: ", Mib(all),
+                                      " of replies are unread by their clients (the limit is ",
+                                      Mib(kMaxUnreadBytes), "); retry")));
+      } else {
+        if (p.model) Watched(*p.model);
+        wire::MapBuilder out;
+        out.Uint("id", p.id).Entries(EncodedSnapshot(p.model, p.group));
+        reply = wire::EncodeFrame(kOk, out);
+        server_->requests_served_.fetch_add(1);
+      }
+      Send(p.envelope, std::move(reply));
+      if (options_.clock->NowMs() - start >= kSnapshotBudgetMs) break;
+    }
+  }
+
+  // The encoded snapshot of a scope at the current revision (records' lease_left_ms at most
+  // kSnapshotCacheMs old).
+  const wire::MapBuilder& EncodedSnapshot(const std::optional<std::string>& model,
+                                          std::optional<uint32_t> group) {
+    const int64_t now = options_.clock->NowMs();
+    if (cache_revision_ != registry_.revision() || now - cache_at_ms_ > kSnapshotCacheMs ||
+        cache_.size() >= kMaxCachedSnapshots) {
+      cache_.clear();
+      cache_revision_ = registry_.revision();
+      cache_at_ms_ = now;
+    }
+    std::unique_ptr<wire::MapBuilder>& entry = cache_[{model, group}];
+    if (entry == nullptr) {
+      entry = std::make_unique<wire::MapBuilder>();
+      EncodeSnapshot(registry_.Snap(server_->incarnation_, model, group), entry.get());
+    }
+    return *entry;
   }
 
   absl::Status CheckToken(const wire::MapView& body) {
@@ -240,25 +398,6 @@ class DirectoryServer::Loop {
           .Int("heartbeat_ms", options_.heartbeat_ms)
           .Bool("auth", !options_.token.empty())
           .Uint("version", wire::kVersion);
-      return wire::EncodeFrame(kOk, out);
-    }
-    if (type == kSnapshot) {
-      // The table (addresses of every endpoint) is for members of the deployment only.
-      CONNEX_RETURN_IF_ERROR(Annotate(CheckToken(body), "directory: SNAPSHOT"));
-      std::optional<std::string> model;
-      std::optional<uint32_t> group;
-      if (body.Has("model")) {
-        CONNEX_ASSIGN_OR_RETURN(model, body.Str("model"));
-      }
-      if (body.Has("group")) {
-        CONNEX_ASSIGN_OR_RETURN(uint64_t g, body.Uint("group"));
-        if (g > UINT32_MAX) return absl::InvalidArgumentError("SNAPSHOT.group: out of range");
-        group = static_cast<uint32_t>(g);
-      }
-      if (model) Watched(*model);
-      wire::MapBuilder out;
-      out.Uint("id", id);
-      EncodeSnapshot(registry_.Snap(server_->incarnation_, model, group), &out);
       return wire::EncodeFrame(kOk, out);
     }
     if (type == kJoin || type == kLeave || type == kHeartbeat || type == kReportFailed) {
@@ -414,7 +553,19 @@ class DirectoryServer::Loop {
   bool saved_ = false;
   uint64_t saved_next_epoch_ = 0;
   uint64_t saved_revision_ = 0;
-  std::vector<Reply> replies_;  // answers of one batch, sent once its state is durable
+  std::vector<Reply> replies_;             // answers of one batch, sent once its state is durable
+  std::deque<PendingSnapshot> snapshots_;  // checked, waiting for ServeSnapshots
+  static constexpr int64_t kSnapshotBudgetMs = 20;
+  static constexpr int64_t kSnapshotCacheMs = 100;
+  static constexpr size_t kMaxCachedSnapshots = 64;
+  std::map<std::pair<std::optional<std::string>, std::optional<uint32_t>>,
+           std::unique_ptr<wire::MapBuilder>>
+      cache_;
+  uint64_t cache_revision_ = 0;
+  int64_t cache_at_ms_ = 0;
+  std::shared_ptr<Unread> unread_ = std::make_shared<Unread>();
+  std::unordered_map<std::string, std::shared_ptr<std::atomic<int64_t>>> unread_by_connection_;
+  size_t prune_unread_at_ = 1024;
   static constexpr int64_t kWatchedForMs = 60'000;
   std::map<std::string, int64_t> watched_;  // model -> when it was last snapshotted
 };

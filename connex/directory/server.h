@@ -77,6 +77,8 @@ class DirectoryServer {
   // Requests served and malformed requests seen so far.
   uint64_t requests_served() const { return requests_served_.load(); }
   uint64_t requests_rejected() const { return requests_rejected_.load(); }
+  // SNAPSHOTs refused because their clients left too many replies unread (protocol.h).
+  uint64_t snapshots_refused() const { return snapshots_refused_.load(); }
   // Connections refused by CURVE (a wrong or missing client key).
   uint64_t connections_refused() const { return zap_ ? zap_->refused() : 0; }
 
@@ -96,6 +98,7 @@ class DirectoryServer {
   std::atomic<int> drop_events_{0};
   std::atomic<uint64_t> requests_served_{0};
   std::atomic<uint64_t> requests_rejected_{0};
+  std::atomic<uint64_t> snapshots_refused_{0};
 };
 
 }  // namespace connex::directory
