@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "connex/base/logging.h"
+#include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/base/zmq_util.h"
 
@@ -32,8 +33,17 @@ std::optional<uint64_t> DecodeId(std::string_view bytes) {
   return id;
 }
 
-// `zmq+tcp://HOST:PORT` -> `tcp://HOST:PORT`, checking the size too.
-absl::StatusOr<std::string> EndpointOf(std::string_view address, size_t bytes) {
+constexpr std::string_view kCurveQuery = "?curve=";
+
+struct Destination {
+  std::string endpoint;    // tcp://HOST:PORT
+  std::string server_key;  // Z85; empty without CURVE
+};
+
+// `zmq+tcp://HOST:PORT[?curve=HEX]` -> `tcp://HOST:PORT` and the inbox's key, checking the size
+// and that both sides agree on CURVE.
+absl::StatusOr<Destination> DestinationOf(std::string_view address, size_t bytes,
+                                          const CurveSettings& curve) {
   if (address.substr(0, kMessageScheme.size()) != kMessageScheme) {
     return absl::InvalidArgumentError(
         StrCat("message address '", address, "' must look like zmq+tcp://HOST:PORT"));
@@ -42,23 +52,52 @@ absl::StatusOr<std::string> EndpointOf(std::string_view address, size_t bytes) {
     return absl::InvalidArgumentError(
         StrCat("message of ", bytes, " bytes exceeds the limit of ", kMaxMessageBytes));
   }
-  std::string endpoint(address.substr(4));  // drop "zmq+"
-  absl::Status endpoint_ok = ParseTcpEndpoint(endpoint).status();
+  Destination d;
+  d.endpoint = std::string(address.substr(4));  // drop "zmq+"
+  if (size_t query = d.endpoint.find(kCurveQuery); query != std::string::npos) {
+    absl::StatusOr<std::string> key =
+        CurveKeyFromHex(std::string_view(d.endpoint).substr(query + kCurveQuery.size()));
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(
+          StrCat("message address '", address, "': ", key.status().message()));
+    }
+    d.server_key = *std::move(key);
+    d.endpoint.resize(query);
+  }
+  absl::Status endpoint_ok = ParseTcpEndpoint(d.endpoint).status();
   if (!endpoint_ok.ok()) return endpoint_ok;
-  return endpoint;
+  if (curve.enabled() && d.server_key.empty()) {
+    return absl::FailedPreconditionError(
+        StrCat(address, ": the inbox does not use CURVE and this sender does"));
+  }
+  if (!curve.enabled() && !d.server_key.empty()) {
+    return absl::FailedPreconditionError(StrCat(
+        address, ": the inbox uses CURVE and this sender has no key (CONNEX_CURVE_KEY_FILE)"));
+  }
+  return d;
 }
 
 }  // namespace
 
 // ---- MessageInbox ----
 
-absl::StatusOr<std::unique_ptr<MessageInbox>> MessageInbox::Start(std::string host) {
+absl::StatusOr<std::unique_ptr<MessageInbox>> MessageInbox::Start(std::string host,
+                                                                  CurveSettings curve) {
+  CONNEX_RETURN_IF_ERROR(CheckListenExposure("message inbox", host, curve.enabled()));
   std::unique_ptr<MessageInbox> inbox(new MessageInbox());
+  if (curve.enabled()) {
+    CONNEX_ASSIGN_OR_RETURN(inbox->zap_,
+                            ZapHandler::Start(inbox->context_, curve.authorized, "message inbox"));
+  }
   inbox->socket_ = zmq::socket_t(inbox->context_, zmq::socket_type::router);
   ConfigureZmqSocket(inbox->socket_, kMaxMessageBytes);
+  MakeCurveServer(inbox->socket_, curve);
   absl::StatusOr<std::string> bound = BindZmq(inbox->socket_, StrCat("tcp://", host, ":0"));
   if (!bound.ok()) return bound.status();
   inbox->address_ = StrCat("zmq+", *bound);
+  if (curve.enabled()) {
+    inbox->address_ += StrCat(kCurveQuery, CurveKeyToHex(curve.keys->public_key));
+  }
   inbox->thread_ = std::thread([p = inbox.get()] { p->Run(); });
   return inbox;
 }
@@ -86,6 +125,12 @@ void MessageInbox::Run() {
         continue;  // not [identity][id][payload]
       {
         connex::MutexLock lock(&mu_);
+        if (queued_bytes_ + parts[2].size() > kMaxInboxBytes) {
+          // Not acknowledged: the sender fails as for a dead peer, and may try again.
+          messages_refused_.fetch_add(1);
+          continue;
+        }
+        queued_bytes_ += parts[2].size();
         queue_.emplace_back(AsView(parts[2]));
       }
       try {
@@ -107,6 +152,7 @@ std::optional<std::string> MessageInbox::Receive(int64_t timeout_ms) {
   }
   std::string out = std::move(queue_.front());
   queue_.pop_front();
+  queued_bytes_ -= out.size();
   return out;
 }
 
@@ -144,8 +190,8 @@ void MessageChannels::Wake() {
 
 absl::Status MessageChannels::Send(const ChannelKey& key, std::string_view address,
                                    std::string_view bytes, int64_t timeout_ms) {
-  absl::StatusOr<std::string> endpoint = EndpointOf(address, bytes.size());
-  if (!endpoint.ok()) return endpoint.status();
+  absl::StatusOr<Destination> to = DestinationOf(address, bytes.size(), options_.curve);
+  if (!to.ok()) return to.status();
   uint64_t id = 0;
   {
     connex::MutexLock lock(&mu_);
@@ -156,7 +202,8 @@ absl::Status MessageChannels::Send(const ChannelKey& key, std::string_view addre
     if (closing != closing_.end()) return absl::UnavailableError(closing->second);
     id = next_id_++;
     pending_.emplace(id, Pending{key, std::nullopt});
-    outbox_.push_back(Outgoing{key, *std::move(endpoint), id, std::string(bytes)});
+    outbox_.push_back(
+        Outgoing{key, std::move(to->endpoint), std::move(to->server_key), id, std::string(bytes)});
   }
   Wake();
   connex::MutexLock lock(&mu_);
@@ -294,6 +341,7 @@ void MessageChannels::Run() {
           zmq::socket_t socket(context_, zmq::socket_type::dealer);
           ConfigureZmqSocket(socket, kMaxMessageBytes);
           socket.set(zmq::sockopt::sndhwm, options_.send_queue);
+          MakeCurveClient(socket, options_.curve, out.server_key);
           socket.connect(out.endpoint);
           it = channels_.emplace(out.key, Channel{std::move(socket), out.endpoint}).first;
           connex::MutexLock lock(&mu_);
@@ -324,13 +372,14 @@ void MessageChannels::Run() {
 // ---- SendMessage ----
 
 absl::Status SendMessage(zmq::context_t& context, std::string_view address, std::string_view bytes,
-                         int64_t timeout_ms) {
-  absl::StatusOr<std::string> endpoint = EndpointOf(address, bytes.size());
-  if (!endpoint.ok()) return endpoint.status();
+                         int64_t timeout_ms, const CurveSettings& curve) {
+  absl::StatusOr<Destination> to = DestinationOf(address, bytes.size(), curve);
+  if (!to.ok()) return to.status();
   try {
     zmq::socket_t socket(context, zmq::socket_type::dealer);
     ConfigureZmqSocket(socket, kMaxMessageBytes);
-    socket.connect(*endpoint);
+    MakeCurveClient(socket, curve, to->server_key);
+    socket.connect(to->endpoint);
     std::string id = EncodeId(1);
     socket.send(zmq::buffer(id), zmq::send_flags::sndmore);
     socket.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none);

@@ -1,4 +1,6 @@
-// Acknowledged message channels over ZeroMQ, addressed as `zmq+tcp://HOST:PORT`: a MessageInbox
+// Acknowledged message channels over ZeroMQ, addressed as `zmq+tcp://HOST:PORT`, with CURVE
+// `zmq+tcp://HOST:PORT?curve=HEX` (the inbox's public key, so that a sender learns it from the
+// directory with the address; connex/base/curve.h): a MessageInbox
 // receives and acknowledges; MessageChannels keeps one persistent connection per peer incarnation
 // and sends over it; SendMessage is a one-shot send for tools. ElasticPeerSet::Send uses
 // MessageChannels; the step protocol (connex/pp) has its own signals.
@@ -18,6 +20,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "connex/base/curve.h"
 #include "connex/base/lid.h"
 #include "connex/base/mutex.h"
 #include "zmq.hpp"
@@ -27,15 +30,25 @@ namespace connex::elastic {
 inline constexpr std::string_view kMessageScheme = "zmq+tcp://";
 // Largest message the channel carries.
 inline constexpr int64_t kMaxMessageBytes = 64 << 20;
+// Bytes an inbox holds that Receive has not taken; beyond, it acknowledges nothing more (the
+// sender's Send fails as for a dead peer) until the receiver catches up.
+inline constexpr size_t kMaxInboxBytes = 256 << 20;
 
 class MessageInbox {
  public:
-  // Binds on `host` at a free port.
-  static absl::StatusOr<std::unique_ptr<MessageInbox>> Start(std::string host = "127.0.0.1");
+  // Binds on `host` at a free port. With a CURVE key pair the inbox is a CURVE server that admits
+  // the authorized keys only; without one, a non-loopback `host` is refused (InvalidArgument)
+  // unless CONNEX_INSECURE=1.
+  static absl::StatusOr<std::unique_ptr<MessageInbox>> Start(std::string host = "127.0.0.1",
+                                                             CurveSettings curve = {});
   ~MessageInbox();
 
-  // `zmq+tcp://HOST:PORT`, what the endpoint publishes in the directory.
+  // `zmq+tcp://HOST:PORT` (with CURVE `...?curve=HEX`), what the endpoint publishes in the
+  // directory.
   const std::string& address() const { return address_; }
+  // Connections refused by CURVE, and messages refused because the inbox was full.
+  uint64_t connections_refused() const { return zap_ ? zap_->refused() : 0; }
+  uint64_t messages_refused() const { return messages_refused_.load(); }
 
   // The next message, or nullopt after `timeout_ms`.
   std::optional<std::string> Receive(int64_t timeout_ms);
@@ -48,12 +61,15 @@ class MessageInbox {
   void Run();
 
   zmq::context_t context_;
-  zmq::socket_t socket_;  // loop thread
+  std::unique_ptr<ZapHandler> zap_;  // with CURVE: decides which client keys get in
+  zmq::socket_t socket_;             // loop thread
   std::string address_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> messages_refused_{0};
   connex::Mutex mu_;
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
+  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A channel is named by the peer incarnation it talks to: epochs never repeat, so a closed
@@ -65,6 +81,9 @@ struct MessageChannelsOptions {
   int send_queue = 1000;
   // Closed channels remembered, so that a Send racing with Close fails instead of reopening.
   size_t max_closed = 1024;
+  // With a key pair, channels are CURVE clients of inboxes whose address carries their key
+  // (`?curve=HEX`); a Send between a CURVE side and a plain one fails (FailedPrecondition).
+  CurveSettings curve = {};
 };
 
 // Persistent acknowledged channels: one DEALER per peer incarnation, opened at the first Send
@@ -84,7 +103,8 @@ class MessageChannels {
   // Sends `bytes` to the inbox at `address` over channel `key` and blocks up to `timeout_ms`
   // for its acknowledgement. Unavailable: no acknowledgement in time, the send queue is full, or
   // the channel was closed (the message is Close's reason). InvalidArgument: the address is not
-  // `zmq+tcp://HOST:PORT` or the message is too large.
+  // `zmq+tcp://HOST:PORT[?curve=HEX]` or the message is too large. FailedPrecondition: one side
+  // uses CURVE and the other does not.
   absl::Status Send(const ChannelKey& key, std::string_view address, std::string_view bytes,
                     int64_t timeout_ms);
 
@@ -102,7 +122,8 @@ class MessageChannels {
  private:
   struct Outgoing {
     ChannelKey key;
-    std::string endpoint;  // tcp://HOST:PORT
+    std::string endpoint;    // tcp://HOST:PORT
+    std::string server_key;  // the inbox's CURVE public key (Z85); empty without CURVE
     uint64_t id;
     std::string bytes;
   };
@@ -148,7 +169,7 @@ class MessageChannels {
 // `timeout_ms` for its acknowledgement (for tools; senders of many messages use
 // MessageChannels). Unavailable: no acknowledgement. InvalidArgument: as MessageChannels::Send.
 absl::Status SendMessage(zmq::context_t& context, std::string_view address, std::string_view bytes,
-                         int64_t timeout_ms);
+                         int64_t timeout_ms, const CurveSettings& curve = {});
 
 }  // namespace connex::elastic
 

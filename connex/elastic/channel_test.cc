@@ -1,5 +1,7 @@
 #include "connex/elastic/channel.h"
 
+#include <stdlib.h>
+
 #include <future>
 #include <thread>
 
@@ -106,6 +108,63 @@ TEST(ChannelTest, RejectsBadAddresses) {
   ASSERT_TRUE(channels.ok());
   EXPECT_EQ((*channels)->Send(kKey, "tcp://127.0.0.1:1", "x", 10).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 12: the message channels take the deployment's CURVE keys as the directory and the
+// signal sockets do: authorized senders are heard, strangers and plain senders are not.
+TEST(ChannelTest, UnderCurveOnlyAuthorizedSendersAreHeard) {
+  absl::StatusOr<CurveKeyPair> deploy = GenerateCurveKeyPair();
+  absl::StatusOr<CurveKeyPair> other = GenerateCurveKeyPair();
+  ASSERT_TRUE(deploy.ok() && other.ok());
+  auto inbox = MessageInbox::Start("127.0.0.1", CurveSettings::Shared(*deploy));
+  ASSERT_TRUE(inbox.ok()) << inbox.status();
+  EXPECT_THAT((*inbox)->address(), HasSubstr("?curve="));
+
+  MessageChannelsOptions member;
+  member.curve = CurveSettings::Shared(*deploy);
+  auto channels = MessageChannels::Start(member);
+  ASSERT_TRUE(channels.ok());
+  ASSERT_TRUE((*channels)->Send(kKey, (*inbox)->address(), "sealed", 3000).ok());
+  EXPECT_EQ((*inbox)->Receive(1000), "sealed");
+
+  // A stranger's key: the handshake is refused, nothing is acknowledged or received.
+  MessageChannelsOptions stranger;
+  stranger.curve = CurveSettings::Shared(*other);
+  auto strangers = MessageChannels::Start(stranger);
+  ASSERT_TRUE(strangers.ok());
+  absl::Status refused = (*strangers)->Send(kKey, (*inbox)->address(), "forged", 300);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_TRUE(WaitUntil([&] { return (*inbox)->connections_refused() >= 1; }, 5000));
+  EXPECT_EQ((*inbox)->Receive(100), std::nullopt);
+
+  // A sender without keys, and a CURVE sender to a plain inbox, fail at once naming why.
+  zmq::context_t context(1);
+  absl::Status plain = SendMessage(context, (*inbox)->address(), "x", 300);
+  EXPECT_EQ(plain.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(plain.message()),
+              HasSubstr("the inbox uses CURVE and this sender has no key"));
+  auto open = MessageInbox::Start();
+  ASSERT_TRUE(open.ok());
+  absl::Status mismatch = (*channels)->Send(kKey, (*open)->address(), "x", 300);
+  EXPECT_EQ(mismatch.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(mismatch.message()), HasSubstr("the inbox does not use CURVE"));
+  // A malformed key in an address is named.
+  EXPECT_EQ(SendMessage(context, "zmq+tcp://127.0.0.1:1?curve=zz", "x", 10).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChannelTest, ANonLoopbackInboxNeedsCurveOrInsecure) {
+  unsetenv("CONNEX_INSECURE");
+  auto open = MessageInbox::Start("0.0.0.0");
+  ASSERT_FALSE(open.ok());
+  EXPECT_EQ(open.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(open.status().message()), HasSubstr("--insecure"));
+  absl::StatusOr<CurveKeyPair> keys = GenerateCurveKeyPair();
+  ASSERT_TRUE(keys.ok());
+  EXPECT_TRUE(MessageInbox::Start("0.0.0.0", CurveSettings::Shared(*keys)).ok());
+  setenv("CONNEX_INSECURE", "1", 1);
+  EXPECT_TRUE(MessageInbox::Start("0.0.0.0").ok());
+  unsetenv("CONNEX_INSECURE");
 }
 
 }  // namespace

@@ -270,7 +270,9 @@ absl::Status ElasticPeerSet::Send(const Lid& lid, std::string_view bytes) {
           StrCat("peer ", lid.ToString(), " publishes no ", kMessageScheme, " address"));
     }
     if (channels_ == nullptr) {
-      CONNEX_ASSIGN_OR_RETURN(channels_, MessageChannels::Start());
+      MessageChannelsOptions channel_options;
+      channel_options.curve = options_.curve;
+      CONNEX_ASSIGN_OR_RETURN(channels_, MessageChannels::Start(std::move(channel_options)));
     }
     channels = channels_.get();  // lives as long as the peer set
   }

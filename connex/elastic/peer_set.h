@@ -61,6 +61,8 @@ struct ElasticPeerSetOptions {
   // Attempts to watch (transport Connect) a new live peer, `watch_retry_ms` apart.
   int watch_attempts = 3;
   int64_t watch_retry_ms = 200;
+  // Send's channels are CURVE clients with this key pair (MessageChannelsOptions::curve).
+  CurveSettings curve = {};
 };
 
 struct ElasticPeerSetStats {
