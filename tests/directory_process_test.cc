@@ -442,6 +442,23 @@ class StateDirectoryTest : public DirectoryProcessTest {
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? *std::move(client) : nullptr;
   }
+
+  // Connects new clients (each Connect is a HELLO round trip) for `duration`, five a second,
+  // and returns the slowest round trip.
+  int64_t SlowestHelloMs(std::chrono::seconds duration) {
+    int64_t worst = 0;
+    const auto end = std::chrono::steady_clock::now() + duration;
+    while (std::chrono::steady_clock::now() < end) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto probe = Client();
+      EXPECT_NE(probe, nullptr);
+      worst = std::max<int64_t>(worst, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::steady_clock::now() - t0)
+                                           .count());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a probe's pace, not a wait
+    }
+    return worst;
+  }
 };
 
 // Finding 3 of issue 12: epochs were seeded from the wall clock in milliseconds, so a restart
@@ -624,18 +641,7 @@ TEST_F(StateDirectoryTest, AFloodOfExpensiveJoinsExpiresNoLease) {
       }
     });
   }
-  int64_t worst_hello_ms = 0;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(4);
-  while (std::chrono::steady_clock::now() < end) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto probe = Client();  // Connect is a HELLO round trip
-    EXPECT_NE(probe, nullptr);
-    worst_hello_ms = std::max<int64_t>(
-        worst_hello_ms,
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
-            .count());
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a probe's pace, not a wait
-  }
+  const int64_t worst_hello_ms = SlowestHelloMs(std::chrono::seconds(4));
   stop.store(true);
   for (std::thread& t : flood) t.join();
   std::cout << "flood: " << joins.load() << " maximal migrations from 32 connections in 4 s; "
@@ -873,18 +879,7 @@ TEST_F(LimitedDirectoryTest, AFloodOfSnapshotsExpiresNoLease) {
     for (int i = 1; i <= 5; ++i)
       dealer.send(zmq::buffer(SnapshotRequest(i)), zmq::send_flags::dontwait);
   }
-  int64_t worst_hello_ms = 0;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(4);
-  while (std::chrono::steady_clock::now() < end) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto probe = Client();  // Connect is a HELLO round trip
-    EXPECT_NE(probe, nullptr);
-    worst_hello_ms = std::max<int64_t>(
-        worst_hello_ms,
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
-            .count());
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a probe's pace, not a wait
-  }
+  const int64_t worst_hello_ms = SlowestHelloMs(std::chrono::seconds(4));
   stop.store(true);
   for (std::thread& t : flood) t.join();
   std::cout << "flood: " << served.load() << " snapshots of a 160 KB table read by 8 "
