@@ -45,7 +45,9 @@ class RequestScope {
   void SeenAt(const OwnerKey& owner, uint64_t epoch);
   // The local id of the dropped request, if it was held.
   std::optional<uint64_t> Erase(const OwnerKey& owner, uint64_t id);
-  // Drops every request of the incarnations of `lid` last seen at `epoch`; their local ids.
+  // Drops every request of the incarnations of `lid` last seen at or before `epoch` (epochs of a
+  // LID only grow: one seen earlier was that LID before `epoch` ended, and is gone with it);
+  // their local ids.
   std::vector<uint64_t> EraseOwner(const Lid& lid, uint64_t epoch);
   // Whether `owner` has requests here (or was seen).
   bool Knows(const OwnerKey& owner) const { return owners_.count(owner) > 0; }

@@ -1,5 +1,6 @@
 #include "connex/pp/step_receiver.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <vector>
@@ -94,7 +95,8 @@ void StepReceiver::OnStep(const StepSignal& s) {
       return;
     }
   }
-  if (gone_owners_.Contains({s.owner.lid, s.owner.epoch})) {
+  if (const uint64_t* gone = gone_owners_.Find(s.owner.lid);
+      gone != nullptr && s.owner.epoch <= *gone) {
     // Its requests were dropped here: running its step would make state nobody releases.
     ++stats_.fenced;
     ack.code = static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition);
@@ -306,7 +308,8 @@ void StepReceiver::OnRelease(const ReleaseSignal& r) {
 }
 
 void StepReceiver::DropOwner(const Lid& lid, uint64_t epoch, std::string_view why) {
-  gone_owners_.Insert({lid, epoch});
+  const uint64_t* gone = gone_owners_.Find(lid);
+  gone_owners_.Put(lid, gone == nullptr ? epoch : std::max(*gone, epoch));
   std::vector<uint64_t> locals = scope_.EraseOwner(lid, epoch);
   for (uint64_t local : locals) engine_.Release(local);
   stats_.released += locals.size();

@@ -98,7 +98,9 @@ class StepReceiver {
   void* recv_buf_ = nullptr;   // registered: header + payload of one slot
   void* check_buf_ = nullptr;  // registered: the header read again
   internal::RecentSet<uint64_t> seen_corr_;
-  internal::RecentSet<std::pair<Lid, uint64_t>> gone_owners_;
+  // Owner LID -> the highest epoch of it that FAILED or LEFT here: no step of that or an
+  // earlier incarnation runs again (it would make state nobody releases).
+  internal::RecentMap<Lid, uint64_t> gone_owners_;
   // Released requests, as (owner token, request id) -> the last step id the release covers. The
   // token alone names the owner incarnation here (64 random bits), which keeps an entry small.
   internal::RecentMap<std::pair<uint64_t, uint64_t>, uint64_t> released_;

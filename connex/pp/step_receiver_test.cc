@@ -148,6 +148,29 @@ TEST_F(StepReceiverTest, AStepOfAFailedOwnerIncarnationIsRefused) {
   EXPECT_EQ(receiver_->stats().fenced, 1u);
 }
 
+// Found by the 1000-seed campaign (seed 33): a directory that lost its state twice made a live
+// owner join again under new epochs; it died before sending this stage a step under the last one,
+// whose FAILED then matched none of the state the stage held for it (last seen at an earlier
+// epoch), and that state stayed for ever.
+TEST_F(StepReceiverTest, AnOwnersFailureDropsTheStateItLeftUnderEarlierEpochs) {
+  receiver_->OnStep(Step(10, 1, 5, 0, 3, /*owner_epoch=*/1));
+  receiver_->OnStep(Step(11, 1, 6, 0, 2, /*owner_epoch=*/2));
+  ASSERT_EQ(engine_.held_requests(), 2u);
+  receiver_->OwnerFailed(owner_lid_, 3);
+  EXPECT_EQ(engine_.held_requests(), 0u);
+  EXPECT_EQ(receiver_->held_requests(), 0u);
+  // A late step of one of those incarnations does not make state again.
+  receiver_->OnStep(Step(12, 1, 7, 0, 1, /*owner_epoch=*/2));
+  EXPECT_EQ(engine_.held_requests(), 0u);
+  EXPECT_THAT(Sent<AckSignal>().back().message, HasSubstr("is gone"));
+}
+
+TEST_F(StepReceiverTest, AnOwnersFailureKeepsTheStateOfALaterIncarnation) {
+  receiver_->OnStep(Step(10, 1, 5, 0, 3, /*owner_epoch=*/4));
+  receiver_->OwnerFailed(owner_lid_, 3);  // a late FAILED of an earlier epoch
+  EXPECT_EQ(engine_.held_requests(), 1u);
+}
+
 TEST_F(StepReceiverTest, AStepForAnotherEpochOfThisStageIsRefused) {
   StepSignal s = Step(10, 1, 5, 0, 3);
   s.route[0].epoch = epoch_ - 1;
