@@ -912,9 +912,14 @@ TEST_F(TokenDirectoryTest, WrongTokenIsRefusedAndRightTokenWorks) {
   auto [c1, o1] = Run({"join", "demo/g1/s0/r0", "--address", "tcp://127.0.0.1:1"});
   EXPECT_EQ(c1, 1);
   EXPECT_THAT(o1, HasSubstr("requires a token"));
-  auto [c2, o2] = Run({"--token", "nope", "report-failed", "demo/g1/s0/r0"});
+  auto [c2, o2] = Run({"report-failed", "demo/g1/s0/r0"}, {"CONNEX_DIRECTORY_TOKEN=nope"});
   EXPECT_EQ(c2, 1);
   EXPECT_THAT(o2, HasSubstr("wrong directory token"));
+  // A secret on the command line (where ps shows it) is a usage error naming the ways in.
+  auto [c6, o6] = Run({"--token", "s3cret", "status"});
+  EXPECT_EQ(c6, 2);
+  EXPECT_THAT(o6, HasSubstr("never taken from the command line"));
+  EXPECT_THAT(o6, HasSubstr("--token-file FILE or CONNEX_DIRECTORY_TOKEN"));
   Subprocess j = Ctl({"join", "demo/g1/s0/r0", "--address", "tcp://127.0.0.1:1"},
                      {"CONNEX_DIRECTORY_TOKEN=s3cret"});
   ASSERT_TRUE(j.WaitForLine("joined demo/g1/s0/r0", 5000)) << j.transcript();

@@ -40,12 +40,12 @@ int main(int argc, char** argv) {
       ->envname("CONNEX_DIRECTORY_TICK_MS")
       ->check(CLI::Range(int64_t{1}, int64_t{60'000}))
       ->capture_default_str();
-  app.add_option("--token", options.token,
-                 "shared secret required for JOIN, LEAVE and REPORT_FAILED (empty: none)")
-      ->envname("CONNEX_DIRECTORY_TOKEN");
+  // The shared secret: a file, or CONNEX_DIRECTORY_TOKEN (read by FromEnv); never argv.
+  connex::AddRefusedSecretFlag(app, "--token", "--token-file FILE or CONNEX_DIRECTORY_TOKEN");
   std::string token_file;
   app.add_option("--token-file", token_file,
-                 "file whose first line is the shared secret (unlike --token, not visible in ps)")
+                 "file whose first line is the shared secret required for JOIN, LEAVE, "
+                 "REPORT_FAILED and SNAPSHOT")
       ->envname("CONNEX_DIRECTORY_TOKEN_FILE");
   // Never from argv: a file (or CONNEX_DIRECTORY_ADMIN_TOKEN, read by FromEnv).
   std::string admin_token_file;

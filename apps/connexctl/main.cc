@@ -101,12 +101,11 @@ int main(int argc, char** argv) {
   app.add_option("--directory", options.directory, "directory request endpoint tcp://HOST:PORT")
       ->envname("CONNEX_DIRECTORY")
       ->capture_default_str();
-  app.add_option("--token", options.token, "directory shared secret")
-      ->envname("CONNEX_DIRECTORY_TOKEN");
+  // The shared secret: a file, or CONNEX_DIRECTORY_TOKEN; never argv.
+  options.token = connex::EnvString("CONNEX_DIRECTORY_TOKEN", "");
+  connex::AddRefusedSecretFlag(app, "--token", "--token-file FILE or CONNEX_DIRECTORY_TOKEN");
   std::string token_file;
-  app.add_option("--token-file", token_file,
-                 "file whose first line is the directory shared secret (unlike --token, not "
-                 "visible in ps)")
+  app.add_option("--token-file", token_file, "file whose first line is the directory shared secret")
       ->envname("CONNEX_DIRECTORY_TOKEN_FILE");
   // The admin token comes from a file or the environment, never from argv (ps shows argv).
   std::string admin_token_file;

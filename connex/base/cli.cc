@@ -38,6 +38,21 @@ CLI::Option* AddInsecureFlag(CLI::App& app) {
       "HTTP always, ZeroMQ sockets without a CURVE key pair");
 }
 
+CLI::Option* AddRefusedSecretFlag(CLI::App& app, const std::string& name,
+                                  const std::string& use_instead) {
+  return app
+      .add_option(name, "")
+      // Validators run on every value given, so this one refuses each of them.
+      ->check(CLI::Validator(
+          [use_instead](std::string&) -> std::string {
+            return "a secret is never taken from the command line (ps shows it to every user); "
+                   "use " +
+                   use_instead;
+          },
+          ""))
+      ->group("");  // hidden from --help
+}
+
 CLI::Validator SizeRange(uint64_t min, uint64_t max, bool list) {
   return CLI::Validator(
       [min, max, list](std::string& text) -> std::string {

@@ -26,6 +26,12 @@ CLI::Option* AddLogLevelFlag(CLI::App& app, std::string_view default_level = "in
 // sets CONNEX_INSECURE=1 for the process.
 CLI::Option* AddInsecureFlag(CLI::App& app);
 
+// Adds a hidden flag `name` that is always a usage error: a secret is never taken from argv
+// (`ps` shows every process's argv to every user). The message names `use_instead`, e.g.
+// "--token-file FILE or CONNEX_DIRECTORY_TOKEN".
+CLI::Option* AddRefusedSecretFlag(CLI::App& app, const std::string& name,
+                                  const std::string& use_instead);
+
 // A validator for a size flag (`4096`, `4K`, `64KiB`, `1M`, `1G`: ParseSize) that must lie in
 // [min, max] bytes; with `list`, every item of a comma-separated list must. The message names the
 // value and the limit (CLI11 prefixes the flag).
