@@ -103,12 +103,15 @@ class PyInbox {
 }  // namespace
 
 void RegisterElastic(py::module_& m) {
-  py::enum_<PeerState>(m, "PeerState", "An incarnation's state in a peer set.")
-      .value("LIVE", PeerState::kLive)
+  py::enum_<PeerState> peer_state(m, "PeerState", "An incarnation's state in a peer set.");
+  peer_state.value("LIVE", PeerState::kLive)
       .value("DRAINING", PeerState::kDraining)
       .value("FAILED", PeerState::kFailed)
-      .value("UNKNOWN", PeerState::kUnknown)
-      .def("__str__", [](PeerState s) { return std::string(elastic::PeerStateName(s)); });
+      .value("UNKNOWN", PeerState::kUnknown);
+  // str() is the C++ name ("draining"), as the C++ tools print it (replaces the enum's own).
+  peer_state.attr("__str__") =
+      py::cpp_function([](PeerState s) { return std::string(elastic::PeerStateName(s)); },
+                       py::is_method(peer_state));
 
   py::enum_<PeerChange::Kind>(m, "PeerChangeKind", "What became of a peer.")
       .value("JOINED", PeerChange::Kind::kJoined)

@@ -1,4 +1,4 @@
-"""Transfer engines over Python buffers: a numpy array read across the mem, tcp and shm
+"""Transfer engines over Python buffers: a numpy array read across the mem, tcp, shm and ucx
 transports straight into the caller's array, read-only buffers, managed buffers, peer events."""
 
 import numpy as np
@@ -21,10 +21,12 @@ def make_pair(backend):
         return transport.tcp(A), transport.tcp(B), None
     if backend == "shm":
         return transport.shm(A), transport.shm(B), None
+    if backend == "ucx":
+        return transport.ucx(A), transport.ucx(B), None
     raise ValueError(backend)
 
 
-@pytest.fixture(params=["mem", "tcp", "shm"])
+@pytest.fixture(params=["mem", "tcp", "shm", "ucx"])
 def pair(request):
     owner, reader, fabric = make_pair(request.param)
     yield owner, reader, fabric
