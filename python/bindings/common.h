@@ -2,10 +2,10 @@
 // and peer conversions from Python values, the GIL rules for C++ threads calling Python, and the
 // registry that closes live objects before the interpreter finalizes.
 //
-// GIL rules: every call that may block (network, joins of C++ threads) runs with the GIL released;
-// every C++ thread that calls Python takes it (CallbackSlot); C++ objects are destroyed without
-// it (their threads may be waiting for it). Once the interpreter shuts down (atexit), callbacks
-// are dropped and every live object is closed.
+// GIL rules: every call into the core runs with the GIL released; C++ threads never wait for the
+// GIL — they post events to a Dispatcher, whose thread takes it to call Python (CallbackSlot);
+// C++ objects are destroyed without it. Once the interpreter shuts down (atexit), callbacks are
+// dropped and every live object is closed.
 #ifndef CONNEX_PYTHON_BINDINGS_COMMON_H_
 #define CONNEX_PYTHON_BINDINGS_COMMON_H_
 
@@ -15,9 +15,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -118,6 +121,47 @@ class CallbackSlot {
   PyObject* fn_;  // owned reference; guarded by the GIL
 };
 using CallbackSlotPtr = std::shared_ptr<CallbackSlot>;
+
+// The thread that calls one object's Python callbacks, in the order they were posted. The C++
+// threads that produce events (a directory client's loop, which also heartbeats; a transport's
+// event thread) only post to it, so they never wait for the GIL: a Python thread that holds the
+// GIL for seconds (a long computation) delays its callbacks, never the heartbeats that keep its
+// leases alive. Thread-safe. Started at the first Post; Stop drops what is queued.
+class Dispatcher : public std::enable_shared_from_this<Dispatcher> {
+ public:
+  static std::shared_ptr<Dispatcher> Create() {
+    return std::shared_ptr<Dispatcher>(new Dispatcher);
+  }
+  ~Dispatcher();
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // Any thread, with or without the GIL; a no-op once stopped.
+  void Post(std::function<void()> task);
+  // Stops and joins the thread (call without the GIL: it may be waiting for it). From within a
+  // task (a callback that closes its own object) the thread is left to finish on its own.
+  void Stop();
+
+  // The posting callback of `slot` for events of type E.
+  template <typename E>
+  std::function<void(const E&)> Poster(CallbackSlotPtr slot) {
+    std::shared_ptr<Dispatcher> self = shared_from_this();
+    return [self, slot](const E& event) {
+      self->Post([slot, event] { slot->Call([&] { return py::cast(event); }); });
+    };
+  }
+
+ private:
+  Dispatcher() = default;
+  void Run();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;  // guarded by mu_
+  bool stop_ = false;                        // guarded by mu_
+  std::thread thread_;                       // guarded by mu_
+};
+using DispatcherPtr = std::shared_ptr<Dispatcher>;
 
 // Owns `raw` and destroys it without the GIL.
 template <typename T>

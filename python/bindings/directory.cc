@@ -182,6 +182,7 @@ void PyDirectoryClient::Close() {
   subscriptions_.clear();
   if (registration_slot_) registration_slot_->Clear();
   registration_slot_.reset();
+  WithoutGil([&] { dispatcher_->Stop(); });
   std::shared_ptr<DirectoryClient> client = std::move(client_);
   client.reset();  // destroyed without the GIL when this was the last holder
 }
@@ -205,9 +206,7 @@ const Lid& PyDirectoryClient::OwnLid(const char* what) const {
 uint64_t PyDirectoryClient::Subscribe(py::function callback) {
   std::shared_ptr<DirectoryClient> client = Get();
   auto slot = std::make_shared<CallbackSlot>(callback);
-  uint64_t id = Blocking([&] {
-    return client->Subscribe([slot](const Event& e) { slot->Call([&] { return py::cast(e); }); });
-  });
+  uint64_t id = Blocking([&] { return client->Subscribe(dispatcher_->Poster<Event>(slot)); });
   subscriptions_.emplace(id, slot);
   return id;
 }
@@ -233,10 +232,7 @@ void PyDirectoryClient::OnRegistrationChange(py::object callback) {
   }
   auto slot = std::make_shared<CallbackSlot>(callback);
   registration_slot_ = slot;
-  WithoutGil([&] {
-    client->OnRegistrationChange(
-        [slot](const RegistrationChange& c) { slot->Call([&] { return py::cast(c); }); });
-  });
+  WithoutGil([&] { client->OnRegistrationChange(dispatcher_->Poster<RegistrationChange>(slot)); });
 }
 
 void RegisterDirectory(py::module_& m) {
@@ -500,8 +496,8 @@ void RegisterDirectory(py::module_& m) {
           },
           py::arg("lid"), "The epoch this client holds `lid` under, or None.")
       .def("on_registration_change", &PyDirectoryClient::OnRegistrationChange, py::arg("callback"),
-           "Calls callback(RegistrationChange) on the client's thread (with the GIL) when a "
-           "registration is rejoined or lost; None removes it. The callback must not block.")
+           "Calls callback(RegistrationChange) when a registration is rejoined or lost, on this "
+           "client's callback thread (with the GIL); None removes it.")
       // ---- requests ----
       .def(
           "get_snapshot",
@@ -579,9 +575,10 @@ void RegisterDirectory(py::module_& m) {
           "Waits until the view of `model` has at least `count` records; returns whether it did "
           "within `timeout` seconds.")
       .def("subscribe", &PyDirectoryClient::Subscribe, py::arg("callback"),
-           "Calls callback(Event) for every event applied to the view, in revision order, on the "
-           "client's thread (with the GIL). Returns an id for unsubscribe(). The callback must "
-           "not block; its exceptions go to sys.unraisablehook.")
+           "Calls callback(Event) for every event applied to the view, in revision order, on this "
+           "client's callback thread (with the GIL), never on the thread that heartbeats: a slow "
+           "callback delays later callbacks only, and may call the client's methods. Returns an "
+           "id for unsubscribe(); exceptions go to sys.unraisablehook.")
       .def("unsubscribe", &PyDirectoryClient::Unsubscribe, py::arg("id"))
       .def(
           "events",

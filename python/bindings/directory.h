@@ -46,6 +46,7 @@ class PyDirectoryClient {
   bool closed_ = false;
   std::map<uint64_t, CallbackSlotPtr> subscriptions_;
   CallbackSlotPtr registration_slot_;
+  const DispatcherPtr dispatcher_ = Dispatcher::Create();
   uint64_t closer_ = 0;
 };
 

@@ -33,6 +33,7 @@ class PyPeerSet {
   void Close() {
     for (auto& [id, slot] : callbacks_) slot->Clear();
     callbacks_.clear();
+    WithoutGil([&] { dispatcher_->Stop(); });
     std::shared_ptr<ElasticPeerSet> peers = std::move(peers_);
     peers.reset();  // before the client and the engine it uses
     WithoutGil([&] {
@@ -47,10 +48,7 @@ class PyPeerSet {
   uint64_t OnChange(py::function callback) {
     auto peers = Get();
     auto slot = std::make_shared<CallbackSlot>(callback);
-    uint64_t id = Blocking([&] {
-      return peers->OnChange(
-          [slot](const PeerChange& c) { slot->Call([&] { return py::cast(c); }); });
-    });
+    uint64_t id = Blocking([&] { return peers->OnChange(dispatcher_->Poster<PeerChange>(slot)); });
     callbacks_.emplace(id, slot);
     return id;
   }
@@ -70,6 +68,7 @@ class PyPeerSet {
   std::shared_ptr<EngineState> engine_;
   std::shared_ptr<ElasticPeerSet> peers_;
   std::map<uint64_t, CallbackSlotPtr> callbacks_;
+  const DispatcherPtr dispatcher_ = Dispatcher::Create();
   uint64_t closer_ = 0;
 };
 
@@ -311,9 +310,8 @@ void RegisterElastic(py::module_& m) {
           "Evicts (lid, epoch) here at once (0: the live epoch) and reports it to the directory, "
           "which evicts it for every sender. connex.NotFound when neither live nor draining.")
       .def("on_change", &PyPeerSet::OnChange, py::arg("callback"),
-           "Calls callback(PeerChange) for every change, in order (with the GIL, on the thread "
-           "that caused it). Must not block nor call mark_failed/on_change/remove_callback. "
-           "Returns an id.")
+           "Calls callback(PeerChange) for every change, in order, on this peer set's callback "
+           "thread (with the GIL); it may call the peer set's methods. Returns an id.")
       .def("remove_callback", &PyPeerSet::RemoveCallback, py::arg("id"))
       .def_property_readonly("pending_reports",
                              [](PyPeerSet& self) {

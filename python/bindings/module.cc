@@ -72,6 +72,53 @@ void CallbackSlot::Clear() {
   Py_XDECREF(fn);
 }
 
+Dispatcher::~Dispatcher() {
+  // Only reached once the thread has finished or was never started (it holds a reference).
+  if (thread_.joinable()) thread_.detach();
+}
+
+void Dispatcher::Post(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return;
+  if (!thread_.joinable()) {
+    thread_ = std::thread([self = shared_from_this()] { self->Run(); });
+  }
+  tasks_.push_back(std::move(task));
+  cv_.notify_all();
+}
+
+void Dispatcher::Run() {
+  while (true) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (stop_) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();  // takes the GIL itself (CallbackSlot::Call)
+  }
+}
+
+void Dispatcher::Stop() {
+  std::deque<std::function<void()>> dropped;
+  std::thread thread;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    dropped.swap(tasks_);
+    thread = std::move(thread_);
+    cv_.notify_all();
+  }
+  if (!thread.joinable()) return;
+  if (thread.get_id() == std::this_thread::get_id()) {
+    thread.detach();
+  } else {
+    thread.join();
+  }
+}
+
 uint64_t RegisterCloser(int order, std::function<void()> close) {
   uint64_t id = next_closer++;
   Closers().emplace(id, Closer{order, std::move(close)});

@@ -222,6 +222,7 @@ PyTransferEngine::~PyTransferEngine() {
 void PyTransferEngine::Close() {
   for (auto& [id, slot] : subscriptions_) slot->Clear();
   subscriptions_.clear();
+  WithoutGil([&] { dispatcher_->Stop(); });
   std::shared_ptr<EngineState> state = std::move(state_);
   // Destroyed here unless a peer set or a managed buffer still holds it. The engine's
   // destructor runs without the GIL (EngineState).
@@ -236,10 +237,8 @@ std::shared_ptr<EngineState> PyTransferEngine::Get() const {
 uint64_t PyTransferEngine::SubscribePeerEvents(py::function callback) {
   auto state = Get();
   auto slot = std::make_shared<CallbackSlot>(callback);
-  uint64_t id = Blocking([&] {
-    return state->engine->SubscribePeerEvents(
-        [slot](const PeerEvent& e) { slot->Call([&] { return py::cast(e); }); });
-  });
+  uint64_t id = Blocking(
+      [&] { return state->engine->SubscribePeerEvents(dispatcher_->Poster<PeerEvent>(slot)); });
   subscriptions_.emplace(id, slot);
   return id;
 }
@@ -484,8 +483,8 @@ void RegisterTransport(py::module_& m) {
           },
           py::arg("peer"), "Connects to `peer` and watches its liveness. connex.Unavailable.")
       .def("subscribe_peer_events", &PyTransferEngine::SubscribePeerEvents, py::arg("callback"),
-           "Calls callback(PeerEvent) on the engine's event thread (with the GIL) for every "
-           "peer this engine connected to; returns an id. The callback must not block.")
+           "Calls callback(PeerEvent), in order, on this engine's callback thread (with the GIL) "
+           "for every peer this engine connected to; returns an id.")
       .def("unsubscribe_peer_events", &PyTransferEngine::UnsubscribePeerEvents, py::arg("id"))
       .def_property_readonly(
           "local_addresses",

@@ -39,6 +39,7 @@ class PyTransferEngine {
  private:
   std::shared_ptr<EngineState> state_;
   std::map<uint64_t, CallbackSlotPtr> subscriptions_;
+  const DispatcherPtr dispatcher_ = Dispatcher::Create();
   uint64_t closer_ = 0;
 };
 

@@ -191,3 +191,32 @@ def test_registration_change_callback(server):
     holder.on_registration_change(None)
     holder.close()
     reporter.close()
+
+
+def test_a_python_thread_holding_the_gil_delays_callbacks_not_heartbeats():
+    """The client's loop thread, which heartbeats, never waits for the GIL: callbacks run on a
+    dispatcher thread of their own. A C call that keeps the GIL for 2.5 lease TTLs neither
+    expires the lease of a client with a Python callback nor loses the event, which comes after."""
+    import ctypes
+
+    from connex.directory_server import DirectoryServer
+
+    libc = ctypes.PyDLL("libc.so.6")  # PyDLL: calls keep the GIL
+    with DirectoryServer(lease_ttl_ms=600, heartbeat_ms=200) as server:
+        holder = DirectoryClient(server.bind_addr)
+        holder.start()
+        holder.watch("demo")
+        got = []
+        holder.subscribe(lambda e: got.append((e.kind, e.lid)))
+        epoch = holder.join(("demo", 1, 0, 0), ["tcp://127.0.0.1:5000"])
+        assert wait_until(lambda: len(got) == 1)
+        other = DirectoryClient(server.bind_addr)
+        other.start()
+        other.join(("demo", 1, 0, 1), ["tcp://127.0.0.1:5001"])
+        libc.usleep(1_500_000)  # the GIL is held: no callback can run meanwhile
+        assert wait_until(lambda: len(got) >= 2)
+        assert got == [(EventKind.JOINED, Lid("demo", 1, 0, 0)),
+                       (EventKind.JOINED, Lid("demo", 1, 0, 1))]  # no FAILED
+        assert holder.renew(("demo", 1, 0, 0)) == epoch  # still the same incarnation
+        holder.close()
+        other.close()
