@@ -1,5 +1,6 @@
 """The API surface of the `connex` package: modules, names, LIDs, exceptions and bad input."""
 
+import ast
 import pathlib
 import re
 
@@ -33,6 +34,30 @@ def test_every_extension_name_is_in_the_stub():
     declared |= set(re.findall(r"^(\w+)\s*:", stub, re.M))
     public = {n for n in dir(ext) if not n.startswith("_")}
     assert public - declared == set()
+
+
+def test_the_stub_declares_every_member_of_every_class():
+    tree = ast.parse((pathlib.Path(connex.__file__).parent / "_connex.pyi").read_text())
+    checked = 0
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or not hasattr(ext, node.name):
+            continue
+        cls = getattr(ext, node.name)
+        if issubclass(cls, BaseException):
+            continue
+        declared = set()
+        for item in node.body:
+            if isinstance(item, ast.FunctionDef):
+                declared.add(item.name)
+            elif isinstance(item, ast.AnnAssign):
+                declared.add(item.target.id)
+        enum_like = any(isinstance(b, ast.Attribute) and b.attr == "Enum" for b in node.bases)
+        runtime = {n for n in vars(cls) if not n.startswith("_")}
+        if enum_like:
+            runtime = set(cls.__members__)
+        assert runtime - declared == set(), node.name
+        checked += 1
+    assert checked >= 20
 
 
 def test_exception_hierarchy_carries_code_and_message():

@@ -191,3 +191,42 @@ def test_capabilities_and_factory():
         transport.create_transfer_engine("carrier-pigeon", ("demo", 1, 0, 0))
     with pytest.raises(connex.InvalidArgument):
         transport.create_transfer_engine("mem", ("demo", 1, 0, 0))  # no fabric
+
+
+@pytest.mark.parametrize("backend", ["mem", "tcp"])
+def test_close_while_other_threads_read(backend):
+    """Threads reading (with the GIL released) while another closes both engines: each read
+    completes, fails with connex.Error or sees the engine closed (RuntimeError); nothing crashes,
+    and the destination arrays stay valid (the engine outlives the reads that use it)."""
+    import threading
+
+    owner, reader, _ = make_pair(backend)
+    src = np.arange(1 << 16, dtype=np.float64)
+    addr = owner.register_memory(src)
+    peer = (A, owner.local_addresses)
+    outcomes = []
+    reads = [0]
+
+    def read_loop():
+        dst = np.zeros_like(src)
+        try:
+            reader.register_memory(dst)
+            while True:
+                reader.transfer_sync_read(peer, dst, addr)
+                assert np.array_equal(dst, src)
+                reads[0] += 1
+        except connex.Error as e:
+            outcomes.append(type(e).__name__)
+        except RuntimeError as e:
+            outcomes.append(str(e))
+
+    threads = [threading.Thread(target=read_loop) for _ in range(4)]
+    for t in threads:
+        t.start()
+    assert wait_until(lambda: reads[0] >= 40)  # the threads are reading
+    reader.close()
+    owner.close()
+    for t in threads:
+        t.join(timeout=10)
+        assert not t.is_alive()
+    assert len(outcomes) == 4, outcomes
