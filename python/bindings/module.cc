@@ -7,6 +7,15 @@
 namespace connex::python {
 namespace {
 
+// Whether CPython is finalizing (public from 3.13 on).
+bool PythonFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
 std::atomic<bool> finalizing{false};
 
 struct Closer {
@@ -44,10 +53,10 @@ void Shutdown() {
 
 }  // namespace
 
-bool Finalizing() { return finalizing.load(std::memory_order_relaxed) || _Py_IsFinalizing(); }
+bool Finalizing() { return finalizing.load(std::memory_order_relaxed) || PythonFinalizing(); }
 
 void WithoutGil(const std::function<void()>& fn) {
-  if (!_Py_IsFinalizing() && PyGILState_Check()) {
+  if (!PythonFinalizing() && PyGILState_Check()) {
     GilRelease release;
     fn();
   } else {
@@ -56,7 +65,7 @@ void WithoutGil(const std::function<void()>& fn) {
 }
 
 GilRelease::~GilRelease() {
-  while (_Py_IsFinalizing()) std::this_thread::sleep_for(std::chrono::hours(1));
+  while (PythonFinalizing()) std::this_thread::sleep_for(std::chrono::hours(1));
   PyEval_RestoreThread(state_);
 }
 
