@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -97,3 +98,36 @@ def test_explicit_close_then_exit():
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "exiting" in proc.stdout
+
+
+@pytest.mark.parametrize("wait", ["for event in stream: pass", "inbox.receive()",
+                                  "next(iter(stream))"])
+def test_ctrl_c_interrupts_a_blocking_wait(wait):
+    import signal
+
+    script = textwrap.dedent(f"""
+        import sys
+        from connex.directory import DirectoryClient
+        from connex.directory_server import DirectoryServer
+        from connex.elastic import MessageInbox
+        server = DirectoryServer(); server.start()
+        client = DirectoryClient(server.bind_addr); client.start(); client.watch("demo")
+        stream = client.events()
+        inbox = MessageInbox()
+        try:
+            print("ready", flush=True)
+            {wait}
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # into the wait (an earlier signal is caught as well, in print)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert "interrupted" in out, err
+    assert proc.returncode == 0, err
