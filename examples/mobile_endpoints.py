@@ -70,7 +70,10 @@ def main():
     parser.add_argument("--backend", default=os.environ.get("CONNEX_PP_BACKEND", "mem"),
                         choices=["mem", "tcp", "shm", "ucx", "auto"],
                         help="transport of every endpoint")
+    parser.add_argument("--log-level", default=os.environ.get("CONNEX_LOG_LEVEL", "warn"),
+                        help="trace, debug, info, warn, error or off")
     args = parser.parse_args()
+    connex.set_log_level(args.log_level)
 
     directory = args.directory
     server = None

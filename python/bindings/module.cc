@@ -2,6 +2,7 @@
 #include <map>
 #include <vector>
 
+#include "connex/base/logging.h"
 #include "python/bindings/common.h"
 
 namespace connex::python {
@@ -157,4 +158,12 @@ PYBIND11_MODULE(_connex, m) {
   cp::RegisterTransport(m);
   cp::RegisterElastic(m);
   cp::RegisterShutdown(m);
+  m.def(
+      "set_log_level",
+      [](const std::string& level) {
+        connex::Log().set_level(cp::ValueOrThrow(connex::ParseLogLevel(level)));
+      },
+      pybind11::arg("level"),
+      "Sets the level of the core's log (stderr): trace, debug, info, warn, error or off. The "
+      "default comes from CONNEX_LOG_LEVEL (else info). connex.InvalidArgument for another name.");
 }

@@ -29,6 +29,7 @@ from connex._connex import (  # noqa: F401
     ResourceExhausted,
     Unavailable,
     __version__,
+    set_log_level,
 )
 
 __all__ = [
@@ -48,4 +49,5 @@ __all__ = [
     "ResourceExhausted",
     "Unavailable",
     "__version__",
+    "set_log_level",
 ]

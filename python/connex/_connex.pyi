@@ -7,6 +7,8 @@ from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, T
 
 __version__: str
 
+def set_log_level(level: str) -> None: ...
+
 LidLike = Union["Lid", Tuple[str, int, int, int], str]
 PeerLike = Union["PeerRef", "Record", Tuple[LidLike, Sequence[str]]]
 BufferLike = Any  # anything with the buffer protocol: numpy arrays, bytearray, memoryview, ...

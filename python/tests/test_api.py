@@ -84,6 +84,13 @@ def test_exception_hierarchy_carries_code_and_message():
     assert info.value.code == "FAILED_PRECONDITION"
 
 
+def test_set_log_level():
+    connex.set_log_level("warn")
+    with pytest.raises(connex.InvalidArgument, match="loud"):
+        connex.set_log_level("loud")
+    connex.set_log_level("info")
+
+
 def test_lid_forms():
     lid = Lid("demo", 1, 0, 1)
     assert str(lid) == "demo/g1/s0/r1"
