@@ -290,14 +290,20 @@ void RegisterElastic(py::module_& m) {
           py::arg("current") = py::none())
       .def(
           "send",
-          [](PyPeerSet& self, py::object lid, py::bytes data) {
+          [](PyPeerSet& self, py::object lid, py::buffer data) {
             Lid l = ToLid(lid);
-            std::string bytes = data;
+            py::buffer_info info = data.request();  // the channel copies the message anyway
+            if (!PyBuffer_IsContiguous(info.view(), 'A')) {
+              throw py::value_error("send: the data buffer is not contiguous");
+            }
+            std::string bytes(static_cast<const char*>(info.ptr),
+                              static_cast<size_t>(info.size * info.itemsize));
             auto p = self.Get();
             ThrowIfError(Blocking([&] { return p->Send(l, bytes); }));
           },
           py::arg("lid"), py::arg("data"),
-          "Sends `data` to live `lid` and waits for its acknowledgement. connex.Unavailable: "
+          "Sends `data` (bytes or any buffer) to live `lid` and waits for its acknowledgement. "
+          "connex.Unavailable: "
           "the peer is not live, did not acknowledge, or was evicted meanwhile.")
       .def(
           "mark_failed",

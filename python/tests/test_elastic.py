@@ -51,6 +51,10 @@ def test_peer_set_follows_the_group(server):
 
     peers.send(("demo", 1, 0, 0), b"hello")
     assert a_inbox.receive(timeout=3) == b"hello"
+    peers.send("demo/g1/s0/r0", memoryview(bytearray(b"any buffer")))
+    assert a_inbox.receive(timeout=3) == b"any buffer"
+    with pytest.raises(TypeError):
+        peers.send(("demo", 1, 0, 0), "a str is not bytes")
 
     # Replica 1 dies: the transport's event evicts it, in a callback with the GIL.
     assert wait_until(lambda: peers.stats["watches"] >= 2)
