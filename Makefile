@@ -10,7 +10,7 @@ space := $(empty) $(empty)
 TSAN_LABEL_REGEX := $(subst $(space),|,$(strip $(TSAN_LABELS)))
 
 .PHONY: all deps build build-asan build-tsan test test-asan test-tsan demo demo-build demo-mobile \
-	bench fuzz clean
+	demo-mobile-py bench fuzz clean
 
 all: build
 
@@ -59,6 +59,11 @@ demo: demo-build
 demo-mobile: deps build/CMakeCache.txt
 	cmake --build build -j$(JOBS) --target mobile_endpoints
 	./build/bin/mobile_endpoints
+
+# The same scenario through the Python bindings (examples/mobile_endpoints.py).
+demo-mobile-py: deps build/CMakeCache.txt
+	cmake --build build -j$(JOBS) --target connex_python
+	PYTHONPATH=build/python /usr/bin/python3 examples/mobile_endpoints.py
 
 bench: build
 	./build/bin/connex-bench transport --backend tcp --sizes 4K,64K,1M,16M --seconds 1

@@ -31,6 +31,8 @@ PACKAGES=(
   iperf3 iproute2 procps
   python3  # scripts/demo.py (make demo), scripts/results-charts
   gnuplot-nox  # scripts/results-charts (docs/assets/*.svg)
+  # The Python bindings (python/connex, the connex._connex extension) and their pytest tests.
+  pybind11-dev python3-pybind11 python3-dev python3-pytest python3-numpy
 )
 
 missing=()
