@@ -31,6 +31,11 @@ PACKAGES=(
   iperf3 iproute2 procps
   python3  # scripts/demo.py (make demo), scripts/results-charts
   gnuplot-nox  # scripts/results-charts (docs/assets/*.svg)
+  # The etcd directory backend (connex/directory/etcd): a real etcd cluster for its tests, gRPC,
+  # and etcd's own .proto files that its stubs are generated from at build time.
+  etcd-server etcd-client
+  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
+  golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
 )
 
 missing=()
