@@ -1,0 +1,373 @@
+// EtcdClient against a real 3-member etcd cluster (testing/etcd_cluster.h), killed with SIGKILL
+// where a test says so. Skipped, saying why, where etcd is not installed.
+#include "connex/directory/etcd/etcd_client.h"
+
+#include <signal.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "connex/base/wait.h"
+#include "connex/directory/etcd/testing/etcd_cluster.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace connex::directory::etcd {
+namespace {
+
+using ::testing::ElementsAre;
+using testing::EtcdCluster;
+using testing::EtcdClusterOptions;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+RangeOptions Prefix(std::string_view prefix) {
+  RangeOptions options;
+  options.range_end = PrefixEnd(prefix);
+  return options;
+}
+
+class EtcdClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (EtcdCluster::FindEtcd().empty()) GTEST_SKIP() << EtcdCluster::kSkipMessage;
+    EtcdClusterOptions options;
+    options.dir = ::testing::TempDir();
+    auto cluster = EtcdCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+  }
+
+  std::unique_ptr<EtcdClient> Connect(EtcdClientOptions options = {}) {
+    if (options.address.empty()) options.address = cluster_->address();
+    auto client = EtcdClient::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  // Responses of `watch` until `count` events have come (or 20 s passed: then fewer).
+  static std::vector<WatchEvent> Events(EtcdWatch& watch, size_t count) {
+    std::vector<WatchEvent> events;
+    absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (events.size() < count && absl::Now() < deadline) {
+      absl::StatusOr<WatchResponse> response = watch.Next(absl::Seconds(1));
+      if (absl::IsDeadlineExceeded(response.status())) continue;
+      EXPECT_TRUE(response.ok()) << response.status();
+      if (!response.ok()) break;
+      for (WatchEvent& event : response->events) events.push_back(std::move(event));
+    }
+    return events;
+  }
+
+  std::unique_ptr<EtcdCluster> cluster_;
+};
+
+TEST(EtcdClientOptionsTest, ConnectRefusesBadOptionsSayingWhichOne) {
+  EtcdClientOptions options;
+  options.address = "etcd://127.0.0.1:2379,";
+  auto client = EtcdClient::Connect(options);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(client.status().message()), HasSubstr("an empty member"));
+
+  options.address = "etcd://127.0.0.1:2379";
+  options.tls.ca_file = "/nonexistent/ca.pem";
+  client = EtcdClient::Connect(options);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(client.status().message()), HasSubstr("'/nonexistent/ca.pem'"));
+
+  options.tls = {};
+  options.tls.cert_file = "/some/cert.pem";
+  client = EtcdClient::Connect(options);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(client.status().message()), HasSubstr("without a CA"));
+
+  options.tls = {};
+  options.password = "secret";
+  client = EtcdClient::Connect(options);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(client.status().message()), HasSubstr("a password without a user"));
+
+  options.password.clear();
+  options.attempt_timeout = absl::Seconds(10);
+  client = EtcdClient::Connect(options);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EtcdClientOptionsTest, PrefixEndCoversExactlyThePrefix) {
+  EXPECT_EQ(PrefixEnd("connex/m/"), "connex/m0");
+  EXPECT_EQ(PrefixEnd(std::string("a\xff", 2)), "b");
+  EXPECT_EQ(PrefixEnd(""), std::string(1, '\0'));
+}
+
+TEST_F(EtcdClientTest, PutRangeDeleteAndCompareAndSwap) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<PutResult> put = client->Put("t/a", "1");
+  ASSERT_TRUE(put.ok()) << put.status();
+  const int64_t r1 = put->revision;
+  EXPECT_GT(r1, 0);
+
+  absl::StatusOr<RangeResult> range = client->Range("t/a");
+  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_EQ(range->kvs.size(), 1u);
+  EXPECT_EQ(range->kvs[0].value, "1");
+  EXPECT_EQ(range->kvs[0].create_revision, r1);
+  EXPECT_EQ(range->kvs[0].mod_revision, r1);
+  EXPECT_EQ(range->kvs[0].version, 1);
+  EXPECT_EQ(range->revision, r1);
+
+  // Create-if-absent: the first one wins, the second sees the holder's value.
+  Txn create{{Compare::Absent("t/b")}, {TxnOp::Put("t/b", "first")}, {TxnOp::Get("t/b")}};
+  absl::StatusOr<TxnResult> txn = client->Transact(create);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  EXPECT_TRUE(txn->succeeded);
+  ASSERT_EQ(txn->results.size(), 1u);
+  EXPECT_EQ(txn->results[0].kind, TxnOp::Kind::kPut);
+  const int64_t rb = txn->revision;
+  create.success = {TxnOp::Put("t/b", "second")};
+  txn = client->Transact(create);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  EXPECT_FALSE(txn->succeeded);
+  ASSERT_EQ(txn->results.size(), 1u);
+  ASSERT_EQ(txn->results[0].kind, TxnOp::Kind::kRange);
+  ASSERT_EQ(txn->results[0].range.kvs.size(), 1u);
+  EXPECT_EQ(txn->results[0].range.kvs[0].value, "first");
+  EXPECT_EQ(txn->results[0].range.kvs[0].create_revision, rb);
+
+  // Compare-and-swap on mod_revision: a stale revision loses.
+  txn = client->Transact(
+      {{Compare::ModRevision("t/a", Compare::Result::kEqual, r1)}, {TxnOp::Put("t/a", "2")}, {}});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  EXPECT_TRUE(txn->succeeded);
+  txn = client->Transact(
+      {{Compare::ModRevision("t/a", Compare::Result::kEqual, r1)}, {TxnOp::Put("t/a", "3")}, {}});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  EXPECT_FALSE(txn->succeeded);
+  // On value, version and create_revision.
+  txn = client->Transact({{Compare::Value("t/a", Compare::Result::kEqual, "2"),
+                           Compare::Version("t/a", Compare::Result::kEqual, 2),
+                           Compare::CreateRevision("t/a", Compare::Result::kEqual, r1)},
+                          {TxnOp::Put("t/a", "4")},
+                          {}});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  EXPECT_TRUE(txn->succeeded);
+  txn = client->Transact(
+      {{Compare::Value("t/a", Compare::Result::kEqual, "2")}, {TxnOp::Put("t/a", "5")}, {}});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  EXPECT_FALSE(txn->succeeded);
+
+  range = client->Range("t/", Prefix("t/"));
+  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_EQ(range->kvs.size(), 2u);
+  EXPECT_EQ(range->kvs[0].key, "t/a");
+  EXPECT_EQ(range->kvs[0].value, "4");
+  EXPECT_EQ(range->kvs[0].version, 3);
+  EXPECT_EQ(range->kvs[1].key, "t/b");
+
+  absl::StatusOr<DeleteResult> del = client->DeleteRange("t/a", "", /*prev_kv=*/true);
+  ASSERT_TRUE(del.ok()) << del.status();
+  EXPECT_EQ(del->deleted, 1);
+  ASSERT_EQ(del->prev_kvs.size(), 1u);
+  EXPECT_EQ(del->prev_kvs[0].value, "4");
+  range = client->Range("t/a");
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_TRUE(range->kvs.empty());
+  EXPECT_EQ(range->count, 0);
+  // A deleted key is absent again.
+  txn = client->Transact({{Compare::Absent("t/a")}, {TxnOp::Put("t/a", "again")}, {}});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  EXPECT_TRUE(txn->succeeded);
+}
+
+TEST_F(EtcdClientTest, AKeptAliveLeaseOutlivesThreeTtlsAndARevokedOrExpiredOneDeletesItsKeys) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<LeaseGrantResult> lease = client->LeaseGrant(2);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(client->Put("l/kept", "x", lease->id).ok());
+  std::unique_ptr<EtcdKeepAlive> keepalive = client->KeepAlive(lease->id, absl::Milliseconds(500));
+
+  // Observed for three TTLs: the key is there at every look.
+  const absl::Time until = absl::Now() + absl::Seconds(3 * lease->ttl_seconds);
+  int looks = 0;
+  while (absl::Now() < until) {
+    absl::StatusOr<RangeResult> range = client->Range("l/kept");
+    ASSERT_TRUE(range.ok()) << range.status();
+    ASSERT_EQ(range->kvs.size(), 1u) << "after " << looks << " looks";
+    EXPECT_EQ(range->kvs[0].lease, lease->id);
+    ASSERT_TRUE(keepalive->status().ok()) << keepalive->status();
+    ++looks;
+    absl::SleepFor(absl::Milliseconds(200));  // the pace of the looks, not a synchronisation
+  }
+  EXPECT_GT(keepalive->renewals(), 0);
+  EXPECT_GT(keepalive->last_ttl_seconds(), 0);
+  absl::StatusOr<LeaseTimeToLiveResult> ttl = client->LeaseTimeToLive(lease->id, /*keys=*/true);
+  ASSERT_TRUE(ttl.ok()) << ttl.status();
+  EXPECT_GT(ttl->ttl_seconds, 0);
+  EXPECT_THAT(ttl->keys, ElementsAre("l/kept"));
+
+  // Revoked: its key goes with it, at once.
+  keepalive.reset();
+  ASSERT_TRUE(client->LeaseRevoke(lease->id).ok());
+  absl::StatusOr<RangeResult> range = client->Range("l/kept");
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_TRUE(range->kvs.empty());
+  ttl = client->LeaseTimeToLive(lease->id);
+  ASSERT_TRUE(ttl.ok()) << ttl.status();
+  EXPECT_EQ(ttl->ttl_seconds, -1);
+  absl::Status again = client->LeaseRevoke(lease->id);
+  EXPECT_EQ(again.code(), absl::StatusCode::kNotFound) << again;
+  EXPECT_THAT(std::string(again.message()), HasSubstr("LeaseRevoke on 127.0.0.1:"));
+
+  // Not kept alive: it expires and takes its key; a keepalive of it then says NotFound.
+  absl::StatusOr<LeaseGrantResult> lapsed = client->LeaseGrant(2);
+  ASSERT_TRUE(lapsed.ok()) << lapsed.status();
+  ASSERT_TRUE(client->Put("l/lapsed", "y", lapsed->id).ok());
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        absl::StatusOr<RangeResult> r = client->Range("l/lapsed");
+        return r.ok() && r->kvs.empty();
+      },
+      20000, 50));
+  keepalive = client->KeepAlive(lapsed->id, absl::Milliseconds(100));
+  EXPECT_TRUE(WaitUntil([&] { return absl::IsNotFound(keepalive->status()); }, 10000));
+  EXPECT_THAT(std::string(keepalive->status().message()), HasSubstr("grant a new one"));
+}
+
+TEST_F(EtcdClientTest, AWatchSeesEventsInOrderAndResumesOnAnotherMemberAfterItsMemberIsKilled) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<PutResult> a = client->Put("w/a", "1");
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<PutResult> b = client->Put("w/b", "2");
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::StatusOr<DeleteResult> d = client->DeleteRange("w/a");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(client->Put("other", "not watched").ok());
+
+  WatchOptions options;
+  options.range_end = PrefixEnd("w/");
+  options.start_revision = a->revision;
+  options.prev_kv = true;
+  std::unique_ptr<EtcdWatch> watch = client->Watch("w/", options);
+  std::vector<WatchEvent> events = Events(*watch, 3);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].type, WatchEvent::Type::kPut);
+  EXPECT_EQ(events[0].kv.key, "w/a");
+  EXPECT_EQ(events[0].kv.mod_revision, a->revision);
+  EXPECT_EQ(events[1].kv.key, "w/b");
+  EXPECT_EQ(events[1].kv.value, "2");
+  EXPECT_EQ(events[1].kv.mod_revision, b->revision);
+  EXPECT_EQ(events[2].type, WatchEvent::Type::kDelete);
+  EXPECT_EQ(events[2].kv.key, "w/a");
+  EXPECT_EQ(events[2].kv.mod_revision, d->revision);
+  ASSERT_TRUE(events[2].prev_kv.has_value());
+  EXPECT_EQ(events[2].prev_kv->value, "1");
+
+  // kill -9 of the member the watch streams from; the writes after it (on whichever member the
+  // client moves to) reach the watch once, in order, from another member.
+  const std::string streaming = watch->member();
+  const int victim = cluster_->IndexOf(streaming);
+  ASSERT_GE(victim, 0) << "the watch streams from '" << streaming << "'";
+  cluster_->Kill(victim);
+  std::vector<int64_t> revisions;
+  for (const char* key : {"w/c", "w/d", "w/e"}) {
+    absl::StatusOr<PutResult> put = client->Put(key, "after");
+    ASSERT_TRUE(put.ok()) << put.status();
+    revisions.push_back(put->revision);
+  }
+  events = Events(*watch, 3);
+  ASSERT_EQ(events.size(), 3u);
+  std::vector<std::pair<std::string, int64_t>> seen;
+  for (const WatchEvent& event : events) seen.emplace_back(event.kv.key, event.kv.mod_revision);
+  EXPECT_THAT(seen, ElementsAre(std::pair<std::string, int64_t>("w/c", revisions[0]),
+                                std::pair<std::string, int64_t>("w/d", revisions[1]),
+                                std::pair<std::string, int64_t>("w/e", revisions[2])));
+  EXPECT_THAT(watch->member(), Not(streaming));
+  EXPECT_EQ(watch->next_revision(), revisions[2] + 1);
+  // Nothing more (no duplicate of a resumed event).
+  absl::StatusOr<WatchResponse> more = watch->Next(absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(more.status())) << more.status();
+  watch->Cancel();
+  EXPECT_TRUE(absl::IsCancelled(watch->Next(absl::Seconds(1)).status()));
+}
+
+TEST_F(EtcdClientTest, AWatchFromBelowTheCompactedRevisionReportsTheCompaction) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<int64_t> revisions;
+  for (int i = 0; i < 5; ++i) {
+    absl::StatusOr<PutResult> put = client->Put("c/x", std::to_string(i));
+    ASSERT_TRUE(put.ok()) << put.status();
+    revisions.push_back(put->revision);
+  }
+  ASSERT_TRUE(client->Compact(revisions[3]).ok());
+
+  WatchOptions from;
+  from.start_revision = revisions[0];
+  std::unique_ptr<EtcdWatch> watch = client->Watch("c/x", from);
+  absl::StatusOr<WatchResponse> response = watch->Next(absl::Seconds(20));
+  ASSERT_EQ(response.status().code(), absl::StatusCode::kOutOfRange) << response.status();
+  EXPECT_THAT(std::string(response.status().message()), HasSubstr("compacted"));
+  EXPECT_EQ(CompactRevisionOf(response.status()), revisions[3]);
+  // The watch is over.
+  EXPECT_EQ(watch->Next(absl::Milliseconds(10)).status().code(), absl::StatusCode::kOutOfRange);
+
+  // From the compaction's revision on, every later event is there.
+  from.start_revision = revisions[3];
+  watch = client->Watch("c/x", from);
+  std::vector<WatchEvent> events = Events(*watch, 2);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kv.mod_revision, revisions[3]);
+  EXPECT_EQ(events[1].kv.value, "4");
+  // A read below the compaction fails the same way, naming the RPC.
+  RangeOptions at;
+  at.revision = revisions[0];
+  absl::StatusOr<RangeResult> old = client->Range("c/x", at);
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kOutOfRange) << old.status();
+  EXPECT_THAT(std::string(old.status().message()), HasSubstr("etcd: Range on 127.0.0.1:"));
+}
+
+TEST_F(EtcdClientTest, AClientKeepsWorkingWithinASecondAfterItsMemberIsKilled) {
+  // The client talks to a follower first (a leader's death would add an election to the test).
+  absl::StatusOr<int> leader = cluster_->Leader();
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  const int follower = (*leader + 1) % cluster_->size();
+  std::string address(kEtcdScheme);
+  address += cluster_->client_endpoint(follower);
+  for (int i = 0; i < cluster_->size(); ++i) {
+    if (i != follower) address += "," + cluster_->client_endpoint(i);
+  }
+  // Every call must be answered within a second, retries on other members included.
+  EtcdClientOptions options;
+  options.address = address;
+  options.call_timeout = absl::Seconds(1);
+  options.attempt_timeout = absl::Milliseconds(500);
+  auto client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Put("k/before", "1").ok());
+  ASSERT_EQ(client->current_member(), cluster_->client_endpoint(follower));
+
+  cluster_->Kill(follower);
+  absl::StatusOr<PutResult> put = client->Put("k/after", "2");
+  ASSERT_TRUE(put.ok()) << put.status();
+  absl::StatusOr<RangeResult> range = client->Range("k/", Prefix("k/"));
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ(range->kvs.size(), 2u);
+  EXPECT_NE(client->current_member(), cluster_->client_endpoint(follower));
+
+  // With no member left, a call fails naming the RPC and every member.
+  for (int i = 0; i < cluster_->size(); ++i) cluster_->Kill(i);
+  absl::StatusOr<PutResult> none = client->Put("k/none", "3");
+  ASSERT_EQ(none.status().code(), absl::StatusCode::kUnavailable) << none.status();
+  for (int i = 0; i < cluster_->size(); ++i) {
+    EXPECT_THAT(std::string(none.status().message()), HasSubstr(cluster_->client_endpoint(i)));
+  }
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("etcd: Put: no member answered"));
+}
+
+}  // namespace
+}  // namespace connex::directory::etcd

@@ -1,0 +1,81 @@
+// EtcdCluster: a real etcd cluster for tests — N members (the `etcd` binary of Debian's
+// etcd-server) on free loopback ports, each with its own data directory, started as child
+// processes that die with the test (connex/base/subprocess.h), and ready once every member knows
+// a leader. Thread-compatible: one test thread drives it.
+#ifndef CONNEX_DIRECTORY_ETCD_TESTING_ETCD_CLUSTER_H_
+#define CONNEX_DIRECTORY_ETCD_TESTING_ETCD_CLUSTER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "connex/base/subprocess.h"
+
+namespace connex::directory::etcd::testing {
+
+struct EtcdClusterOptions {
+  int members = 3;
+  // Under this directory, one data directory and one log file per member (created).
+  std::string dir;
+  // How long Start waits for every member to know a leader.
+  int64_t ready_timeout_ms = 60000;
+};
+
+class EtcdCluster {
+ public:
+  // The etcd binary on PATH, or empty when etcd is not installed (tests skip then).
+  static std::string FindEtcd();
+  // The message tests skip with when FindEtcd() is empty.
+  static constexpr char kSkipMessage[] =
+      "etcd is not installed (no `etcd` on PATH): scripts/install-deps.sh installs etcd-server";
+
+  // Starts the members and waits until each one answers Status and knows a leader.
+  // FailedPrecondition: no etcd binary; Unavailable: the cluster did not come up (the message
+  // carries the members' logs).
+  static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(const EtcdClusterOptions& options);
+  ~EtcdCluster();  // SIGKILLs every member still running
+
+  // etcd://127.0.0.1:P1,... — every member, in order.
+  std::string address() const;
+  // One member's client endpoint (127.0.0.1:PORT), and the index of an endpoint (-1: none).
+  std::string client_endpoint(int index) const;
+  int IndexOf(const std::string& endpoint) const;
+  int size() const { return static_cast<int>(members_.size()); }
+
+  // SIGKILLs member `index` and reaps it (its data directory stays, for Restart).
+  void Kill(int index);
+  // Sends `signal` to member `index` (SIGSTOP, SIGCONT, ...).
+  void Signal(int index, int signal);
+  // Starts a killed member again on its ports and data directory.
+  absl::Status Restart(int index);
+  bool running(int index);
+
+  // The index of the member that is leader, as the live members report it.
+  absl::StatusOr<int> Leader();
+  // Every member's log (the last `bytes` of each), for failure messages.
+  std::string Logs(size_t bytes = 4000) const;
+
+ private:
+  struct Member {
+    std::string name;
+    int client_port = 0;
+    int peer_port = 0;
+    std::string data_dir;
+    std::string log_path;
+    std::optional<Subprocess> process;
+  };
+  EtcdCluster() = default;
+  absl::Status StartMember(int index, bool existing);
+  absl::Status WaitReady(int64_t timeout_ms);
+
+  std::string etcd_;
+  std::string token_;
+  std::vector<Member> members_;
+};
+
+}  // namespace connex::directory::etcd::testing
+
+#endif  // CONNEX_DIRECTORY_ETCD_TESTING_ETCD_CLUSTER_H_
