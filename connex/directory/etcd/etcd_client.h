@@ -247,7 +247,7 @@ class EtcdClient {
  public:
   // Parses the address (InvalidArgument), reads the TLS files (InvalidArgument naming a file
   // that cannot be read) and, with a user, authenticates (Unavailable when no member answers,
-  // PermissionDenied / InvalidArgument for wrong credentials, naming the member). Dialing itself
+  // InvalidArgument for a wrong user or password, naming the member). Dialing itself
   // is lazy: a member that is down now is tried again on later calls.
   static absl::StatusOr<std::unique_ptr<EtcdClient>> Connect(const EtcdClientOptions& options);
   virtual ~EtcdClient() = default;
@@ -280,8 +280,9 @@ class EtcdClient {
   // Starts renewing `lease` every `interval` on a KeepAlive stream.
   virtual std::unique_ptr<EtcdKeepAlive> KeepAlive(int64_t lease, absl::Duration interval) = 0;
 
-  // Starts a watch of `key` (and `options.range_end`); its first Next waits for the member to
-  // confirm it.
+  // Starts a watch of `key` (and `options.range_end`). With start_revision 0 it starts at the
+  // revision the member is at when it creates the watch: pass a snapshot's revision + 1 to
+  // miss nothing.
   virtual std::unique_ptr<EtcdWatch> Watch(std::string_view key,
                                            const WatchOptions& options = {}) = 0;
 

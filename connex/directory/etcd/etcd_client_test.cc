@@ -369,5 +369,47 @@ TEST_F(EtcdClientTest, AClientKeepsWorkingWithinASecondAfterItsMemberIsKilled) {
   EXPECT_THAT(std::string(none.status().message()), HasSubstr("etcd: Put: no member answered"));
 }
 
+TEST_F(EtcdClientTest, WithAuthOnlyTheRightUserAndPasswordGetIn) {
+  if (EtcdCluster::FindBinary("etcdctl").empty()) {
+    GTEST_SKIP() << "etcdctl is not installed: scripts/install-deps.sh installs etcd-client";
+  }
+  ASSERT_TRUE(cluster_->Etcdctl({"user", "add", "root:rootpw", "--interactive=false"}).ok());
+  absl::StatusOr<std::string> enabled = cluster_->Etcdctl({"auth", "enable"});
+  ASSERT_TRUE(enabled.ok()) << enabled.status();
+
+  EtcdClientOptions options;
+  options.address = cluster_->address();
+  options.user = "root";
+  options.password = "rootpw";
+  auto client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Put("a/k", "v").ok());
+  absl::StatusOr<RangeResult> range = client->Range("a/k");
+  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_EQ(range->kvs.size(), 1u);
+  // Streams carry the token too.
+  WatchOptions from;
+  from.start_revision = range->revision;
+  std::unique_ptr<EtcdWatch> watch = client->Watch("a/k", from);
+  std::vector<WatchEvent> events = Events(*watch, 1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kv.value, "v");
+
+  options.password = "wrong";
+  absl::StatusOr<std::unique_ptr<EtcdClient>> refused = EtcdClient::Connect(options);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("invalid user ID or password"));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("etcd auth as user 'root'"));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("Authenticate on 127.0.0.1:"));
+
+  // Without credentials a call is refused, naming the RPC and the member.
+  auto anonymous = Connect();
+  ASSERT_NE(anonymous, nullptr);
+  absl::StatusOr<PutResult> put = anonymous->Put("a/k", "x");
+  ASSERT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument) << put.status();
+  EXPECT_THAT(std::string(put.status().message()), HasSubstr("user name is empty"));
+  EXPECT_THAT(std::string(put.status().message()), HasSubstr("etcd: Put on 127.0.0.1:"));
+}
+
 }  // namespace
 }  // namespace connex::directory::etcd

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "connex/base/logging.h"
@@ -91,15 +92,47 @@ std::string HttpGet(int port, const std::string& path) {
 
 }  // namespace
 
-std::string EtcdCluster::FindEtcd() {
+std::string EtcdCluster::FindBinary(const std::string& name) {
   const char* path = std::getenv("PATH");
   std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
   for (absl::string_view dir : absl::StrSplit(dirs, ':')) {
     if (dir.empty()) continue;
-    std::string candidate = StrCat(AsStd(dir), "/etcd");
+    std::string candidate = StrCat(AsStd(dir), "/", name);
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "";
+}
+
+std::string EtcdCluster::FindEtcd() { return FindBinary("etcd"); }
+
+absl::StatusOr<std::string> EtcdCluster::Etcdctl(const std::vector<std::string>& args) {
+  std::string etcdctl = FindBinary("etcdctl");
+  if (etcdctl.empty()) {
+    return absl::FailedPreconditionError(
+        "etcdctl is not installed: scripts/install-deps.sh installs etcd-client");
+  }
+  std::string endpoints;
+  for (int i = 0; i < size(); ++i) {
+    if (i > 0) endpoints += ",";
+    endpoints += client_endpoint(i);
+  }
+  std::vector<std::string> argv = {etcdctl, "--endpoints", endpoints};
+  argv.insert(argv.end(), args.begin(), args.end());
+  SubprocessOptions options;
+  options.env = {"ETCDCTL_API=3"};
+  options.capture_stderr = true;
+  std::string error;
+  std::optional<Subprocess> process = Subprocess::Start(argv, options, &error);
+  if (!process.has_value()) return absl::InternalError(StrCat("cannot start etcdctl: ", error));
+  while (process->ReadLine(30000).has_value()) {
+  }
+  std::optional<int> code = process->Wait(30000);
+  if (code != 0) {
+    return absl::InternalError(StrCat("etcdctl ", absl::StrJoin(args, " "), " exited ",
+                                      code.has_value() ? std::to_string(*code) : "late", ": ",
+                                      process->transcript()));
+  }
+  return process->transcript();
 }
 
 absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const EtcdClusterOptions& options) {

@@ -28,6 +28,8 @@ class EtcdCluster {
  public:
   // The etcd binary on PATH, or empty when etcd is not installed (tests skip then).
   static std::string FindEtcd();
+  // `name` on PATH (a full path), or empty.
+  static std::string FindBinary(const std::string& name);
   // The message tests skip with when FindEtcd() is empty.
   static constexpr char kSkipMessage[] =
       "etcd is not installed (no `etcd` on PATH): scripts/install-deps.sh installs etcd-server";
@@ -52,6 +54,10 @@ class EtcdCluster {
   // Starts a killed member again on its ports and data directory.
   absl::Status Restart(int index);
   bool running(int index);
+
+  // Runs etcdctl (etcd-client) with `args` against every member; returns its output, or
+  // FailedPrecondition (no etcdctl) / Internal (it failed, with its output).
+  absl::StatusOr<std::string> Etcdctl(const std::vector<std::string>& args);
 
   // The index of the member that is leader, as the live members report it.
   absl::StatusOr<int> Leader();
