@@ -663,9 +663,48 @@ bool WatchImpl::StreamFrom(const Member& member) {
   bool confirmed = false;
   std::string ended;
   if (stream->Write(request)) {
+    // The probe: after probe_interval without a response, ask the member for progress; no answer
+    // within the attempt timeout means the member is stopped or cut off, and the stream is
+    // cancelled (so that the watch moves on in about a second, not after gRPC's keepalive).
+    // gRPC allows this one writer beside the reading thread.
+    bool stream_done = false;
+    absl::Time last_response = absl::Now();
+    std::thread probe([&] {
+      const EtcdClientOptions& options = client_->options();
+      std::optional<absl::Time> probe_sent;
+      MutexLock lock(&mu_);
+      auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stream_done || cancelled_; };
+      while (!mu_.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(100))) {
+        const absl::Time now = absl::Now();
+        if (probe_sent.has_value() && last_response >= *probe_sent) probe_sent.reset();
+        if (probe_sent.has_value()) {
+          if (now - *probe_sent > options.attempt_timeout) {
+            ended = StrCat("no answer to a progress request within ",
+                           absl::FormatDuration(options.attempt_timeout));
+            context.TryCancel();
+            return;
+          }
+        } else if (now - last_response > options.watch_probe_interval) {
+          pb::WatchRequest progress;
+          progress.mutable_progress_request();
+          probe_sent = now;
+          mu_.Unlock();
+          bool written = stream->Write(progress);
+          mu_.Lock();
+          if (!written) return;  // the stream is over; Read sees it too
+        }
+      }
+    });
     pb::WatchResponse response;
     while (stream->Read(&response)) {
       MutexLock lock(&mu_);
+      last_response = absl::Now();
+      // The answer to a progress request (watch id -1) proves the member alive, nothing more:
+      // etcd 3.4 gives it the store's revision even while this watcher's events are still on
+      // their way, so it is not a progress notification.
+      if (response.watch_id() == -1 && !response.created() && response.events_size() == 0) {
+        continue;
+      }
       if (response.compact_revision() != 0) {
         over_ = absl::OutOfRangeError(
             StrCat("etcd: watch of '", key_, "' on ", member.name, ": revision ", next_revision_,
@@ -721,6 +760,11 @@ bool WatchImpl::StreamFrom(const Member& member) {
       }
       queue_.push_back(std::move(out));
     }
+    {
+      MutexLock lock(&mu_);
+      stream_done = true;
+    }
+    probe.join();
   }
   grpc::Status status = stream->Finish();
   MutexLock lock(&mu_);

@@ -52,11 +52,17 @@ struct EtcdClientOptions {
   // Pause after every member of the list failed once, doubling up to max_backoff.
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(1);
-  // gRPC keepalive pings on idle connections, so that a stream to a stopped or cut-off member
-  // fails instead of hanging. etcd's --grpc-keepalive-min-time (default 5 s) refuses pings more
-  // often than that.
-  absl::Duration keepalive_time = absl::Seconds(5);
+  // gRPC keepalive pings while a call or stream is open, so that a stream to a stopped or
+  // cut-off member fails (after keepalive_time + keepalive_timeout of silence) and the watch
+  // moves on. etcd's --grpc-keepalive-min-time (default 5 s) answers pings more often than that
+  // with GOAWAY "too_many_pings" — seen at 5 s exactly after half a minute of a quiet watch — so
+  // keep keepalive_time well above the cluster's minimum.
+  absl::Duration keepalive_time = absl::Seconds(10);
   absl::Duration keepalive_timeout = absl::Seconds(2);
+  // A watch that has heard nothing from its member for this long asks it for progress, and
+  // moves to another member when no answer comes within attempt_timeout: a stopped member is
+  // left in about probe interval + attempt timeout, however quiet the watch.
+  absl::Duration watch_probe_interval = absl::Seconds(2);
 };
 
 // etcd's mvccpb.KeyValue.

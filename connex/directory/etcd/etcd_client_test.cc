@@ -295,6 +295,40 @@ TEST_F(EtcdClientTest, AWatchSeesEventsInOrderAndResumesOnAnotherMemberAfterItsM
   EXPECT_TRUE(absl::IsCancelled(watch->Next(absl::Seconds(1)).status()));
 }
 
+TEST_F(EtcdClientTest, AStoppedMemberIsSkippedByCallsAndByAWatch) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<PutResult> a = client->Put("s/a", "1");
+  ASSERT_TRUE(a.ok()) << a.status();
+  WatchOptions options;
+  options.range_end = PrefixEnd("s/");
+  options.start_revision = a->revision;
+  std::unique_ptr<EtcdWatch> watch = client->Watch("s/", options);
+  ASSERT_EQ(Events(*watch, 1).size(), 1u);
+
+  // SIGSTOP, not SIGKILL: the member's connections stay open and silent. Calls move on after
+  // the attempt timeout; the watch after gRPC's keepalive gives up on the connection.
+  const std::string streaming = watch->member();
+  const int victim = cluster_->IndexOf(streaming);
+  ASSERT_GE(victim, 0) << "the watch streams from '" << streaming << "'";
+  cluster_->Signal(victim, SIGSTOP);
+  std::vector<int64_t> revisions;
+  for (const char* key : {"s/b", "s/c"}) {
+    absl::StatusOr<PutResult> put = client->Put(key, "during");
+    ASSERT_TRUE(put.ok()) << put.status();
+    revisions.push_back(put->revision);
+  }
+  EXPECT_NE(client->current_member(), streaming);
+  std::vector<WatchEvent> events = Events(*watch, 2);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kv.key, "s/b");
+  EXPECT_EQ(events[0].kv.mod_revision, revisions[0]);
+  EXPECT_EQ(events[1].kv.key, "s/c");
+  EXPECT_EQ(events[1].kv.mod_revision, revisions[1]);
+  EXPECT_NE(watch->member(), streaming);
+  cluster_->Signal(victim, SIGCONT);
+}
+
 TEST_F(EtcdClientTest, AWatchFromBelowTheCompactedRevisionReportsTheCompaction) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);
@@ -409,6 +443,54 @@ TEST_F(EtcdClientTest, WithAuthOnlyTheRightUserAndPasswordGetIn) {
   ASSERT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument) << put.status();
   EXPECT_THAT(std::string(put.status().message()), HasSubstr("user name is empty"));
   EXPECT_THAT(std::string(put.status().message()), HasSubstr("etcd: Put on 127.0.0.1:"));
+}
+
+TEST(EtcdTlsTest, OverTlsOnlyAClientWithACertificateOfTheClusterCaGetsIn) {
+  if (EtcdCluster::FindEtcd().empty()) GTEST_SKIP() << EtcdCluster::kSkipMessage;
+  if (EtcdCluster::FindBinary("openssl").empty()) {
+    GTEST_SKIP() << "openssl is not installed: it makes the TLS cluster's certificates";
+  }
+  EtcdClusterOptions cluster_options;
+  cluster_options.dir = ::testing::TempDir();
+  cluster_options.tls = true;
+  auto cluster = EtcdCluster::Start(cluster_options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const testing::EtcdTlsFiles& files = (*cluster)->tls_files();
+
+  EtcdClientOptions options;
+  options.address = (*cluster)->address();
+  options.tls.ca_file = files.ca_file;
+  options.tls.cert_file = files.client_cert_file;
+  options.tls.key_file = files.client_key_file;
+  auto client = EtcdClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<PutResult> put = (*client)->Put("tls/k", "v");
+  ASSERT_TRUE(put.ok()) << put.status();
+  absl::StatusOr<RangeResult> range = (*client)->Range("tls/k");
+  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_EQ(range->kvs.size(), 1u);
+  WatchOptions from;
+  from.start_revision = put->revision;
+  std::unique_ptr<EtcdWatch> watch = (*client)->Watch("tls/k", from);
+  absl::StatusOr<WatchResponse> response = watch->Next(absl::Seconds(20));
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->events.size(), 1u);
+  watch.reset();
+
+  // Without a client certificate, or without TLS, no member lets the client in.
+  options.call_timeout = absl::Seconds(1);
+  options.attempt_timeout = absl::Milliseconds(300);
+  for (bool with_tls : {true, false}) {
+    EtcdClientOptions stranger = options;
+    stranger.tls.cert_file.clear();
+    stranger.tls.key_file.clear();
+    if (!with_tls) stranger.tls.ca_file.clear();
+    auto refused = EtcdClient::Connect(stranger);
+    ASSERT_TRUE(refused.ok()) << refused.status();
+    absl::StatusOr<PutResult> denied = (*refused)->Put("tls/k", "x");
+    EXPECT_EQ(denied.status().code(), absl::StatusCode::kUnavailable) << denied.status();
+    EXPECT_THAT(std::string(denied.status().message()), HasSubstr("etcd: Put: no member answered"));
+  }
 }
 
 }  // namespace

@@ -150,7 +150,7 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const EtcdCluste
     cluster->etcd_ = etcd;
     int n = clusters.fetch_add(1);
     cluster->token_ = StrCat("connex-test-", getpid(), "-", n);
-    CONNEX_ASSIGN_OR_RETURN(std::vector<int> ports, FreePorts(2 * options.members));
+    CONNEX_ASSIGN_OR_RETURN(std::vector<int> ports, FreePorts(3 * options.members));
     std::string base = StrCat(options.dir, "/etcd-", getpid(), "-", n);
     std::error_code ec;
     std::filesystem::create_directories(base, ec);
@@ -158,13 +158,18 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const EtcdCluste
     for (int i = 0; i < options.members; ++i) {
       Member member;
       member.name = StrCat("m", i);
-      member.client_port = ports[2 * i];
-      member.peer_port = ports[2 * i + 1];
+      member.client_port = ports[3 * i];
+      member.peer_port = ports[3 * i + 1];
+      member.metrics_port = ports[3 * i + 2];
       member.data_dir = StrCat(base, "/", member.name, ".etcd");
       member.log_path = StrCat(base, "/", member.name, ".log");
       cluster->members_.push_back(std::move(member));
     }
     absl::Status started;
+    if (options.tls) {
+      cluster->use_tls_ = true;
+      CONNEX_RETURN_IF_ERROR(cluster->MakeCertificates(base));
+    }
     for (int i = 0; i < options.members && started.ok(); ++i) {
       started = cluster->StartMember(i, /*existing=*/false);
     }
@@ -192,7 +197,7 @@ absl::Status EtcdCluster::StartMember(int index, bool existing) {
     if (!initial_cluster.empty()) initial_cluster += ",";
     initial_cluster += StrCat(m.name, "=http://127.0.0.1:", m.peer_port);
   }
-  std::string client_url = StrCat("http://127.0.0.1:", member.client_port);
+  std::string client_url = StrCat(use_tls_ ? "https" : "http", "://127.0.0.1:", member.client_port);
   std::string peer_url = StrCat("http://127.0.0.1:", member.peer_port);
   std::vector<std::string> argv = {
       etcd_,
@@ -214,11 +219,17 @@ absl::Status EtcdCluster::StartMember(int index, bool existing) {
       existing ? "existing" : "new",
       "--initial-cluster-token",
       token_,
+      "--listen-metrics-urls",
+      StrCat("http://127.0.0.1:", member.metrics_port),
       "--logger",
       "zap",
       "--log-level",
       "warn",
   };
+  if (use_tls_) {
+    argv.insert(argv.end(), {"--cert-file", server_cert_file_, "--key-file", server_key_file_,
+                             "--trusted-ca-file", tls_.ca_file, "--client-cert-auth"});
+  }
   SubprocessOptions options;
   options.stderr_path = member.log_path;
   std::string error;
@@ -230,7 +241,7 @@ absl::Status EtcdCluster::StartMember(int index, bool existing) {
 }
 
 absl::Status EtcdCluster::WaitReady(int64_t timeout_ms) {
-  // etcd's own /health on each client port (HTTP/1, answered once the member serves clients and
+  // etcd's own /health on each metrics port (HTTP/1, answered once the member serves clients and
   // knows a leader). Not a gRPC call: a gRPC connection opened while a member is still starting
   // takes seconds to come up after the member does.
   std::string why = "not asked yet";
@@ -241,7 +252,7 @@ absl::Status EtcdCluster::WaitReady(int64_t timeout_ms) {
             why = StrCat(members_[i].name, " exited");
             return true;  // give up at once; checked below
           }
-          std::string answer = HttpGet(members_[i].client_port, "/health");
+          std::string answer = HttpGet(members_[i].metrics_port, "/health");
           if (answer.find("\"health\":\"true\"") == std::string::npos) {
             why = StrCat(members_[i].name, " is not healthy yet: '", answer, "'");
             return false;
@@ -254,6 +265,51 @@ absl::Status EtcdCluster::WaitReady(int64_t timeout_ms) {
   if (ready && why.empty()) return absl::OkStatus();
   return absl::UnavailableError(
       StrCat("the cluster was not ready within ", timeout_ms, " ms: ", why));
+}
+
+absl::Status EtcdCluster::MakeCertificates(const std::string& dir) {
+  std::string openssl = FindBinary("openssl");
+  if (openssl.empty()) {
+    return absl::FailedPreconditionError(
+        "openssl is not installed: it makes a TLS cluster's certificates");
+  }
+  auto run = [&](std::vector<std::string> args) -> absl::Status {
+    args.insert(args.begin(), openssl);
+    SubprocessOptions options;
+    options.capture_stderr = true;
+    std::string error;
+    std::optional<Subprocess> process = Subprocess::Start(args, options, &error);
+    if (!process.has_value()) return absl::InternalError(StrCat("cannot start openssl: ", error));
+    while (process->ReadLine(30000).has_value()) {
+    }
+    if (process->Wait(30000) != 0) {
+      return absl::InternalError(
+          StrCat(absl::StrJoin(args, " "), " failed: ", process->transcript()));
+    }
+    return absl::OkStatus();
+  };
+  const std::string ca_key = StrCat(dir, "/ca-key.pem");
+  tls_.ca_file = StrCat(dir, "/ca.pem");
+  CONNEX_RETURN_IF_ERROR(
+      run({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+           "-keyout", ca_key, "-out", tls_.ca_file, "-days", "2", "-subj", "/CN=connex-test-ca"}));
+  // One certificate per role, signed by the CA; both name 127.0.0.1.
+  auto issue = [&](const std::string& name, const std::string& usage, std::string* cert,
+                   std::string* key) -> absl::Status {
+    *cert = StrCat(dir, "/", name, ".pem");
+    *key = StrCat(dir, "/", name, "-key.pem");
+    std::string csr = StrCat(dir, "/", name, ".csr");
+    std::string ext = StrCat(dir, "/", name, ".ext");
+    std::ofstream(ext) << "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=" << usage << "\n";
+    CONNEX_RETURN_IF_ERROR(
+        run({"req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", *key, "-out", csr, "-subj", StrCat("/CN=", name)}));
+    return run({"x509", "-req", "-in", csr, "-CA", tls_.ca_file, "-CAkey", ca_key,
+                "-CAcreateserial", "-out", *cert, "-days", "2", "-extfile", ext});
+  };
+  CONNEX_RETURN_IF_ERROR(
+      issue("server", "serverAuth,clientAuth", &server_cert_file_, &server_key_file_));
+  return issue("client", "clientAuth", &tls_.client_cert_file, &tls_.client_key_file);
 }
 
 std::string EtcdCluster::address() const {

@@ -22,6 +22,16 @@ struct EtcdClusterOptions {
   std::string dir;
   // How long Start waits for every member to know a leader.
   int64_t ready_timeout_ms = 60000;
+  // Clients speak TLS to the members and must present a certificate of the cluster's CA
+  // (--client-cert-auth); Start makes the CA and the certificates with openssl (tls_files()).
+  bool tls = false;
+};
+
+// The PEM files of a TLS cluster: its CA, and a client certificate the CA signed.
+struct EtcdTlsFiles {
+  std::string ca_file;
+  std::string client_cert_file;
+  std::string client_key_file;
 };
 
 class EtcdCluster {
@@ -46,6 +56,7 @@ class EtcdCluster {
   std::string client_endpoint(int index) const;
   int IndexOf(const std::string& endpoint) const;
   int size() const { return static_cast<int>(members_.size()); }
+  const EtcdTlsFiles& tls_files() const { return tls_; }
 
   // SIGKILLs member `index` and reaps it (its data directory stays, for Restart).
   void Kill(int index);
@@ -69,6 +80,7 @@ class EtcdCluster {
     std::string name;
     int client_port = 0;
     int peer_port = 0;
+    int metrics_port = 0;  // plain HTTP /health, whatever the client URLs speak
     std::string data_dir;
     std::string log_path;
     std::optional<Subprocess> process;
@@ -76,9 +88,14 @@ class EtcdCluster {
   EtcdCluster() = default;
   absl::Status StartMember(int index, bool existing);
   absl::Status WaitReady(int64_t timeout_ms);
+  absl::Status MakeCertificates(const std::string& dir);
 
   std::string etcd_;
   std::string token_;
+  bool use_tls_ = false;
+  EtcdTlsFiles tls_;
+  std::string server_cert_file_;
+  std::string server_key_file_;
   std::vector<Member> members_;
 };
 
