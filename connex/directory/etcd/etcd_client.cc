@@ -216,8 +216,10 @@ class WatchImpl final : public EtcdWatch {
  private:
   void Run();
   // Streams from one member until the stream ends; returns whether the member confirmed the
-  // watch (so the next failure starts a new round without backoff).
-  bool StreamFrom(const Member& member);
+  // watch (so the next failure starts a new round without backoff). The end is logged as a
+  // warning, or at debug level when `quiet` (the members after the first that failed in a row:
+  // an election makes every member refuse for a second).
+  bool StreamFrom(const Member& member, bool quiet);
 
   EtcdClientImpl* const client_;
   const std::string key_;
@@ -625,7 +627,7 @@ void WatchImpl::Run() {
       MutexLock lock(&mu_);
       if (cancelled_ || !over_.ok()) return;
     }
-    bool confirmed = StreamFrom(client_->member(index));
+    bool confirmed = StreamFrom(client_->member(index), /*quiet=*/failed_in_a_row > 0);
     {
       MutexLock lock(&mu_);
       if (cancelled_ || !over_.ok()) return;
@@ -643,7 +645,7 @@ void WatchImpl::Run() {
   }
 }
 
-bool WatchImpl::StreamFrom(const Member& member) {
+bool WatchImpl::StreamFrom(const Member& member, bool quiet) {
   grpc::ClientContext context;
   client_->AddMetadata(&context, /*with_token=*/true);
   pb::WatchRequest request;
@@ -772,10 +774,9 @@ bool WatchImpl::StreamFrom(const Member& member) {
   member_.clear();
   if (!cancelled_ && over_.ok()) {
     if (ended.empty()) ended = status.ok() ? "the member closed the stream" : Describe(status);
-    CONNEX_LOG_WARN(
-        "etcd: watch of '{}' on {} ended ({}); resuming from revision {} on the next "
-        "member",
-        key_, member.name, ended, next_revision_);
+    Log().log(quiet ? spdlog::level::debug : spdlog::level::warn,
+              "etcd: watch of '{}' on {} ended ({}); resuming from revision {} on the next member",
+              key_, member.name, ended, next_revision_);
   }
   return confirmed;
 }

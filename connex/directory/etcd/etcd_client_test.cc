@@ -403,6 +403,51 @@ TEST_F(EtcdClientTest, AClientKeepsWorkingWithinASecondAfterItsMemberIsKilled) {
   EXPECT_THAT(std::string(none.status().message()), HasSubstr("etcd: Put: no member answered"));
 }
 
+TEST_F(EtcdClientTest, AfterTheLeaderIsKilledCallsAndWatchesGoOnUnderTheNextLeader) {
+  absl::StatusOr<int> leader = cluster_->Leader();
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  // The client and its watch start on the leader.
+  std::string address(kEtcdScheme);
+  address += cluster_->client_endpoint(*leader);
+  for (int i = 0; i < cluster_->size(); ++i) {
+    if (i != *leader) address += "," + cluster_->client_endpoint(i);
+  }
+  EtcdClientOptions options;
+  options.address = address;
+  auto client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<PutResult> first = client->Put("ld/0", "before");
+  ASSERT_TRUE(first.ok()) << first.status();
+  WatchOptions from;
+  from.range_end = PrefixEnd("ld/");
+  from.start_revision = first->revision;
+  std::unique_ptr<EtcdWatch> watch = client->Watch("ld/", from);
+  ASSERT_EQ(Events(*watch, 1).size(), 1u);
+  ASSERT_EQ(watch->member(), cluster_->client_endpoint(*leader));
+
+  // Writes wait out the election inside the call (the survivors answer Unavailable, "no
+  // leader" or "leader changed", until one is elected) and are then applied once each.
+  cluster_->Kill(*leader);
+  std::vector<int64_t> revisions;
+  for (const char* key : {"ld/1", "ld/2"}) {
+    absl::StatusOr<PutResult> put = client->Put(key, "after");
+    ASSERT_TRUE(put.ok()) << put.status();
+    revisions.push_back(put->revision);
+  }
+  std::vector<WatchEvent> events = Events(*watch, 2);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kv.key, "ld/1");
+  EXPECT_EQ(events[0].kv.mod_revision, revisions[0]);
+  EXPECT_EQ(events[1].kv.key, "ld/2");
+  EXPECT_EQ(events[1].kv.mod_revision, revisions[1]);
+  absl::StatusOr<RangeResult> range = client->Range("ld/", Prefix("ld/"));
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ(range->kvs.size(), 3u);
+  absl::StatusOr<int> next = cluster_->Leader();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_NE(*next, *leader);
+}
+
 TEST_F(EtcdClientTest, WithAuthOnlyTheRightUserAndPasswordGetIn) {
   if (EtcdCluster::FindBinary("etcdctl").empty()) {
     GTEST_SKIP() << "etcdctl is not installed: scripts/install-deps.sh installs etcd-client";
