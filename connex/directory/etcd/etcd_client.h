@@ -245,7 +245,8 @@ class EtcdKeepAlive {
   // The TTL etcd reported at the last renewal, and how many renewals it acknowledged.
   virtual int64_t last_ttl_seconds() const = 0;
   virtual int64_t renewals() const = 0;
-  // Stops renewing (the lease then runs out unless revoked).
+  // Stops renewing (the lease then runs out unless revoked). Returns at once; the destructor
+  // waits for a renewal in flight, at most the client's call_timeout.
   virtual void Stop() = 0;
 };
 

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
 #include "connex/base/wait.h"
 #include "connex/directory/etcd/testing/etcd_cluster.h"
 #include "gmock/gmock.h"
@@ -28,6 +30,31 @@ RangeOptions Prefix(std::string_view prefix) {
   RangeOptions options;
   options.range_end = PrefixEnd(prefix);
   return options;
+}
+
+// Creates `key` and returns the revision that wrote it — once, even when the client retried a
+// write that an attempt it gave up on had applied (EtcdClient's contract: a write that timed out
+// on one member may be done; retry-safe writes compare on their own value).
+absl::StatusOr<int64_t> CreateOnce(EtcdClient& client, const std::string& key,
+                                   const std::string& value) {
+  CONNEX_ASSIGN_OR_RETURN(
+      TxnResult txn,
+      client.Transact(Txn{{Compare::Absent(key)}, {TxnOp::Put(key, value)}, {TxnOp::Get(key)}}));
+  if (txn.succeeded) return txn.revision;
+  if (txn.results.empty() || txn.results[0].range.kvs.empty() ||
+      txn.results[0].range.kvs[0].value != value) {
+    return absl::AlreadyExistsError(StrCat(key, " exists with another value"));
+  }
+  return txn.results[0].range.kvs[0].mod_revision;
+}
+
+std::string Describe(const std::vector<WatchEvent>& events) {
+  std::string out;
+  for (const WatchEvent& e : events) {
+    out += (e.type == WatchEvent::Type::kPut ? " PUT " : " DELETE ") + e.kv.key + "@" +
+           std::to_string(e.kv.mod_revision);
+  }
+  return out;
 }
 
 class EtcdClientTest : public ::testing::Test {
@@ -254,7 +281,7 @@ TEST_F(EtcdClientTest, AWatchSeesEventsInOrderAndResumesOnAnotherMemberAfterItsM
   options.prev_kv = true;
   std::unique_ptr<EtcdWatch> watch = client->Watch("w/", options);
   std::vector<WatchEvent> events = Events(*watch, 3);
-  ASSERT_EQ(events.size(), 3u);
+  ASSERT_EQ(events.size(), 3u) << Describe(events);
   EXPECT_EQ(events[0].type, WatchEvent::Type::kPut);
   EXPECT_EQ(events[0].kv.key, "w/a");
   EXPECT_EQ(events[0].kv.mod_revision, a->revision);
@@ -275,12 +302,12 @@ TEST_F(EtcdClientTest, AWatchSeesEventsInOrderAndResumesOnAnotherMemberAfterItsM
   cluster_->Kill(victim);
   std::vector<int64_t> revisions;
   for (const char* key : {"w/c", "w/d", "w/e"}) {
-    absl::StatusOr<PutResult> put = client->Put(key, "after");
-    ASSERT_TRUE(put.ok()) << put.status();
-    revisions.push_back(put->revision);
+    absl::StatusOr<int64_t> revision = CreateOnce(*client, key, "after");
+    ASSERT_TRUE(revision.ok()) << revision.status();
+    revisions.push_back(*revision);
   }
   events = Events(*watch, 3);
-  ASSERT_EQ(events.size(), 3u);
+  ASSERT_EQ(events.size(), 3u) << Describe(events);
   std::vector<std::pair<std::string, int64_t>> seen;
   for (const WatchEvent& event : events) seen.emplace_back(event.kv.key, event.kv.mod_revision);
   EXPECT_THAT(seen, ElementsAre(std::pair<std::string, int64_t>("w/c", revisions[0]),
@@ -314,13 +341,14 @@ TEST_F(EtcdClientTest, AStoppedMemberIsSkippedByCallsAndByAWatch) {
   cluster_->Signal(victim, SIGSTOP);
   std::vector<int64_t> revisions;
   for (const char* key : {"s/b", "s/c"}) {
-    absl::StatusOr<PutResult> put = client->Put(key, "during");
-    ASSERT_TRUE(put.ok()) << put.status();
-    revisions.push_back(put->revision);
+    absl::StatusOr<int64_t> revision = CreateOnce(*client, key, "during");
+    ASSERT_TRUE(revision.ok()) << revision.status();
+    revisions.push_back(*revision);
   }
   EXPECT_NE(client->current_member(), streaming);
   std::vector<WatchEvent> events = Events(*watch, 2);
-  ASSERT_EQ(events.size(), 2u);
+  ASSERT_EQ(events.size(), 2u) << Describe(events) << " puts at " << revisions[0] << ", "
+                               << revisions[1];
   EXPECT_EQ(events[0].kv.key, "s/b");
   EXPECT_EQ(events[0].kv.mod_revision, revisions[0]);
   EXPECT_EQ(events[1].kv.key, "s/c");
@@ -354,7 +382,7 @@ TEST_F(EtcdClientTest, AWatchFromBelowTheCompactedRevisionReportsTheCompaction) 
   from.start_revision = revisions[3];
   watch = client->Watch("c/x", from);
   std::vector<WatchEvent> events = Events(*watch, 2);
-  ASSERT_EQ(events.size(), 2u);
+  ASSERT_EQ(events.size(), 2u) << Describe(events);
   EXPECT_EQ(events[0].kv.mod_revision, revisions[3]);
   EXPECT_EQ(events[1].kv.value, "4");
   // A read below the compaction fails the same way, naming the RPC.
@@ -426,16 +454,17 @@ TEST_F(EtcdClientTest, AfterTheLeaderIsKilledCallsAndWatchesGoOnUnderTheNextLead
   ASSERT_EQ(watch->member(), cluster_->client_endpoint(*leader));
 
   // Writes wait out the election inside the call (the survivors answer Unavailable, "no
-  // leader" or "leader changed", until one is elected) and are then applied once each.
+  // leader" or "leader changed", until one is elected); CreateOnce keeps a retried write from
+  // counting twice.
   cluster_->Kill(*leader);
   std::vector<int64_t> revisions;
   for (const char* key : {"ld/1", "ld/2"}) {
-    absl::StatusOr<PutResult> put = client->Put(key, "after");
-    ASSERT_TRUE(put.ok()) << put.status();
-    revisions.push_back(put->revision);
+    absl::StatusOr<int64_t> revision = CreateOnce(*client, key, "after");
+    ASSERT_TRUE(revision.ok()) << revision.status();
+    revisions.push_back(*revision);
   }
   std::vector<WatchEvent> events = Events(*watch, 2);
-  ASSERT_EQ(events.size(), 2u);
+  ASSERT_EQ(events.size(), 2u) << Describe(events);
   EXPECT_EQ(events[0].kv.key, "ld/1");
   EXPECT_EQ(events[0].kv.mod_revision, revisions[0]);
   EXPECT_EQ(events[1].kv.key, "ld/2");
