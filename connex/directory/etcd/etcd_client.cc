@@ -296,6 +296,9 @@ class EtcdClientImpl final : public EtcdClient {
     // minutes at worst. (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC takes it as the timeout of
     // one connect, and a short one fails every connect to a busy member.)
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    // A Range of a whole model or a watch response may pass gRPC's default 4 MiB; etcd bounds
+    // its own messages (--max-request-bytes, and ranges by the caller's limit), as clientv3 does.
+    args.SetMaxReceiveMessageSize(-1);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     for (const EtcdEndpoint& endpoint : endpoints_) {
       auto member = std::make_unique<Member>();

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -207,6 +208,43 @@ TEST_F(EtcdClientTest, PutRangeDeleteAndCompareAndSwap) {
   txn = client->Transact({{Compare::Absent("t/a")}, {TxnOp::Put("t/a", "again")}, {}});
   ASSERT_TRUE(txn.ok()) << txn.status();
   EXPECT_TRUE(txn->succeeded);
+}
+
+TEST_F(EtcdClientTest, ThreadsShareOneClientAndAWatchSeesEveryWriteOnceInOrder) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<RangeResult> now = client->Range("p/");
+  ASSERT_TRUE(now.ok()) << now.status();
+  WatchOptions from;
+  from.range_end = PrefixEnd("p/");
+  from.start_revision = now->revision + 1;
+  std::unique_ptr<EtcdWatch> watch = client->Watch("p/", from);
+
+  constexpr int kThreads = 4;
+  constexpr int kWrites = 25;
+  // 64 KiB values: the range below is 6.4 MiB, past gRPC's default 4 MiB message limit.
+  const std::string value(64 * 1024, 'v');
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> failures(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kWrites && failures[t].ok(); ++i) {
+        failures[t] = client->Put(StrCat("p/", t, "/", i), value).status();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const absl::Status& failure : failures) ASSERT_TRUE(failure.ok()) << failure;
+
+  std::vector<WatchEvent> events = Events(*watch, kThreads * kWrites);
+  ASSERT_EQ(events.size(), static_cast<size_t>(kThreads * kWrites));
+  for (size_t i = 1; i < events.size(); ++i) {
+    ASSERT_EQ(events[i].kv.mod_revision, events[i - 1].kv.mod_revision + 1) << i;
+  }
+  absl::StatusOr<RangeResult> range = client->Range("p/", Prefix("p/"));
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ(range->kvs.size(), static_cast<size_t>(kThreads * kWrites));
+  EXPECT_EQ(range->revision, events.back().kv.mod_revision);
 }
 
 TEST_F(EtcdClientTest, AKeptAliveLeaseOutlivesThreeTtlsAndARevokedOrExpiredOneDeletesItsKeys) {
