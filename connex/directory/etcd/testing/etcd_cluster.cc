@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "absl/strings/str_join.h"
@@ -352,6 +353,17 @@ absl::Status EtcdCluster::Restart(int index) {
 bool EtcdCluster::running(int index) {
   Member& member = members_[index];
   return member.process.has_value() && !member.process->Exited();
+}
+
+bool EtcdCluster::stopped(int index) {
+  Member& member = members_[index];
+  if (!member.process.has_value()) return false;
+  std::ifstream in(StrCat("/proc/", member.process->pid(), "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // pid (comm) state ...: the state follows the last ')'.
+  size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() &&
+         (stat[paren + 2] == 'T' || stat[paren + 2] == 't');
 }
 
 absl::StatusOr<int> EtcdCluster::Leader() {

@@ -65,6 +65,8 @@ class EtcdCluster {
   // Starts a killed member again on its ports and data directory.
   absl::Status Restart(int index);
   bool running(int index);
+  // Whether member `index` is stopped (SIGSTOP) now, from /proc/PID/stat.
+  bool stopped(int index);
 
   // Runs etcdctl (etcd-client) with `args` against every member; returns its output, or
   // FailedPrecondition (no etcdctl) / Internal (it failed, with its output).
