@@ -188,7 +188,12 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const EtcdCluste
 }
 
 EtcdCluster::~EtcdCluster() {
-  for (Member& member : members_) member.process.reset();
+  // The data directories go (etcd preallocates its WAL: over 100 MB a member); the logs stay.
+  for (Member& member : members_) {
+    member.process.reset();
+    std::error_code ignored;
+    std::filesystem::remove_all(member.data_dir, ignored);
+  }
 }
 
 absl::Status EtcdCluster::StartMember(int index, bool existing) {

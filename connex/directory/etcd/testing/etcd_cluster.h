@@ -18,7 +18,8 @@ namespace connex::directory::etcd::testing {
 
 struct EtcdClusterOptions {
   int members = 3;
-  // Under this directory, one data directory and one log file per member (created).
+  // Under this directory, one data directory (removed with the cluster) and one log file per
+  // member (kept).
   std::string dir;
   // How long Start waits for every member to know a leader.
   int64_t ready_timeout_ms = 60000;
@@ -48,7 +49,7 @@ class EtcdCluster {
   // FailedPrecondition: no etcd binary; Unavailable: the cluster did not come up (the message
   // carries the members' logs).
   static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(const EtcdClusterOptions& options);
-  ~EtcdCluster();  // SIGKILLs every member still running
+  ~EtcdCluster();  // SIGKILLs every member still running and removes the data directories
 
   // etcd://127.0.0.1:P1,... — every member, in order.
   std::string address() const;
