@@ -33,6 +33,12 @@ PACKAGES=(
   gnuplot-nox  # scripts/results-charts (docs/assets/*.svg)
   # The Python bindings (python/connex, the connex._connex extension) and their pytest tests.
   pybind11-dev python3-pybind11 python3-dev python3-pytest python3-numpy
+  # The etcd directory backend (connex/directory/etcd): a real etcd cluster for its tests, gRPC,
+  # and etcd's own .proto files that its stubs are generated from at build time.
+  etcd-server etcd-client
+  openssl  # the certificates of the etcd TLS test cluster
+  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
+  golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
 )
 
 missing=()
