@@ -434,23 +434,25 @@ class StateDirectoryTest : public DirectoryProcessTest {
     ASSERT_EQ(directory_->Wait(5000), 128 + SIGKILL);
     StartDirectory(Flags());
   }
-  std::unique_ptr<directory::DirectoryClient> Client() {
+  std::unique_ptr<directory::DirectoryClient> Client(int request_timeout_ms = 1000) {
     directory::DirectoryClientOptions options;
     options.directory = bind_;
-    options.request_timeout_ms = 1000;
+    options.request_timeout_ms = request_timeout_ms;
     auto client = directory::DirectoryClient::Connect(options);
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? *std::move(client) : nullptr;
   }
 
   // Connects new clients (each Connect is a HELLO round trip) for `duration`, five a second,
-  // and returns the slowest round trip.
+  // and returns the slowest round trip: a figure the flood tests print, not a bound they assert
+  // (under TSan on two busy cores one HELLO took 1006 ms, past a 1000 ms request timeout), so
+  // a probe waits up to 30 s for its answer and only a HELLO never answered fails the test.
   int64_t SlowestHelloMs(std::chrono::seconds duration) {
     int64_t worst = 0;
     const auto end = std::chrono::steady_clock::now() + duration;
     while (std::chrono::steady_clock::now() < end) {
       const auto t0 = std::chrono::steady_clock::now();
-      auto probe = Client();
+      auto probe = Client(/*request_timeout_ms=*/30000);
       EXPECT_NE(probe, nullptr);
       worst = std::max<int64_t>(worst, std::chrono::duration_cast<std::chrono::milliseconds>(
                                            std::chrono::steady_clock::now() - t0)
