@@ -24,6 +24,7 @@ install_openai_client() {
 
 PACKAGES=(
   build-essential cmake make ninja-build g++-12 clang-14 libclang-rt-14-dev lld-14 lld clang-format
+  ccache  # compiled objects shared by build trees and clones (CMake CONNEX_CCACHE)
   libgtest-dev libgmock-dev libbenchmark-dev
   libabsl-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
   libucx-dev ucx-utils
