@@ -37,6 +37,7 @@ PACKAGES=(
   # The etcd directory backend (connex/directory/etcd): a real etcd cluster for its tests, gRPC,
   # and etcd's own .proto files that its stubs are generated from at build time.
   etcd-server etcd-client
+  libsodium-dev  # SHA-256 of the credentials the etcd directory stores (connex/directory/etcd)
   openssl  # the certificates of the etcd TLS test cluster
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev

@@ -1,0 +1,620 @@
+#include "connex/directory/etcd/etcd_store.h"
+
+#include <sodium.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/time/time.h"
+#include "connex/base/check.h"
+#include "connex/base/codec.h"
+#include "connex/base/logging.h"
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
+#include "connex/directory/secret.h"
+
+namespace connex::directory::etcd {
+namespace {
+
+constexpr std::string_view kRecordFrame = "RECORD";
+// A transaction whose comparison failed because the key changed in between is tried again
+// with what it read; this many times before the caller is told to retry.
+constexpr int kMaxTxnRounds = 8;
+
+std::string LidSuffix(const Lid& lid) {
+  return StrCat("g", lid.group, "/s", lid.shard, "/r", lid.replica);
+}
+
+int64_t CeilSeconds(int64_t ms) { return std::max<int64_t>(1, (ms + 999) / 1000); }
+
+// The key and credential of one LID as a transaction's Get ops returned them.
+struct Held {
+  std::optional<KeyValue> record;
+  std::optional<KeyValue> credential;
+  std::optional<KeyValue> end;
+};
+
+std::optional<KeyValue> FirstKv(const TxnResult& txn, size_t index) {
+  if (index >= txn.results.size() || txn.results[index].range.kvs.empty()) return std::nullopt;
+  return txn.results[index].range.kvs.front();
+}
+
+std::vector<TxnOp> GetsOf(const Lid& lid) {
+  return {TxnOp::Get(RecordKey(lid)), TxnOp::Get(CredentialKey(lid)), TxnOp::Get(EndKey(lid))};
+}
+
+Held HeldOf(const TxnResult& txn, size_t first = 0) {
+  return Held{FirstKv(txn, first), FirstKv(txn, first + 1), FirstKv(txn, first + 2)};
+}
+
+bool DigestIs(const std::optional<KeyValue>& credential, std::string_view secret) {
+  return credential.has_value() && !secret.empty() &&
+         SecretsEqual(credential->value, CredentialDigest(secret));
+}
+
+}  // namespace
+
+std::string ModelPrefix(std::string_view model) { return StrCat(kRoot, model, "/"); }
+std::string RecordKey(const Lid& lid) {
+  return StrCat(ModelPrefix(lid.model), "lid/", LidSuffix(lid));
+}
+std::string CredentialKey(const Lid& lid) {
+  return StrCat(ModelPrefix(lid.model), "cred/", LidSuffix(lid));
+}
+std::string EndKey(const Lid& lid) { return StrCat(ModelPrefix(lid.model), "end/", LidSuffix(lid)); }
+
+absl::StatusOr<ParsedKey> ParseKey(std::string_view key) {
+  auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(StrCat("etcd key '", key, "' is not a Connex key: ", why));
+  };
+  if (key.substr(0, kRoot.size()) != kRoot) return bad(StrCat("not under ", kRoot));
+  std::string_view rest = key.substr(kRoot.size());
+  size_t slash = rest.find('/');
+  if (slash == std::string_view::npos) return bad("no kind after the model");
+  std::string_view model = rest.substr(0, slash);
+  rest = rest.substr(slash + 1);
+  slash = rest.find('/');
+  if (slash == std::string_view::npos) return bad("no LID after the kind");
+  std::string_view kind = rest.substr(0, slash);
+  ParsedKey parsed;
+  if (kind == "lid") {
+    parsed.kind = ParsedKey::Kind::kRecord;
+  } else if (kind == "cred") {
+    parsed.kind = ParsedKey::Kind::kCredential;
+  } else if (kind == "end") {
+    parsed.kind = ParsedKey::Kind::kEnd;
+  } else {
+    return bad(StrCat("unknown kind '", kind, "' (lid, cred or end)"));
+  }
+  absl::StatusOr<Lid> lid = Lid::Parse(StrCat(model, "/", rest.substr(slash + 1)));
+  if (!lid.ok()) return bad(AsStd(lid.status().message()));
+  parsed.lid = *std::move(lid);
+  return parsed;
+}
+
+std::string EncodeRecordValue(const Record& record) {
+  wire::MapBuilder body;
+  body.StrList("addresses", record.addresses).StrMap("metadata", record.metadata);
+  return wire::EncodeFrame(kRecordFrame, body);
+}
+
+absl::StatusOr<Record> DecodeRecordValue(const Lid& lid, std::string_view value) {
+  absl::StatusOr<wire::Frame> frame = wire::DecodeFrame(value);
+  if (!frame.ok()) return Annotate(frame.status(), StrCat("etcd record of ", lid.ToString()));
+  if (frame->type != kRecordFrame) {
+    return absl::InvalidArgumentError(StrCat("etcd record of ", lid.ToString(), ": a ",
+                                             frame->type, " frame, not ", kRecordFrame));
+  }
+  Record record;
+  record.lid = lid;
+  CONNEX_ASSIGN_OR_RETURN(record.addresses, frame->body.StrList("addresses"));
+  if (frame->body.Has("metadata")) {
+    CONNEX_ASSIGN_OR_RETURN(record.metadata, frame->body.StrMap("metadata"));
+  }
+  return record;
+}
+
+std::string CredentialDigest(std::string_view credential) {
+  static const bool sodium_ready = sodium_init() >= 0;
+  CONNEX_CHECK(sodium_ready);
+  unsigned char digest[crypto_hash_sha256_BYTES];
+  crypto_hash_sha256(digest, reinterpret_cast<const unsigned char*>(credential.data()),
+                     credential.size());
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(2 * sizeof(digest));
+  for (unsigned char byte : digest) {
+    hex.push_back(kHex[byte >> 4]);
+    hex.push_back(kHex[byte & 15]);
+  }
+  return hex;
+}
+
+// ---- EtcdStore ----
+
+EtcdStore::EtcdStore(EtcdClient* client, EtcdStoreOptions options)
+    : client_(client), options_(std::move(options)) {
+  if (!options_.new_credential) options_.new_credential = NewCredential;
+}
+
+absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Open(EtcdClient* client,
+                                                           EtcdStoreOptions options) {
+  if (sodium_init() < 0) return absl::InternalError("libsodium failed to initialise");
+  if (options.lease_ttl_ms <= 0) {
+    return absl::InvalidArgumentError(
+        StrCat("lease TTL ", options.lease_ttl_ms, " ms: it must be positive"));
+  }
+  if (options.end_marker_ttl_ms < options.lease_ttl_ms) {
+    return absl::InvalidArgumentError(StrCat("end markers live ", options.end_marker_ttl_ms,
+                                             " ms, under the lease TTL of ", options.lease_ttl_ms,
+                                             " ms: a watcher would mistake a LEAVE for a FAILED"));
+  }
+  std::unique_ptr<EtcdStore> store(new EtcdStore(client, std::move(options)));
+  CONNEX_RETURN_IF_ERROR(store->GrantLease());
+  return store;
+}
+
+EtcdStore::~EtcdStore() {
+  int64_t lease = 0;
+  {
+    MutexLock lock(&mu_);
+    if (keepalive_) keepalive_->Stop();
+    keepalive_.reset();
+    lease = lease_id_;
+  }
+  // Revoking deletes every key of the lease now, rather than after its TTL: the holder is gone.
+  absl::Status revoked = client_->LeaseRevoke(lease);
+  if (!revoked.ok() && !absl::IsNotFound(revoked)) {
+    CONNEX_LOG_WARN("etcd directory: revoking lease {:x} failed ({}); its LIDs go when it expires",
+                    lease, revoked.ToString());
+  }
+}
+
+absl::Status EtcdStore::GrantLease() {
+  CONNEX_ASSIGN_OR_RETURN(LeaseGrantResult grant,
+                          client_->LeaseGrant(CeilSeconds(options_.lease_ttl_ms)));
+  const int64_t ttl_ms = grant.ttl_seconds * 1000;
+  // Renew three times a TTL, so that a renewal lost to a member's failure leaves time for another.
+  std::unique_ptr<EtcdKeepAlive> keepalive =
+      client_->KeepAlive(grant.id, absl::Milliseconds(std::max<int64_t>(ttl_ms / 3, 100)));
+  MutexLock lock(&mu_);
+  if (keepalive_) keepalive_->Stop();
+  keepalive_ = std::move(keepalive);
+  lease_id_ = grant.id;
+  lease_ttl_ms_ = ttl_ms;
+  return absl::OkStatus();
+}
+
+absl::Status EtcdStore::RenewLease() {
+  if (lease_status().ok()) return absl::OkStatus();
+  return GrantLease();
+}
+
+absl::Status EtcdStore::lease_status() const {
+  MutexLock lock(&mu_);
+  if (!keepalive_) return absl::FailedPreconditionError("the store holds no lease");
+  return keepalive_->status();
+}
+
+int64_t EtcdStore::lease_id() const {
+  MutexLock lock(&mu_);
+  return lease_id_;
+}
+
+int64_t EtcdStore::lease_ttl_ms() const {
+  MutexLock lock(&mu_);
+  return lease_ttl_ms_;
+}
+
+void EtcdStore::StopRenewingForTest() {
+  MutexLock lock(&mu_);
+  if (keepalive_) keepalive_->Stop();
+}
+
+absl::StatusOr<int64_t> EtcdStore::MarkerLease() {
+  CONNEX_ASSIGN_OR_RETURN(LeaseGrantResult grant,
+                          client_->LeaseGrant(CeilSeconds(options_.end_marker_ttl_ms)));
+  return grant.id;
+}
+
+absl::Status EtcdStore::CheckAdmin(std::string_view token, std::string_view what) const {
+  if (options_.admin_token.empty()) {
+    return absl::PermissionDeniedError(
+        StrCat(what,
+               " needs the admin token, and this client has none (CONNEX_DIRECTORY_ADMIN_TOKEN "
+               "or CONNEX_DIRECTORY_ADMIN_TOKEN_FILE; on etcd, the writes themselves are "
+               "allowed by etcd's own auth)"));
+  }
+  if (token.empty()) return absl::PermissionDeniedError(StrCat(what, " needs the admin token"));
+  if (!SecretsEqual(token, options_.admin_token)) {
+    return absl::PermissionDeniedError(StrCat(what, ": wrong admin token"));
+  }
+  return absl::OkStatus();
+}
+
+std::string EtcdStore::LeaseLeft(int64_t lease) {
+  absl::StatusOr<LeaseTimeToLiveResult> ttl = client_->LeaseTimeToLive(lease);
+  if (!ttl.ok() || ttl->ttl_seconds < 0) return "";
+  return StrCat(", about ", ttl->ttl_seconds, " s of its lease left");
+}
+
+absl::StatusOr<Registry::JoinResult> EtcdStore::Join(
+    const Lid& lid, const std::vector<std::string>& addresses,
+    const std::map<std::string, std::string>& metadata, const JoinAuth& auth) {
+  CONNEX_RETURN_IF_ERROR(Lid::ValidateModel(lid.model));
+  CONNEX_RETURN_IF_ERROR(ValidateRegistration(addresses, metadata));
+  Record record;
+  record.lid = lid;
+  record.addresses = addresses;
+  record.metadata = metadata;
+  const size_t bytes = RecordBytes(record);
+  if (bytes > options_.max_record_bytes) {
+    return absl::InvalidArgumentError(
+        StrCat("the record takes ", bytes, " bytes, over the limit of ", options_.max_record_bytes,
+               " (CONNEX_DIRECTORY_MAX_RECORD_BYTES): shorten its metadata"));
+  }
+  CONNEX_RETURN_IF_ERROR(
+      Annotate(lease_status(), "this process's etcd lease is gone (an outage longer than its "
+                               "TTL): RenewLease, then join again"));
+  const int64_t lease = lease_id();
+  const std::string key = RecordKey(lid);
+  const std::string cred_key = CredentialKey(lid);
+  const std::string value = EncodeRecordValue(record);
+  // This JOIN's credential, made before the transaction, so that a transaction the client
+  // retried after it was applied is recognised as ours (its digest is in the credential key).
+  const std::string credential = options_.new_credential();
+  const std::string digest = CredentialDigest(credential);
+  if (auth.force) CONNEX_RETURN_IF_ERROR(CheckAdmin(auth.admin_token, "a forced JOIN"));
+
+  for (int round = 0; round < kMaxTxnRounds; ++round) {
+    // A new record, if the LID is free: within the model's limit?
+    RangeOptions count;
+    count.range_end = PrefixEnd(StrCat(ModelPrefix(lid.model), "lid/"));
+    count.count_only = true;
+    CONNEX_ASSIGN_OR_RETURN(RangeResult in_model,
+                            client_->Range(StrCat(ModelPrefix(lid.model), "lid/"), count));
+    const bool model_full =
+        static_cast<size_t>(in_model.count) >= options_.max_records_per_model;
+    Txn create;
+    if (!model_full) {
+      create.compare = {Compare::Absent(key)};
+      create.success = {TxnOp::Put(key, value, lease), TxnOp::Put(cred_key, digest, lease)};
+      create.failure = GetsOf(lid);
+    } else {
+      // Nothing to create: the reads tell whether the LID exists (a migration or a takeover
+      // replaces a record) or the model is full.
+      create.success = GetsOf(lid);
+    }
+    CONNEX_ASSIGN_OR_RETURN(TxnResult txn, client_->Transact(create));
+    if (!model_full && txn.succeeded) {
+      return Registry::JoinResult{static_cast<uint64_t>(txn.revision), credential, true};
+    }
+    Held held = HeldOf(txn);
+    if (model_full && !held.record) {
+      return absl::ResourceExhaustedError(StrCat(
+          "model '", lid.model, "' has ", in_model.count, " records, its limit (",
+          options_.max_records_per_model, ", CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL)"));
+    }
+    if (!held.record) continue;  // gone since: try to create it again
+    const KeyValue& current = *held.record;
+    if (DigestIs(held.credential, credential)) {
+      // An earlier attempt of this very transaction was applied.
+      return Registry::JoinResult{static_cast<uint64_t>(current.mod_revision), credential, true};
+    }
+    if (DigestIs(held.credential, auth.credential)) {
+      if (current.value == value && current.lease == lease) {
+        // The holder's idempotent retry.
+        return Registry::JoinResult{static_cast<uint64_t>(current.mod_revision), auth.credential,
+                                    false};
+      }
+      // Migration: the holder moves; a new incarnation with its own credential.
+      Txn migrate;
+      migrate.compare = {Compare::ModRevision(key, Compare::Result::kEqual, current.mod_revision),
+                         Compare::Value(cred_key, Compare::Result::kEqual, held.credential->value)};
+      migrate.success = {TxnOp::Put(key, value, lease), TxnOp::Put(cred_key, digest, lease)};
+      migrate.failure = GetsOf(lid);
+      CONNEX_ASSIGN_OR_RETURN(TxnResult moved, client_->Transact(migrate));
+      if (moved.succeeded) {
+        return Registry::JoinResult{static_cast<uint64_t>(moved.revision), credential, true};
+      }
+      Held now = HeldOf(moved);
+      if (now.record && DigestIs(now.credential, credential)) {
+        return Registry::JoinResult{static_cast<uint64_t>(now.record->mod_revision), credential,
+                                    true};
+      }
+      continue;  // changed in between (an eviction, a takeover): look again
+    }
+    const uint64_t epoch = static_cast<uint64_t>(current.mod_revision);
+    if (auth.force) {
+      // The operator takes the LID over; the holder is fenced (FAILED superseded).
+      CONNEX_ASSIGN_OR_RETURN(int64_t marker, MarkerLease());
+      Txn take;
+      take.compare = {Compare::ModRevision(key, Compare::Result::kEqual, current.mod_revision)};
+      take.success = {TxnOp::Put(EndKey(lid), StrCat(kEndSupersededPrefix, " epoch ", epoch),
+                                 marker),
+                      TxnOp::Put(key, value, lease), TxnOp::Put(cred_key, digest, lease)};
+      take.failure = GetsOf(lid);
+      CONNEX_ASSIGN_OR_RETURN(TxnResult taken, client_->Transact(take));
+      if (taken.succeeded) {
+        CONNEX_LOG_INFO("etcd directory: {} epoch {} taken over by the operator (epoch {})",
+                        lid.ToString(), epoch, taken.revision);
+        return Registry::JoinResult{static_cast<uint64_t>(taken.revision), credential, true};
+      }
+      Held now = HeldOf(taken);
+      if (now.record && DigestIs(now.credential, credential)) {
+        return Registry::JoinResult{static_cast<uint64_t>(now.record->mod_revision), credential,
+                                    true};
+      }
+      continue;
+    }
+    if (auth.exclusive) {
+      return absl::FailedPreconditionError(
+          StrCat("held by another process (epoch ", epoch, ")"));
+    }
+    return absl::AlreadyExistsError(StrCat("held by epoch ", epoch, " (lease live",
+                                           LeaseLeft(current.lease),
+                                           "; only its holder may change it, or an operator "
+                                           "with `connexctl join --force`)"));
+  }
+  return absl::UnavailableError(StrCat("JOIN of ", lid.ToString(), ": the record changed ",
+                                       kMaxTxnRounds, " times while joining; try again"));
+}
+
+absl::Status EtcdStore::Confirm(const Lid& lid, uint64_t epoch) {
+  Txn read;
+  read.success = GetsOf(lid);
+  CONNEX_ASSIGN_OR_RETURN(TxnResult txn, client_->Transact(read));
+  Held held = HeldOf(txn);
+  if (!held.record) {
+    return absl::FailedPreconditionError(
+        StrCat("epoch ", epoch, " of ", lid.ToString(), " is over: the LID is not registered",
+               held.end ? StrCat(" (", held.end->value, ")") : " (its lease expired)"));
+  }
+  if (static_cast<uint64_t>(held.record->mod_revision) != epoch) {
+    return absl::FailedPreconditionError(StrCat("epoch ", epoch, " of ", lid.ToString(),
+                                                " is superseded by ", held.record->mod_revision));
+  }
+  if (held.record->lease != lease_id()) {
+    return absl::FailedPreconditionError(StrCat("epoch ", epoch, " of ", lid.ToString(),
+                                                " is bound to another process's lease"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EtcdStore::Leave(const Lid& lid, uint64_t epoch, const Caller& caller) {
+  for (int round = 0; round < kMaxTxnRounds; ++round) {
+    Txn read;
+    read.success = GetsOf(lid);
+    CONNEX_ASSIGN_OR_RETURN(TxnResult txn, client_->Transact(read));
+    Held held = HeldOf(txn);
+    if (!held.record) return absl::NotFoundError(StrCat(lid.ToString(), " is not registered"));
+    const uint64_t current = static_cast<uint64_t>(held.record->mod_revision);
+    if (epoch != 0 && current != epoch) {
+      return absl::FailedPreconditionError(
+          StrCat("epoch ", epoch, " of ", lid.ToString(), " is superseded by ", current));
+    }
+    if (!DigestIs(held.credential, caller.credential)) {
+      if (caller.admin_token.empty()) {
+        return absl::PermissionDeniedError(
+            caller.credential.empty()
+                ? "needs the holder's credential (or the admin token, for an operator's drain)"
+                : StrCat("the credential is not that of epoch ", current));
+      }
+      CONNEX_RETURN_IF_ERROR(CheckAdmin(caller.admin_token, "a drain of another's LID"));
+    }
+    CONNEX_ASSIGN_OR_RETURN(int64_t marker, MarkerLease());
+    Txn leave;
+    leave.compare = {
+        Compare::ModRevision(RecordKey(lid), Compare::Result::kEqual, held.record->mod_revision)};
+    leave.success = {TxnOp::Put(EndKey(lid), std::string(kEndLeft), marker),
+                     TxnOp::Delete(RecordKey(lid)), TxnOp::Delete(CredentialKey(lid))};
+    leave.failure = GetsOf(lid);
+    CONNEX_ASSIGN_OR_RETURN(TxnResult left, client_->Transact(leave));
+    if (left.succeeded) return absl::OkStatus();
+    Held now = HeldOf(left);
+    // Gone, with our marker: an attempt of this transaction that the client retried was applied.
+    if (!now.record && now.end && now.end->value == kEndLeft && now.end->lease == marker) {
+      return absl::OkStatus();
+    }
+  }
+  return absl::UnavailableError(StrCat("LEAVE of ", lid.ToString(), ": the record changed ",
+                                       kMaxTxnRounds, " times while leaving; try again"));
+}
+
+absl::StatusOr<bool> EtcdStore::ReportFailed(const Lid& lid, uint64_t epoch,
+                                             const Caller& caller) {
+  // Who reports: a live member of the same model (checked inside the transaction: its
+  // credential key must hold the digest of the credential it presents), or the operator.
+  const bool as_member = caller.member && caller.member->model == lid.model &&
+                         !caller.member_credential.empty();
+  std::string who;
+  if (as_member) {
+    who = caller.member->ToString();
+  } else if (!caller.admin_token.empty()) {
+    CONNEX_RETURN_IF_ERROR(CheckAdmin(caller.admin_token, "a report from outside the model"));
+    who = "the operator";
+  } else {
+    return absl::PermissionDeniedError(StrCat(
+        "accepted only from a live member of model '", lid.model,
+        "' (the credential of a LID it holds) or with the admin token; reporter '", caller.name,
+        "'",
+        caller.member ? StrCat(" presented ", caller.member->ToString(), ", not of the model")
+                      : StrCat(" holds no LID")));
+  }
+  const std::string name =
+      caller.name.empty() || (caller.member && caller.name == caller.member->ToString())
+          ? ""
+          : StrCat(" (", caller.name, ")");
+  for (int round = 0; round < kMaxTxnRounds; ++round) {
+    Txn read;
+    read.success = GetsOf(lid);
+    CONNEX_ASSIGN_OR_RETURN(TxnResult txn, client_->Transact(read));
+    Held held = HeldOf(txn);
+    if (!held.record) return absl::NotFoundError(StrCat(lid.ToString(), " is not registered"));
+    const uint64_t current = static_cast<uint64_t>(held.record->mod_revision);
+    if (epoch != 0 && current != epoch) return false;
+    CONNEX_ASSIGN_OR_RETURN(int64_t marker, MarkerLease());
+    const std::string reason = StrCat(kEndReportedPrefix, " by ", who, name);
+    Txn report;
+    report.compare = {
+        Compare::ModRevision(RecordKey(lid), Compare::Result::kEqual, held.record->mod_revision)};
+    if (as_member) {
+      report.compare.push_back(Compare::Value(CredentialKey(*caller.member),
+                                              Compare::Result::kEqual,
+                                              CredentialDigest(caller.member_credential)));
+    }
+    report.success = {TxnOp::Put(EndKey(lid), reason, marker), TxnOp::Delete(RecordKey(lid)),
+                      TxnOp::Delete(CredentialKey(lid))};
+    report.failure = GetsOf(lid);
+    if (as_member) report.failure.push_back(TxnOp::Get(CredentialKey(*caller.member)));
+    CONNEX_ASSIGN_OR_RETURN(TxnResult reported, client_->Transact(report));
+    if (reported.succeeded) {
+      CONNEX_LOG_WARN("etcd directory: {} epoch {} reported failed by {}{}", lid.ToString(),
+                      current, who, name);
+      return true;
+    }
+    Held now = HeldOf(reported);
+    if (!now.record && now.end && now.end->value == reason && now.end->lease == marker) {
+      return true;  // an attempt the client retried was applied
+    }
+    if (as_member && !DigestIs(FirstKv(reported, 3), caller.member_credential)) {
+      return absl::PermissionDeniedError(
+          StrCat("accepted only from a live member of model '", lid.model, "'; reporter '",
+                 caller.name, "' presented ", caller.member->ToString(),
+                 ", not a live LID of the model that it holds"));
+    }
+    if (!now.record) return false;  // gone meanwhile (expired, left, reported by another)
+  }
+  return absl::UnavailableError(StrCat("REPORT_FAILED of ", lid.ToString(),
+                                       ": the record changed ", kMaxTxnRounds,
+                                       " times while reporting; try again"));
+}
+
+absl::StatusOr<Snapshot> EtcdStore::Snap(std::optional<std::string> model,
+                                         std::optional<uint32_t> group) {
+  std::string prefix = std::string(kRoot);
+  if (model) {
+    CONNEX_RETURN_IF_ERROR(Lid::ValidateModel(*model));
+    prefix = StrCat(ModelPrefix(*model), "lid/");
+    if (group) prefix = StrCat(prefix, "g", *group, "/");
+  }
+  RangeOptions range;
+  range.range_end = PrefixEnd(prefix);
+  CONNEX_ASSIGN_OR_RETURN(RangeResult read, client_->Range(prefix, range));
+  Snapshot snapshot;
+  snapshot.incarnation = 1;  // etcd keeps the history: there is no restart to tell apart
+  snapshot.revision = static_cast<uint64_t>(read.revision);
+  snapshot.model_revision = snapshot.revision;
+  for (const KeyValue& kv : read.kvs) {
+    absl::StatusOr<ParsedKey> parsed = ParseKey(kv.key);
+    if (!parsed.ok()) {
+      CONNEX_LOG_WARN("etcd directory: skipping a key in the snapshot: {}",
+                      parsed.status().ToString());
+      continue;
+    }
+    if (parsed->kind != ParsedKey::Kind::kRecord) continue;
+    if (group && parsed->lid.group != *group) continue;
+    absl::StatusOr<Record> record = DecodeRecordValue(parsed->lid, kv.value);
+    if (!record.ok()) {
+      CONNEX_LOG_WARN("etcd directory: skipping a record in the snapshot: {}",
+                      record.status().ToString());
+      continue;
+    }
+    record->epoch = static_cast<uint64_t>(kv.mod_revision);
+    snapshot.records.push_back(*std::move(record));
+  }
+  std::sort(snapshot.records.begin(), snapshot.records.end(),
+            [](const Record& a, const Record& b) { return a.lid < b.lid; });
+  return snapshot;
+}
+
+// ---- EventDeriver ----
+
+std::vector<Event> EventDeriver::Apply(const WatchResponse& response) {
+  std::vector<Event> out;
+  std::vector<const WatchEvent*> same;
+  for (const WatchEvent& event : response.events) {
+    if (!same.empty() && same.front()->kv.mod_revision != event.kv.mod_revision) {
+      ApplyRevision(same, &out);
+      same.clear();
+    }
+    same.push_back(&event);
+  }
+  if (!same.empty()) ApplyRevision(same, &out);
+  return out;
+}
+
+void EventDeriver::ApplyRevision(const std::vector<const WatchEvent*>& events,
+                                 std::vector<Event>* out) {
+  const uint64_t revision = static_cast<uint64_t>(events.front()->kv.mod_revision);
+  if (revision <= last_revision_) return;  // delivered already (the watch resumed before it)
+  // How incarnations ended at this revision (the end markers the transaction wrote).
+  std::map<Lid, std::string> ends;
+  std::vector<std::pair<const WatchEvent*, Lid>> records;
+  for (const WatchEvent* event : events) {
+    absl::StatusOr<ParsedKey> parsed = ParseKey(event->kv.key);
+    if (!parsed.ok()) {
+      ++skipped_;
+      continue;
+    }
+    if (parsed->kind == ParsedKey::Kind::kEnd && event->type == WatchEvent::Type::kPut) {
+      ends[parsed->lid] = event->kv.value;
+    } else if (parsed->kind == ParsedKey::Kind::kRecord) {
+      records.emplace_back(event, parsed->lid);
+    }
+  }
+  auto previous_record = [&](const WatchEvent& event, const Lid& lid) {
+    Record old;
+    old.lid = lid;
+    if (event.prev_kv) {
+      absl::StatusOr<Record> decoded = DecodeRecordValue(lid, event.prev_kv->value);
+      if (decoded.ok()) old = *std::move(decoded);
+      old.epoch = static_cast<uint64_t>(event.prev_kv->mod_revision);
+    }
+    return old;
+  };
+  auto emit = [&](EventKind kind, Record record, uint64_t previous_epoch, std::string reason) {
+    Event e;
+    e.revision = revision;
+    e.kind = kind;
+    e.record = std::move(record);
+    e.previous_epoch = previous_epoch;
+    e.reason = std::move(reason);
+    e.model_previous = last_revision_;
+    out->push_back(std::move(e));
+  };
+  for (const auto& [event, lid] : records) {
+    auto end = ends.find(lid);
+    if (event->type == WatchEvent::Type::kPut) {
+      absl::StatusOr<Record> record = DecodeRecordValue(lid, event->kv.value);
+      if (!record.ok()) {
+        ++skipped_;
+        continue;
+      }
+      record->epoch = revision;
+      const bool superseded = end != ends.end() && end->second.rfind(kEndSupersededPrefix, 0) == 0;
+      if (event->kv.version == 1) {
+        emit(EventKind::kJoined, *std::move(record), 0, "");
+      } else if (superseded) {
+        emit(EventKind::kFailed, previous_record(*event, lid), 0,
+             StrCat("superseded by epoch ", revision));
+        emit(EventKind::kJoined, *std::move(record), 0, "");
+      } else {
+        emit(EventKind::kMigrated, *std::move(record),
+             event->prev_kv ? static_cast<uint64_t>(event->prev_kv->mod_revision) : 0, "");
+      }
+    } else {
+      Record old = previous_record(*event, lid);
+      if (end != ends.end() && end->second == kEndLeft) {
+        emit(EventKind::kLeft, std::move(old), 0, "");
+      } else if (end != ends.end()) {
+        emit(EventKind::kFailed, std::move(old), 0, end->second);
+      } else {
+        emit(EventKind::kFailed, std::move(old), 0, "lease-expired");
+      }
+    }
+  }
+  last_revision_ = revision;
+}
+
+}  // namespace connex::directory::etcd
