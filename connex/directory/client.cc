@@ -870,28 +870,7 @@ class DirectoryClient::Impl {
       }
       if (sc.have_snapshot || sc.synthesize) {
         // What changed while we were not looking, as events.
-        for (const auto& [lid, old] : view_) {
-          if (!in_scope(lid)) continue;
-          auto it = fresh.find(lid);
-          if (it == fresh.end() || it->second.epoch != old.epoch) {
-            Event e;
-            e.revision = snapshot.revision;
-            e.kind = EventKind::kFailed;
-            e.record = old;
-            e.reason = "gone (seen in a fresh snapshot)";
-            synthesized.push_back(std::move(e));
-          }
-        }
-        for (const auto& [lid, record] : fresh) {
-          auto it = view_.find(lid);
-          if (it == view_.end() || it->second.epoch != record.epoch) {
-            Event e;
-            e.revision = snapshot.revision;
-            e.kind = EventKind::kJoined;
-            e.record = record;
-            synthesized.push_back(std::move(e));
-          }
-        }
+        synthesized = EventsBetweenViews(view_, fresh, snapshot.revision, in_scope);
         if (sc.have_snapshot) ++resnapshots_;
       }
       for (auto it = view_.begin(); it != view_.end();) {

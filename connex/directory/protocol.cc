@@ -27,6 +27,35 @@ absl::StatusOr<EventKind> ParseEventKind(std::string_view name) {
   return absl::InvalidArgumentError(StrCat("unknown event kind '", name, "'"));
 }
 
+std::vector<Event> EventsBetweenViews(const std::map<Lid, Record>& before,
+                                      const std::map<Lid, Record>& after, uint64_t revision,
+                                      const std::function<bool(const Lid&)>& in_scope) {
+  std::vector<Event> events;
+  for (const auto& [lid, old] : before) {
+    if (!in_scope(lid)) continue;
+    auto it = after.find(lid);
+    if (it == after.end() || it->second.epoch != old.epoch) {
+      Event e;
+      e.revision = revision;
+      e.kind = EventKind::kFailed;
+      e.record = old;
+      e.reason = "gone (seen in a fresh snapshot)";
+      events.push_back(std::move(e));
+    }
+  }
+  for (const auto& [lid, record] : after) {
+    auto it = before.find(lid);
+    if (it == before.end() || it->second.epoch != record.epoch) {
+      Event e;
+      e.revision = revision;
+      e.kind = EventKind::kJoined;
+      e.record = record;
+      events.push_back(std::move(e));
+    }
+  }
+  return events;
+}
+
 void EncodeRecord(const Record& record, wire::MapBuilder* out) {
   out->Str("lid", record.lid.ToString())
       .Uint("epoch", record.epoch)

@@ -5,6 +5,7 @@
 #define CONNEX_DIRECTORY_PROTOCOL_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -96,6 +97,15 @@ struct Snapshot {
   uint64_t model_revision = 0;
   std::vector<Record> records;
 };
+
+// What changed between two views of the same records as seen by a watcher that missed the
+// events in between (a gap, a compacted history, a directory restart): FAILED ("gone (seen in a
+// fresh snapshot)") for each record of `before` that `after` lacks or has under another epoch,
+// then JOINED for each record of `after` that is new or has a new epoch, all at `revision`.
+// Records of `before` for which `in_scope` is false are not compared (another scope's).
+std::vector<Event> EventsBetweenViews(const std::map<Lid, Record>& before,
+                                      const std::map<Lid, Record>& after, uint64_t revision,
+                                      const std::function<bool(const Lid&)>& in_scope);
 
 // Field names and (de)serialisation of the shared structures.
 void EncodeRecord(const Record& record, wire::MapBuilder* out);
