@@ -61,7 +61,9 @@ std::string RecordKey(const Lid& lid) {
 std::string CredentialKey(const Lid& lid) {
   return StrCat(ModelPrefix(lid.model), "cred/", LidSuffix(lid));
 }
-std::string EndKey(const Lid& lid) { return StrCat(ModelPrefix(lid.model), "end/", LidSuffix(lid)); }
+std::string EndKey(const Lid& lid) {
+  return StrCat(ModelPrefix(lid.model), "end/", LidSuffix(lid));
+}
 
 absl::StatusOr<ParsedKey> ParseKey(std::string_view key) {
   auto bad = [&](std::string_view why) {
@@ -102,8 +104,8 @@ absl::StatusOr<Record> DecodeRecordValue(const Lid& lid, std::string_view value)
   absl::StatusOr<wire::Frame> frame = wire::DecodeFrame(value);
   if (!frame.ok()) return Annotate(frame.status(), StrCat("etcd record of ", lid.ToString()));
   if (frame->type != kRecordFrame) {
-    return absl::InvalidArgumentError(StrCat("etcd record of ", lid.ToString(), ": a ",
-                                             frame->type, " frame, not ", kRecordFrame));
+    return absl::InvalidArgumentError(StrCat("etcd record of ", lid.ToString(), ": a ", frame->type,
+                                             " frame, not ", kRecordFrame));
   }
   Record record;
   record.lid = lid;
@@ -253,9 +255,9 @@ absl::StatusOr<Registry::JoinResult> EtcdStore::Join(
         StrCat("the record takes ", bytes, " bytes, over the limit of ", options_.max_record_bytes,
                " (CONNEX_DIRECTORY_MAX_RECORD_BYTES): shorten its metadata"));
   }
-  CONNEX_RETURN_IF_ERROR(
-      Annotate(lease_status(), "this process's etcd lease is gone (an outage longer than its "
-                               "TTL): RenewLease, then join again"));
+  CONNEX_RETURN_IF_ERROR(Annotate(lease_status(),
+                                  "this process's etcd lease is gone (an outage longer than its "
+                                  "TTL): RenewLease, then join again"));
   const int64_t lease = lease_id();
   const std::string key = RecordKey(lid);
   const std::string cred_key = CredentialKey(lid);
@@ -273,8 +275,7 @@ absl::StatusOr<Registry::JoinResult> EtcdStore::Join(
     count.count_only = true;
     CONNEX_ASSIGN_OR_RETURN(RangeResult in_model,
                             client_->Range(StrCat(ModelPrefix(lid.model), "lid/"), count));
-    const bool model_full =
-        static_cast<size_t>(in_model.count) >= options_.max_records_per_model;
+    const bool model_full = static_cast<size_t>(in_model.count) >= options_.max_records_per_model;
     Txn create;
     if (!model_full) {
       create.compare = {Compare::Absent(key)};
@@ -291,9 +292,9 @@ absl::StatusOr<Registry::JoinResult> EtcdStore::Join(
     }
     Held held = HeldOf(txn);
     if (model_full && !held.record) {
-      return absl::ResourceExhaustedError(StrCat(
-          "model '", lid.model, "' has ", in_model.count, " records, its limit (",
-          options_.max_records_per_model, ", CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL)"));
+      return absl::ResourceExhaustedError(
+          StrCat("model '", lid.model, "' has ", in_model.count, " records, its limit (",
+                 options_.max_records_per_model, ", CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL)"));
     }
     if (!held.record) continue;  // gone since: try to create it again
     const KeyValue& current = *held.record;
@@ -330,9 +331,9 @@ absl::StatusOr<Registry::JoinResult> EtcdStore::Join(
       CONNEX_ASSIGN_OR_RETURN(int64_t marker, MarkerLease());
       Txn take;
       take.compare = {Compare::ModRevision(key, Compare::Result::kEqual, current.mod_revision)};
-      take.success = {TxnOp::Put(EndKey(lid), StrCat(kEndSupersededPrefix, " epoch ", epoch),
-                                 marker),
-                      TxnOp::Put(key, value, lease), TxnOp::Put(cred_key, digest, lease)};
+      take.success = {
+          TxnOp::Put(EndKey(lid), StrCat(kEndSupersededPrefix, " epoch ", epoch), marker),
+          TxnOp::Put(key, value, lease), TxnOp::Put(cred_key, digest, lease)};
       take.failure = GetsOf(lid);
       CONNEX_ASSIGN_OR_RETURN(TxnResult taken, client_->Transact(take));
       if (taken.succeeded) {
@@ -348,8 +349,7 @@ absl::StatusOr<Registry::JoinResult> EtcdStore::Join(
       continue;
     }
     if (auth.exclusive) {
-      return absl::FailedPreconditionError(
-          StrCat("held by another process (epoch ", epoch, ")"));
+      return absl::FailedPreconditionError(StrCat("held by another process (epoch ", epoch, ")"));
     }
     return absl::AlreadyExistsError(StrCat("held by epoch ", epoch, " (lease live",
                                            LeaseLeft(current.lease),
@@ -375,8 +375,8 @@ absl::Status EtcdStore::Confirm(const Lid& lid, uint64_t epoch) {
                                                 " is superseded by ", held.record->mod_revision));
   }
   if (held.record->lease != lease_id()) {
-    return absl::FailedPreconditionError(StrCat("epoch ", epoch, " of ", lid.ToString(),
-                                                " is bound to another process's lease"));
+    return absl::FailedPreconditionError(
+        StrCat("epoch ", epoch, " of ", lid.ToString(), " is bound to another process's lease"));
   }
   return absl::OkStatus();
 }
@@ -421,12 +421,11 @@ absl::Status EtcdStore::Leave(const Lid& lid, uint64_t epoch, const Caller& call
                                        kMaxTxnRounds, " times while leaving; try again"));
 }
 
-absl::StatusOr<bool> EtcdStore::ReportFailed(const Lid& lid, uint64_t epoch,
-                                             const Caller& caller) {
+absl::StatusOr<bool> EtcdStore::ReportFailed(const Lid& lid, uint64_t epoch, const Caller& caller) {
   // Who reports: a live member of the same model (checked inside the transaction: its
   // credential key must hold the digest of the credential it presents), or the operator.
-  const bool as_member = caller.member && caller.member->model == lid.model &&
-                         !caller.member_credential.empty();
+  const bool as_member =
+      caller.member && caller.member->model == lid.model && !caller.member_credential.empty();
   std::string who;
   if (as_member) {
     who = caller.member->ToString();
@@ -478,20 +477,19 @@ absl::StatusOr<bool> EtcdStore::ReportFailed(const Lid& lid, uint64_t epoch,
       return true;  // an attempt the client retried was applied
     }
     if (as_member && !DigestIs(FirstKv(reported, 3), caller.member_credential)) {
-      return absl::PermissionDeniedError(
-          StrCat("accepted only from a live member of model '", lid.model, "'; reporter '",
-                 caller.name, "' presented ", caller.member->ToString(),
-                 ", not a live LID of the model that it holds"));
+      return absl::PermissionDeniedError(StrCat("accepted only from a live member of model '",
+                                                lid.model, "'; reporter '", caller.name,
+                                                "' presented ", caller.member->ToString(),
+                                                ", not a live LID of the model that it holds"));
     }
     if (!now.record) return false;  // gone meanwhile (expired, left, reported by another)
   }
-  return absl::UnavailableError(StrCat("REPORT_FAILED of ", lid.ToString(),
-                                       ": the record changed ", kMaxTxnRounds,
-                                       " times while reporting; try again"));
+  return absl::UnavailableError(StrCat("REPORT_FAILED of ", lid.ToString(), ": the record changed ",
+                                       kMaxTxnRounds, " times while reporting; try again"));
 }
 
-absl::StatusOr<Snapshot> EtcdStore::Snap(std::optional<std::string> model,
-                                         std::optional<uint32_t> group) {
+absl::StatusOr<Snapshot> ReadSnapshot(EtcdClient& client, std::optional<std::string> model,
+                                      std::optional<uint32_t> group) {
   std::string prefix = std::string(kRoot);
   if (model) {
     CONNEX_RETURN_IF_ERROR(Lid::ValidateModel(*model));
@@ -500,7 +498,7 @@ absl::StatusOr<Snapshot> EtcdStore::Snap(std::optional<std::string> model,
   }
   RangeOptions range;
   range.range_end = PrefixEnd(prefix);
-  CONNEX_ASSIGN_OR_RETURN(RangeResult read, client_->Range(prefix, range));
+  CONNEX_ASSIGN_OR_RETURN(RangeResult read, client.Range(prefix, range));
   Snapshot snapshot;
   snapshot.incarnation = 1;  // etcd keeps the history: there is no restart to tell apart
   snapshot.revision = static_cast<uint64_t>(read.revision);
@@ -526,6 +524,11 @@ absl::StatusOr<Snapshot> EtcdStore::Snap(std::optional<std::string> model,
   std::sort(snapshot.records.begin(), snapshot.records.end(),
             [](const Record& a, const Record& b) { return a.lid < b.lid; });
   return snapshot;
+}
+
+absl::StatusOr<Snapshot> EtcdStore::Snap(std::optional<std::string> model,
+                                         std::optional<uint32_t> group) {
+  return ReadSnapshot(*client_, std::move(model), group);
 }
 
 // ---- EventDeriver ----

@@ -63,6 +63,13 @@ inline constexpr std::string_view kEndLeft = "left";
 inline constexpr std::string_view kEndSupersededPrefix = "superseded";
 inline constexpr std::string_view kEndReportedPrefix = "reported";
 
+// The records of `model` (every model when nullopt; and of `group` if given), sorted by LID,
+// read linearizably at one revision (Snapshot::revision, also its model_revision); epochs are the
+// records' mod_revisions, lease_left_ms is not filled (0). Keys that are not ours are skipped.
+absl::StatusOr<Snapshot> ReadSnapshot(EtcdClient& client,
+                                      std::optional<std::string> model = std::nullopt,
+                                      std::optional<uint32_t> group = std::nullopt);
+
 struct EtcdStoreOptions {
   // The lease of this store's holders; etcd counts in whole seconds (rounded up, at least 1) and
   // may raise a TTL under its minimum: lease_ttl_ms() is what etcd granted.
@@ -121,8 +128,7 @@ class EtcdStore {
   // that is not registered.
   absl::StatusOr<bool> ReportFailed(const Lid& lid, uint64_t epoch, const Caller& caller);
 
-  // The records of `model` (every model when nullopt; and of `group` if given), sorted by LID,
-  // read linearizably at one revision (Snapshot::revision). lease_left_ms is not filled (0).
+  // ReadSnapshot through this store's client.
   absl::StatusOr<Snapshot> Snap(std::optional<std::string> model = std::nullopt,
                                 std::optional<uint32_t> group = std::nullopt);
 

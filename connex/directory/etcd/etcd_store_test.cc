@@ -3,6 +3,8 @@
 // the events every operation must produce. Skipped, saying why, where etcd is not installed.
 #include "connex/directory/etcd/etcd_store.h"
 
+#include <signal.h>
+
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -10,8 +12,10 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "connex/base/mutex.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
+#include "connex/directory/etcd/model_watch.h"
 #include "connex/directory/etcd/testing/etcd_cluster.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -121,17 +125,17 @@ TEST(EventDeriverTest, EachRevisionBecomesTheEventItsTransactionMeans) {
   };
   WatchResponse response;
   response.events = {
-      Put(a, v1, 11, 1),                                   // JOINED
-      Put(a, v2, 12, 2, kv(v1, 11)),                       // MIGRATED from 11
-      PutEnd(a, "superseded epoch 12", 13),                // forced JOIN: FAILED + JOINED
+      Put(a, v1, 11, 1),                     // JOINED
+      Put(a, v2, 12, 2, kv(v1, 11)),         // MIGRATED from 11
+      PutEnd(a, "superseded epoch 12", 13),  // forced JOIN: FAILED + JOINED
       Put(a, v1, 13, 3, kv(v2, 12)),
-      PutEnd(a, "reported by demo/g2/s0/r0", 14),          // REPORT_FAILED
+      PutEnd(a, "reported by demo/g2/s0/r0", 14),  // REPORT_FAILED
       Delete(RecordKey(a), 14, kv(v1, 13)),
-      Delete(CredentialKey(a), 14, std::nullopt),          // ignored
-      Put(a, v2, 15, 1),                                   // JOINED again
-      Delete(RecordKey(a), 16, kv(v2, 15)),                // lease ran out
+      Delete(CredentialKey(a), 14, std::nullopt),  // ignored
+      Put(a, v2, 15, 1),                           // JOINED again
+      Delete(RecordKey(a), 16, kv(v2, 15)),        // lease ran out
       Put(a, v1, 17, 1),
-      PutEnd(a, "left", 18),                               // LEAVE
+      PutEnd(a, "left", 18),  // LEAVE
       Delete(RecordKey(a), 18, kv(v1, 17)),
   };
   WatchEvent foreign;
@@ -448,7 +452,8 @@ TEST_F(EtcdStoreTest, LimitsAreRefusedNamingThem) {
   ASSERT_TRUE(a.ok() && b.ok());
   auto c = store->Join(L(1, 2), {"tcp://127.0.0.1:3"}, {});
   EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL"));
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL"));
   // A full model still lets its holders migrate.
   JoinAuth holder;
   holder.credential = a->credential;
@@ -533,6 +538,71 @@ TEST_F(EtcdStoreTest, AHolderThatStopsRenewingIsFailedWhenItsLeaseRunsOut) {
                    std::chrono::steady_clock::now() - killed)
                    .count()
             << " ms (TTL " << store->lease_ttl_ms() << " ms)\n";
+}
+
+// The must-show of issue 13: a compaction past a watcher's revision is survived with a correct
+// view. The watcher's member is frozen (SIGSTOP) while the model changes and the history is
+// compacted past the changes; the watch moves to another member, finds its revision compacted,
+// and catches up from a fresh snapshot, reporting what changed as events.
+TEST_F(EtcdStoreTest, AWatcherWhoseHistoryWasCompactedCatchesUpFromASnapshot) {
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  auto a = store->Join(L(1, 0), {"tcp://127.0.0.1:1"}, {});
+  auto b = store->Join(L(1, 1), {"tcp://127.0.0.1:2"}, {});
+  ASSERT_TRUE(a.ok() && b.ok());
+  Mutex mu;
+  std::vector<Event> events;
+  auto watch = EtcdModelWatch::Start(client_.get(), model_, [&](const Event& e) {
+    MutexLock lock(&mu);
+    events.push_back(e);
+  });
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  ASSERT_EQ((*watch)->View().size(), 2u);
+  // The watch streams from a member once it has asked for its first events.
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while ((*watch)->member().empty() && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(20));
+  const int frozen = cluster_->IndexOf((*watch)->member());
+  ASSERT_GE(frozen, 0) << (*watch)->member();
+  cluster_->Signal(frozen, SIGSTOP);
+  struct Resume {
+    EtcdCluster* cluster;
+    int index;
+    ~Resume() { cluster->Signal(index, SIGCONT); }
+  } resume{cluster_, frozen};
+
+  // Meanwhile: a leaves, b migrates, c joins; then the history is compacted past all of it.
+  Caller holder_a;
+  holder_a.credential = a->credential;
+  ASSERT_TRUE(store->Leave(L(1, 0), a->epoch, holder_a).ok());
+  JoinAuth holder_b;
+  holder_b.credential = b->credential;
+  auto moved = store->Join(L(1, 1), {"tcp://127.0.0.1:3"}, {}, holder_b);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  auto c = store->Join(L(1, 2), {"tcp://127.0.0.1:4"}, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto now = client_->Range(RecordKey(L(1, 2)));
+  ASSERT_TRUE(now.ok()) << now.status();
+  ASSERT_TRUE(client_->Compact(now->revision).ok());
+
+  deadline = absl::Now() + absl::Seconds(30);
+  auto caught_up = [&] {
+    std::vector<Record> view = (*watch)->View();
+    return view.size() == 2 && view[0].lid == L(1, 1) && view[0].epoch == moved->epoch &&
+           view[1].lid == L(1, 2) && view[1].epoch == c->epoch;
+  };
+  while (!caught_up() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(caught_up()) << "the watcher's view did not catch up";
+  EXPECT_GE((*watch)->resnapshots(), 1u);
+  EXPECT_GE((*watch)->revision(), static_cast<uint64_t>(now->revision));
+  MutexLock lock(&mu);
+  std::string seen = Kinds(events);
+  // What changed, as the events a gap synthesises: a and b's old epoch gone, b's new epoch and
+  // c joined.
+  EXPECT_THAT(seen, HasSubstr(StrCat("FAILED:", L(1, 0).ToString(), "@", a->epoch)));
+  EXPECT_THAT(seen, HasSubstr(StrCat("FAILED:", L(1, 1).ToString(), "@", b->epoch)));
+  EXPECT_THAT(seen, HasSubstr(StrCat("JOINED:", L(1, 1).ToString(), "@", moved->epoch)));
+  EXPECT_THAT(seen, HasSubstr(StrCat("JOINED:", L(1, 2).ToString(), "@", c->epoch)));
 }
 
 }  // namespace
