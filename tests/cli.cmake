@@ -7,5 +7,5 @@ connex_test(cli_test
 target_compile_definitions(cli_test PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 add_dependencies(cli_test connex-bench connex-chaos connex-directory connex-generate connex-mkmodel connex-proxy connex-stage
                  connexctl
-                 bench_engine bench_handover bench_pp_memory pp_test_node mobile_endpoints
+                 bench_directory bench_engine bench_handover bench_pp_memory pp_test_node mobile_endpoints
                  two_stage_pipeline)

@@ -173,6 +173,7 @@ const std::vector<std::vector<std::string>>& HelpCommands() {
       {"connexctl", "join", "--help"},
       {"connexctl", "leave", "--help"},
       {"connexctl", "report-failed", "--help"},
+      {"bench_directory", "--help"},
       {"bench_handover", "--help"},
       {"bench_pp_memory", "--help"},
       {"pp_test_node", "--help"},
@@ -219,6 +220,8 @@ TEST_F(CliTest, EveryBinaryValidatesLogLevelAndExitsTwoOnUsageErrors) {
   ExpectUsageError({"pp_test_node", "--engine", "gpt"}, "--engine");
   ExpectUsageError({"pp_test_node", "--model", "no/slashes"}, "--model");
   ExpectUsageError({"bench_pp_memory", "--requests", "5"}, "--requests");
+  ExpectUsageError({"bench_directory", "--endpoints", "5000"}, "--endpoints");
+  ExpectUsageError({"bench_directory", "--backend", "zookeeper"}, "--backend");
   ExpectUsageError({"connex-directory", "--lease-ttl-ms", "0"}, "--lease-ttl-ms");
 }
 
