@@ -541,9 +541,10 @@ TEST_F(EtcdStoreTest, AHolderThatStopsRenewingIsFailedWhenItsLeaseRunsOut) {
 }
 
 // The must-show of issue 13: a compaction past a watcher's revision is survived with a correct
-// view. The watcher's member is frozen (SIGSTOP) while the model changes and the history is
-// compacted past the changes; the watch moves to another member, finds its revision compacted,
-// and catches up from a fresh snapshot, reporting what changed as events.
+// view. The watcher's member is frozen (SIGSTOP; the watcher's client does not probe it) while the
+// model changes and the history is compacted past the changes; then it is killed, so the watch
+// resumes on another member, finds its revision compacted, and catches up from a fresh snapshot,
+// reporting what changed as events.
 TEST_F(EtcdStoreTest, AWatcherWhoseHistoryWasCompactedCatchesUpFromASnapshot) {
   auto store = Open();
   ASSERT_NE(store, nullptr);
@@ -552,7 +553,15 @@ TEST_F(EtcdStoreTest, AWatcherWhoseHistoryWasCompactedCatchesUpFromASnapshot) {
   ASSERT_TRUE(a.ok() && b.ok());
   Mutex mu;
   std::vector<Event> events;
-  auto watch = EtcdModelWatch::Start(client_.get(), model_, [&](const Event& e) {
+  // A watcher that stays on its member however long it is silent (the probe would otherwise
+  // move it on after ~3 s, maybe before the compaction).
+  EtcdClientOptions patient;
+  patient.address = cluster_->address();
+  patient.watch_probe_interval = absl::Seconds(600);
+  patient.keepalive_time = absl::Seconds(600);
+  auto watcher_client = EtcdClient::Connect(patient);
+  ASSERT_TRUE(watcher_client.ok()) << watcher_client.status();
+  auto watch = EtcdModelWatch::Start(watcher_client->get(), model_, [&](const Event& e) {
     MutexLock lock(&mu);
     events.push_back(e);
   });
@@ -565,11 +574,18 @@ TEST_F(EtcdStoreTest, AWatcherWhoseHistoryWasCompactedCatchesUpFromASnapshot) {
   const int frozen = cluster_->IndexOf((*watch)->member());
   ASSERT_GE(frozen, 0) << (*watch)->member();
   cluster_->Signal(frozen, SIGSTOP);
-  struct Resume {
+  // The member comes back for the next tests, whatever happens here.
+  struct Revive {
     EtcdCluster* cluster;
     int index;
-    ~Resume() { cluster->Signal(index, SIGCONT); }
-  } resume{cluster_, frozen};
+    ~Revive() {
+      if (cluster->running(index)) {
+        cluster->Signal(index, SIGCONT);
+      } else {
+        EXPECT_TRUE(cluster->Restart(index).ok());
+      }
+    }
+  } revive{cluster_, frozen};
 
   // Meanwhile: a leaves, b migrates, c joins; then the history is compacted past all of it.
   Caller holder_a;
@@ -584,6 +600,8 @@ TEST_F(EtcdStoreTest, AWatcherWhoseHistoryWasCompactedCatchesUpFromASnapshot) {
   auto now = client_->Range(RecordKey(L(1, 2)));
   ASSERT_TRUE(now.ok()) << now.status();
   ASSERT_TRUE(client_->Compact(now->revision).ok());
+  // Its connections reset, the watch resumes on another member from a compacted revision.
+  cluster_->Kill(frozen);
 
   deadline = absl::Now() + absl::Seconds(30);
   auto caught_up = [&] {
