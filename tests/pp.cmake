@@ -16,3 +16,11 @@ add_test(NAME mobile_endpoints_example COMMAND mobile_endpoints)
 set_tests_properties(mobile_endpoints_example PROPERTIES LABELS elastic TIMEOUT 60)
 connex_test_needs(pp two_stage_pipeline)
 connex_test_needs(elastic mobile_endpoints)
+
+# The same with the etcd directory (issue 13): label etcd, so that TSan (whose labels do not
+# include etcd) never runs the uninstrumented gRPC under it.
+connex_test(pp_etcd_process_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/pp_etcd_process_test.cc
+  LIBS connex_subprocess connex_pp_testing connex_etcd_testing nlohmann_json::nlohmann_json
+  LABELS etcd)
+add_dependencies(pp_etcd_process_test pp_test_node)

@@ -21,6 +21,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/base/zmq_util.h"
+#include "connex/directory/internal/client_backend.h"
 #include "connex/directory/secret.h"
 
 namespace connex::directory {
@@ -53,14 +54,17 @@ absl::StatusOr<wire::Frame> CheckReply(absl::StatusOr<wire::Frame> frame) {
 
 }  // namespace
 
-class DirectoryClient::Impl {
+namespace {
+
+// The embedded directory's client: ZeroMQ requests (DEALER) and events (SUB) on one loop thread.
+class ZmqClientBackend final : public internal::ClientBackend {
  public:
-  explicit Impl(DirectoryClientOptions options)
+  explicit ZmqClientBackend(DirectoryClientOptions options)
       : options_(std::move(options)),
         clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()),
         context_(1) {}
 
-  ~Impl() {
+  ~ZmqClientBackend() {
     stop_.store(true);
     Wake();
     if (thread_.joinable()) thread_.join();
@@ -207,7 +211,7 @@ class DirectoryClient::Impl {
       ++joins_in_flight_[lid];
     }
     struct JoinDone {
-      Impl* impl;
+      ZmqClientBackend* impl;
       const Lid& lid;
       ~JoinDone() {
         connex::MutexLock lock(&impl->mu_);
@@ -1103,12 +1107,20 @@ class DirectoryClient::Impl {
   uint64_t resnapshots_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-DirectoryClient::DirectoryClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+}  // namespace
+
+DirectoryClient::DirectoryClient(std::unique_ptr<internal::ClientBackend> impl)
+    : impl_(std::move(impl)) {}
 DirectoryClient::~DirectoryClient() = default;
 
 absl::StatusOr<std::unique_ptr<DirectoryClient>> DirectoryClient::Connect(
     DirectoryClientOptions options) {
-  auto impl = std::make_unique<Impl>(std::move(options));
+  if (options.directory.rfind("etcd://", 0) == 0) {
+    CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<internal::ClientBackend> etcd,
+                            internal::ConnectEtcd(options));
+    return std::unique_ptr<DirectoryClient>(new DirectoryClient(std::move(etcd)));
+  }
+  auto impl = std::make_unique<ZmqClientBackend>(std::move(options));
   CONNEX_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<DirectoryClient>(new DirectoryClient(std::move(impl)));
 }

@@ -1,4 +1,6 @@
-// DirectoryClient: talks to a DirectoryServer. As a holder it registers LIDs and keeps their
+// DirectoryClient: talks to the directory at `options.directory` — a DirectoryServer
+// (`tcp://HOST:PORT`, the embedded connex-directory) or an etcd cluster (`etcd://H1:P1,...`,
+// docs/design/etcd.md). As a holder it registers LIDs and keeps their
 // leases alive (heartbeats on its own loop thread, rejoining under a new epoch after a wrongful
 // eviction, and giving a LID up when another process supersedes it). As a watcher it keeps a
 // live view of the records of the models it watches: a snapshot at revision R plus the events
@@ -24,6 +26,10 @@
 #include "connex/directory/protocol.h"
 
 namespace connex::directory {
+
+namespace internal {
+class ClientBackend;
+}  // namespace internal
 
 struct DirectoryClientOptions {
   std::string directory = "tcp://127.0.0.1:7000";  // CONNEX_DIRECTORY
@@ -142,9 +148,8 @@ class DirectoryClient {
   void DelayEventsForTest(int ms);
 
  private:
-  class Impl;
-  explicit DirectoryClient(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit DirectoryClient(std::unique_ptr<internal::ClientBackend> impl);
+  std::unique_ptr<internal::ClientBackend> impl_;
 };
 
 }  // namespace connex::directory

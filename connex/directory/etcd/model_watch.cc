@@ -16,10 +16,10 @@ EtcdModelWatch::EtcdModelWatch(EtcdClient* client, std::string model,
 
 absl::StatusOr<std::unique_ptr<EtcdModelWatch>> EtcdModelWatch::Start(
     EtcdClient* client, std::string model, std::function<void(const Event&)> on_event) {
-  CONNEX_RETURN_IF_ERROR(Lid::ValidateModel(model));
+  if (!model.empty()) CONNEX_RETURN_IF_ERROR(Lid::ValidateModel(model));
   std::unique_ptr<EtcdModelWatch> watch(
       new EtcdModelWatch(client, std::move(model), std::move(on_event)));
-  CONNEX_ASSIGN_OR_RETURN(Snapshot snapshot, ReadSnapshot(*client, watch->model_));
+  CONNEX_ASSIGN_OR_RETURN(Snapshot snapshot, watch->Read());
   watch->Install(std::move(snapshot), /*report=*/false);
   watch->thread_ = std::thread([w = watch.get()] { w->Run(); });
   return watch;
@@ -57,15 +57,23 @@ std::string EtcdModelWatch::member() const {
   return watch_ ? watch_->member() : "";
 }
 
+std::string EtcdModelWatch::prefix() const {
+  return model_.empty() ? std::string(kRoot) : ModelPrefix(model_);
+}
+
+absl::StatusOr<Snapshot> EtcdModelWatch::Read() const {
+  return model_.empty() ? ReadSnapshot(*client_) : ReadSnapshot(*client_, model_);
+}
+
 void EtcdModelWatch::Install(Snapshot snapshot, bool report) {
   std::map<Lid, Record> fresh;
   for (Record& record : snapshot.records) fresh.emplace(record.lid, std::move(record));
   std::vector<Event> changes;
   WatchOptions options;
-  options.range_end = PrefixEnd(ModelPrefix(model_));
+  options.range_end = PrefixEnd(prefix());
   options.start_revision = static_cast<int64_t>(snapshot.revision) + 1;
   options.prev_kv = true;
-  std::shared_ptr<EtcdWatch> watch = client_->Watch(ModelPrefix(model_), options);
+  std::shared_ptr<EtcdWatch> watch = client_->Watch(prefix(), options);
   {
     MutexLock lock(&mu_);
     if (report) {
@@ -143,7 +151,7 @@ void EtcdModelWatch::Run() {
       CONNEX_LOG_WARN("etcd directory: the watch of model '{}' ended ({}): fresh snapshot", model_,
                       response.status().ToString());
     }
-    absl::StatusOr<Snapshot> snapshot = ReadSnapshot(*client_, model_);
+    absl::StatusOr<Snapshot> snapshot = Read();
     while (!snapshot.ok() && !stop_.load()) {
       // Backing off (50 ms doubling to 1 s) while etcd cannot answer.
       absl::SleepFor(
@@ -151,7 +159,7 @@ void EtcdModelWatch::Run() {
       ++failures;
       CONNEX_LOG_DEBUG("etcd directory: snapshot of model '{}' failed: {}", model_,
                        snapshot.status().ToString());
-      snapshot = ReadSnapshot(*client_, model_);
+      snapshot = Read();
     }
     if (stop_.load()) return;
     Install(*std::move(snapshot), /*report=*/true);

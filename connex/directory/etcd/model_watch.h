@@ -30,6 +30,7 @@ namespace connex::directory::etcd {
 class EtcdModelWatch {
  public:
   // Takes the model's first snapshot (its error, if it fails) and starts watching after it.
+  // `model` "" watches every model.
   // `client` must outlive the watch.
   static absl::StatusOr<std::unique_ptr<EtcdModelWatch>> Start(
       EtcdClient* client, std::string model, std::function<void(const Event&)> on_event);
@@ -51,6 +52,8 @@ class EtcdModelWatch {
   // Installs `snapshot` as the view (reporting the differences when `report`), and starts the
   // watch from its revision + 1.
   void Install(Snapshot snapshot, bool report);
+  std::string prefix() const;  // the keys watched
+  absl::StatusOr<Snapshot> Read() const;
   void Run();
   void Apply(const std::vector<Event>& events);
 

@@ -1,0 +1,258 @@
+// DirectoryClient with an `etcd://` address, against a real 3-member etcd cluster: the same API
+// as on the embedded directory, in process and through real connexctl processes (kill -9).
+// Skipped, saying why, where etcd is not installed.
+#include <signal.h>
+
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "connex/base/mutex.h"
+#include "connex/base/strings.h"
+#include "connex/base/subprocess.h"
+#include "connex/directory/client.h"
+#include "connex/directory/etcd/testing/etcd_cluster.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace connex::directory {
+namespace {
+
+using etcd::testing::EtcdCluster;
+using etcd::testing::EtcdClusterOptions;
+using ::testing::HasSubstr;
+
+constexpr char kAdmin[] = "etcd-admin-secret";
+
+class EtcdDirectoryClientTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (EtcdCluster::FindEtcd().empty()) return;
+    EtcdClusterOptions options;
+    options.dir = ::testing::TempDir();
+    auto cluster = EtcdCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster).release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override {
+    if (EtcdCluster::FindEtcd().empty()) GTEST_SKIP() << EtcdCluster::kSkipMessage;
+    ASSERT_NE(cluster_, nullptr);
+    model_ = StrCat("c-", ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    model_.resize(std::min<size_t>(model_.size(), Lid::kMaxModelLength));
+  }
+
+  std::unique_ptr<DirectoryClient> Client(bool admin = false) {
+    DirectoryClientOptions options;
+    options.directory = cluster_->address();
+    options.join_waits_for_lease = false;
+    if (admin) options.admin_token = kAdmin;
+    auto client = DirectoryClient::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  Lid L(uint32_t group, uint32_t replica) const { return Lid{model_, group, 0, replica}; }
+
+  static EtcdCluster* cluster_;
+  std::string model_;
+};
+
+EtcdCluster* EtcdDirectoryClientTest::cluster_ = nullptr;
+
+// Events a subscriber saw, thread-safe.
+class Seen {
+ public:
+  void Add(const Event& e) {
+    MutexLock lock(&mu_);
+    events_.push_back(e);
+  }
+  std::vector<Event> events() const {
+    MutexLock lock(&mu_);
+    return events_;
+  }
+  bool Await(const std::function<bool(const std::vector<Event>&)>& done, int64_t timeout_ms) {
+    absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+    while (!done(events())) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return true;
+  }
+
+ private:
+  mutable Mutex mu_;
+  std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
+};
+
+bool Has(const std::vector<Event>& events, EventKind kind, const Lid& lid, uint64_t epoch) {
+  for (const Event& e : events) {
+    if (e.kind == kind && e.record.lid == lid && e.record.epoch == epoch) return true;
+  }
+  return false;
+}
+
+TEST_F(EtcdDirectoryClientTest, JoinWatchMigrateAndLeaveThroughTheDirectoryClient) {
+  auto holder = Client();
+  auto watcher = Client();
+  auto stranger = Client();
+  ASSERT_TRUE(holder && watcher && stranger);
+  Seen seen;
+  watcher->Subscribe([&](const Event& e) { seen.Add(e); });
+  ASSERT_TRUE(watcher->Watch(model_).ok());
+  EXPECT_EQ(watcher->directory_address(), cluster_->address());
+
+  auto epoch = holder->Join(L(1, 0), {"tcp://127.0.0.1:1"}, {{"http", "127.0.0.1:8000"}});
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  EXPECT_EQ(holder->EpochOf(L(1, 0)), std::optional<uint64_t>(*epoch));
+  ASSERT_TRUE(watcher->AwaitView(
+      model_, [](const std::vector<Record>& view) { return view.size() == 1; }, 10000));
+  EXPECT_EQ(watcher->View(model_, 1).at(0).metadata.at("http"), "127.0.0.1:8000");
+  EXPECT_TRUE(watcher->View(model_, 2).empty());
+  auto snapshot = stranger->GetSnapshot(model_);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  ASSERT_EQ(snapshot->records.size(), 1u);
+  EXPECT_EQ(snapshot->records[0].epoch, *epoch);
+
+  // No hijack, no stranger's report or drain.
+  auto hijack = stranger->Join(L(1, 0), {"tcp://6.6.6.6:666"});
+  EXPECT_EQ(hijack.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(hijack.status().message()), HasSubstr(StrCat("epoch ", *epoch)));
+  EXPECT_EQ(stranger->ReportFailed(L(1, 0), 0, "stranger").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(stranger->Evict(L(1, 0)).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(stranger->ForceJoin(L(1, 0), {"tcp://6.6.6.6:666"}).status().code(),
+            absl::StatusCode::kPermissionDenied);
+
+  // Renew confirms the epoch; a migration makes a new one.
+  auto renewed = holder->Renew(L(1, 0));
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  EXPECT_EQ(*renewed, *epoch);
+  EXPECT_LT(*holder->RenewalAgeMs(L(1, 0)), 1000);
+  auto moved = holder->Join(L(1, 0), {"tcp://127.0.0.1:2"});
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_GT(*moved, *epoch);
+  ASSERT_TRUE(holder->Leave(L(1, 0)).ok());
+  EXPECT_EQ(holder->Leave(L(1, 0)).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(holder->EpochOf(L(1, 0)), std::nullopt);
+
+  ASSERT_TRUE(seen.Await(
+      [&](const std::vector<Event>& e) { return Has(e, EventKind::kLeft, L(1, 0), *moved); },
+      10000));
+  std::vector<Event> events = seen.events();
+  EXPECT_TRUE(Has(events, EventKind::kJoined, L(1, 0), *epoch));
+  EXPECT_TRUE(Has(events, EventKind::kMigrated, L(1, 0), *moved));
+  EXPECT_TRUE(watcher->View(model_).empty());
+  EXPECT_GE(watcher->view_revision(), *moved);
+}
+
+TEST_F(EtcdDirectoryClientTest, AReportedHolderJoinsAgainUnderANewEpoch) {
+  auto holder = Client();
+  auto member = Client();
+  ASSERT_TRUE(holder && member);
+  Mutex mu;
+  std::vector<RegistrationChange> changes;
+  holder->OnRegistrationChange([&](const RegistrationChange& c) {
+    MutexLock lock(&mu);
+    changes.push_back(c);
+  });
+  auto epoch = holder->Join(L(1, 0), {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  ASSERT_TRUE(member->Join(L(2, 0), {"tcp://127.0.0.1:2"}).ok());
+  auto reported = member->ReportFailed(L(1, 0), *epoch, "stage 2");
+  ASSERT_TRUE(reported.ok()) << reported.status();
+  EXPECT_TRUE(*reported);
+  // Within a few heartbeats the holder finds itself evicted and joins again.
+  absl::Time deadline = absl::Now() + absl::Seconds(15);
+  while (absl::Now() < deadline) {
+    {
+      MutexLock lock(&mu);
+      if (!changes.empty()) break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  MutexLock lock(&mu);
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_TRUE(changes[0].status.ok()) << changes[0].status;
+  EXPECT_EQ(changes[0].old_epoch, *epoch);
+  EXPECT_GT(changes[0].new_epoch, *epoch);
+  EXPECT_EQ(holder->EpochOf(L(1, 0)), std::optional<uint64_t>(changes[0].new_epoch));
+}
+
+TEST_F(EtcdDirectoryClientTest, AnOperatorsTakeoverMakesTheHolderGiveTheLidUp) {
+  auto holder = Client();
+  auto op = Client(/*admin=*/true);
+  ASSERT_TRUE(holder && op);
+  Mutex mu;
+  std::vector<RegistrationChange> changes;
+  holder->OnRegistrationChange([&](const RegistrationChange& c) {
+    MutexLock lock(&mu);
+    changes.push_back(c);
+  });
+  auto epoch = holder->Join(L(1, 0), {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  auto taken = op->ForceJoin(L(1, 0), {"tcp://127.0.0.1:9"});
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  auto renewed = holder->Renew(L(1, 0));
+  EXPECT_EQ(renewed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(holder->EpochOf(L(1, 0)), std::nullopt);
+  MutexLock lock(&mu);
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(changes[0].new_epoch, 0u);
+}
+
+// A real holder process (connexctl join) SIGKILLed: every watcher sees FAILED once its etcd
+// lease runs out; the time it took is printed.
+TEST_F(EtcdDirectoryClientTest, AKilledConnexctlJoinIsFailedWhenItsLeaseRunsOut) {
+  auto watcher = Client();
+  ASSERT_NE(watcher, nullptr);
+  Seen seen;
+  watcher->Subscribe([&](const Event& e) { seen.Add(e); });
+  ASSERT_TRUE(watcher->Watch(model_).ok());
+  const std::vector<std::string> env = {"CONNEX_DIRECTORY=" + cluster_->address(),
+                                        "CONNEX_LEASE_TTL_MS=2000"};
+  auto join = Subprocess::Start(
+      {BinDir() + "/connexctl", "join", L(1, 0).ToString(), "--address", "tcp://127.0.0.1:1"}, env);
+  ASSERT_TRUE(join.has_value());
+  std::optional<std::string> line = join->WaitForLine("joined", 20000);
+  ASSERT_TRUE(line.has_value()) << "connexctl join printed no `joined` line";
+
+  // connexctl status and resolve show it.
+  auto status = Subprocess::Start({BinDir() + "/connexctl", "status"}, env, true);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(status->WaitForLine(L(1, 0).ToString(), 20000).has_value());
+  EXPECT_EQ(status->Wait(20000), std::optional<int>(0));
+  auto resolve = Subprocess::Start({BinDir() + "/connexctl", "resolve", model_, "1"}, env, true);
+  ASSERT_TRUE(resolve.has_value());
+  EXPECT_TRUE(resolve->WaitForLine("tcp://127.0.0.1:1", 20000).has_value());
+  EXPECT_EQ(resolve->Wait(20000), std::optional<int>(0));
+
+  ASSERT_TRUE(seen.Await([&](const std::vector<Event>& e) { return !e.empty(); }, 10000));
+  const uint64_t epoch = seen.events()[0].record.epoch;
+  const auto killed = std::chrono::steady_clock::now();
+  join->Signal(SIGKILL);
+  ASSERT_TRUE(seen.Await(
+      [&](const std::vector<Event>& e) { return Has(e, EventKind::kFailed, L(1, 0), epoch); },
+      15000))
+      << "no FAILED for the killed holder";
+  std::cout << "connexctl join SIGKILLed to FAILED seen by a watcher: "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now() - killed)
+                   .count()
+            << " ms (lease TTL 2000 ms)\n";
+  for (const Event& e : seen.events()) {
+    if (e.kind == EventKind::kFailed) {
+      EXPECT_EQ(e.reason, "lease-expired");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace connex::directory
