@@ -193,7 +193,8 @@ void RegisterShutdown(py::module_& m);
 void RegisterDirectory(py::module_& m);
 void RegisterTransport(py::module_& m);
 void RegisterElastic(py::module_& m);
-void RegisterPp(py::module_& m);  // pp.cc
+void RegisterPythonTransfer(py::module_& m);  // python_transfer.cc
+void RegisterPp(py::module_& m);              // pp.cc
 
 // Closer orders.
 inline constexpr int kCloseIterators = 0;

@@ -1,7 +1,7 @@
 """A pipeline of stage processes running a Python (numpy) engine under the C++ step protocol: a
 stage process is SIGKILLed mid-generation and every request still gets exactly the tokens of an
 undisturbed run (the owner re-sends its steps to the other replica, which recomputes the
-requests)."""
+requests). Also over a data plane written in Python (connex.transport.from_python)."""
 
 import os
 import signal
@@ -12,9 +12,11 @@ import threading
 import pytest
 
 import connex.pp
+from connex import transport
 from connex.directory import DirectoryClient
 
 from conftest import wait_until
+from py_data_plane import TcpDataPlane
 from toy_engine import ToyEngine, reference_tokens
 
 STAGES = 3
@@ -52,7 +54,7 @@ class StageProcess:
                 self.proc.wait()
 
 
-@pytest.fixture(params=["tcp"])
+@pytest.fixture(params=["tcp", "python"])
 def cluster(request, server):
     """Stages 1 and 2 in two replicas, one process each; the owner (stage 0, replica 0) here."""
     data_plane = request.param
@@ -67,7 +69,11 @@ def cluster(request, server):
                                                        data_plane)
         for p in procs.values():
             assert p.wait_ready(30), f"{p.lid} did not start"
-        te = data_plane
+        if data_plane == "python":
+            plane = TcpDataPlane()
+            te = transport.from_python(plane, (MODEL, 0, 0, 0), plane.address)
+        else:
+            te = "tcp"
         node = connex.pp.StageNode(client, ToyEngine(0, STAGES), model=MODEL, stage=0,
                                    stages=STAGES, replica=0, step_timeout_ms=2000,
                                    probe_timeout_ms=500, transport=te)
