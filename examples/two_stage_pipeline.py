@@ -10,7 +10,7 @@ crossed (shape, checksum); stage 1 answers with 31 bits of its checksum, and the
 when they agree.
 
     PYTHONPATH=build/python python3 examples/two_stage_pipeline.py [--backend tcp|shm|ucx]
-        [--tokens N] [--hidden D]
+        [--tokens N] [--hidden D] [--log-level LEVEL]
 """
 
 import argparse
@@ -84,7 +84,9 @@ def start_stage(stage, backend, hidden, client, engine):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default=os.environ.get("CONNEX_PP_BACKEND", "tcp"),
-                        help="tcp, shm or ucx")
+                        choices=["tcp", "shm", "ucx", "auto"], help="transport of both stages")
+    parser.add_argument("--log-level", default=os.environ.get("CONNEX_LOG_LEVEL", "warn"),
+                        help="trace, debug, info, warn, error or off")
     parser.add_argument("--tokens", type=int, default=8, help="prompt length (rows)")
     parser.add_argument("--hidden", type=int, default=1024, help="columns of the tensor")
     parser.add_argument("--role", default="driver", help=argparse.SUPPRESS)
@@ -92,7 +94,10 @@ def main():
     args = parser.parse_args()
     if not 1 <= args.tokens <= 4096 or not 1 <= args.hidden <= 65536:
         parser.error("--tokens must be in [1, 4096] and --hidden in [1, 65536]")
-    connex.set_log_level("warn")
+    try:
+        connex.set_log_level(args.log_level)
+    except connex.InvalidArgument as e:
+        parser.error(f"--log-level: {e}")
 
     if args.role == "stage1":
         client = DirectoryClient(args.directory)
@@ -108,7 +113,8 @@ def main():
     # Stage 1 is its own process.
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", "stage1",
                               "--directory", server.bind_addr, "--backend", args.backend,
-                              "--hidden", str(args.hidden)], stdin=subprocess.PIPE)
+                              "--hidden", str(args.hidden), "--log-level", args.log_level],
+                             stdin=subprocess.PIPE)
     try:
         client = DirectoryClient(server.bind_addr)
         client.start()
