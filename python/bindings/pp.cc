@@ -337,6 +337,7 @@ py::dict StatsDict(const StageNodeStats& s) {
 
 // One request's Python side: its future, `done` and `on_token`. Guarded by the GIL.
 struct PendingRequest {
+  uint64_t request_id = 0;
   py::object future;
   CallbackSlotPtr on_token;
 };
@@ -398,7 +399,7 @@ class PyStageNode {
     py::object future = py::module_::import("concurrent.futures").attr("Future")();
     future.attr("set_running_or_notify_cancel")();  // cancel through StageNode.cancel
     uint64_t serial = next_serial_++;
-    PendingRequest pending{future, nullptr};
+    PendingRequest pending{request_id, future, nullptr};
     pp::SubmitOptions options;
     options.timeout_ms = timeout_ms;
     if (sampling) options.sampling = *sampling;
@@ -470,6 +471,16 @@ class PyStageNode {
               StatusToException(absl::CancelledError("StageNode closed")));
         }
       }
+    }
+  }
+
+  // Tokens the node streamed before the cancel may still wait in the callback queue: they are
+  // dropped, so that no on_token runs once cancel() returned.
+  void Cancel(uint64_t request_id, const std::string& why) {
+    auto node = Get();
+    ThrowIfError(Blocking([&] { return node->Cancel(request_id, absl::CancelledError(why)); }));
+    for (auto& [serial, p] : pending_) {
+      if (p.request_id == request_id && p.on_token) p.on_token->Clear();
     }
   }
 
@@ -634,16 +645,10 @@ void RegisterPp(py::module_& m) {
            "token) run on the node's callback thread, the tokens in order and before done. "
            "connex.Fenced on another stage or after stop; connex.InvalidArgument for an empty "
            "prompt, a duplicate id or a bad sampling.")
-      .def(
-          "cancel",
-          [](PyStageNode& self, uint64_t request_id, const std::string& why) {
-            auto node = self.Get();
-            ThrowIfError(
-                Blocking([&] { return node->Cancel(request_id, absl::CancelledError(why)); }));
-          },
-          py::arg("request_id"), py::arg("why") = "cancelled",
-          "Owner only: ends a running request now (its future gets connex.Cancelled(why)). "
-          "connex.NotFound when it is not running.")
+      .def("cancel", &PyStageNode::Cancel, py::arg("request_id"), py::arg("why") = "cancelled",
+           "Owner only: ends a running request now: its future gets connex.Cancelled(why), and "
+           "no on_token callback of it runs once cancel returns (also from within one). "
+           "connex.NotFound when it is not running.")
       .def("stop", &PyStageNode::Stop, py::arg("leave") = false, py::arg("drain_timeout") = 10.0,
            "Stops the loop. With leave, first drains: LEFT in the directory, no new steps, "
            "in-flight ones finish (up to drain_timeout s). Without, it stops as a crash would.")

@@ -108,18 +108,25 @@ class TcpDataPlane:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn):
+        try:
+            self._serve_reads(conn)
+        except OSError:
+            pass  # the reader went away (killed, or closed its plane)
+        finally:
+            conn.close()
+
+    def _serve_reads(self, conn):
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with conn:
-            while True:
-                head = b""
-                while len(head) < _REQUEST.size:
-                    more = conn.recv(_REQUEST.size - len(head))
-                    if not more:
-                        return
-                    head += more
-                addr, length = _REQUEST.unpack(head)
-                if not self._registered(addr, length):
-                    conn.sendall(b"\1")
-                    continue
-                self.served += 1  # before the reply: the reader may look at once
-                conn.sendall(b"\0" + _view(addr, length).tobytes())
+        while True:
+            head = b""
+            while len(head) < _REQUEST.size:
+                more = conn.recv(_REQUEST.size - len(head))
+                if not more:
+                    return
+                head += more
+            addr, length = _REQUEST.unpack(head)
+            if not self._registered(addr, length):
+                conn.sendall(b"\1")
+                continue
+            self.served += 1  # before the reply: the reader may look at once
+            conn.sendall(b"\0" + _view(addr, length).tobytes())
