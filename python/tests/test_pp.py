@@ -196,3 +196,15 @@ def test_numpy_dtypes_cross_stages(client):
     assert seen["hidden"][0] == np.float32 and seen["request_ids"][0] == np.int64
     n0.close()
     n1.close()
+
+
+def test_migrate_moves_the_signals_under_the_same_lid(pipeline, client):
+    n0, n1 = pipeline
+    assert n0.submit(1, [1, 2], 6).result(timeout=30) == reference_tokens([1, 2], 6, 2)
+    before = client.resolve(n1.lid)
+    n1.migrate()
+    after = client.resolve(n1.lid)
+    assert n1.lid == ("m", 1, 0, 0) and n1.health() is None
+    assert after.addresses != before.addresses and n1.epoch == after.epoch
+    # The owner follows the MIGRATED event to the new address.
+    assert n0.submit(2, [3], 6).result(timeout=30) == reference_tokens([3], 6, 2)
