@@ -138,7 +138,10 @@ def test_cancel_from_a_token_callback(pipeline):
     assert len(got) == 3
 
 
-def test_callbacks_run_while_another_thread_holds_the_gil(pipeline):
+def test_generation_progresses_while_a_python_thread_spins(pipeline):
+    """The engines need the GIL (they are Python), so a thread that never released it would stall
+    the nodes; a busy pure-Python thread, which the interpreter preempts every switch interval,
+    must not starve them nor their callbacks."""
     n0, _ = pipeline
     tokens = []
     stop = threading.Event()
