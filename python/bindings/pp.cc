@@ -157,14 +157,22 @@ PythonEngine::~PythonEngine() {
 
 absl::StatusOr<TensorDict> PythonEngine::ExecuteStep(const TensorDict& in) {
   return WithGil("execute_step", [&]() -> absl::StatusOr<TensorDict> {
-    absl::StatusOr<py::dict> args = ToNumpyDict(in);
-    if (!args.ok()) return Annotate(args.status(), "python engine: execute_step");
-    py::object result;
+    // Nothing may escape to the node's thread: an exception there would end the process.
     try {
-      result = object().attr("execute_step")(*args);
+      return ExecuteStepLocked(in);
     } catch (py::error_already_set& e) {
       return StatusFromPython(e, absl::StatusCode::kInternal, "python engine: execute_step");
+    } catch (const std::exception& e) {
+      return absl::InternalError(StrCat("python engine: execute_step: ", e.what()));
     }
+  });
+}
+
+absl::StatusOr<TensorDict> PythonEngine::ExecuteStepLocked(const TensorDict& in) {
+  {
+    absl::StatusOr<py::dict> args = ToNumpyDict(in);
+    if (!args.ok()) return Annotate(args.status(), "python engine: execute_step");
+    py::object result = object().attr("execute_step")(*args);
     absl::StatusOr<TensorDict> out = FromNumpyDict(result, "python engine: execute_step result");
     if (!out.ok()) return out.status();
     // The keys the contract has every stage pass on: the batch, and the sampling of a stage that
@@ -176,7 +184,7 @@ absl::StatusOr<TensorDict> PythonEngine::ExecuteStep(const TensorDict& in) {
       }
     }
     return out;
-  });
+  }
 }
 
 std::vector<uint64_t> PythonEngine::MissingRequests(const TensorDict& in) const {
@@ -202,8 +210,10 @@ std::vector<uint64_t> PythonEngine::MissingRequests(const TensorDict& in) const 
       }
     }
   } catch (py::error_already_set& e) {
+    missing.clear();  // the step runs, and the engine refuses it if it must
     Unraisable(e, "missing_requests");
-  } catch (const py::cast_error& e) {
+  } catch (const std::exception& e) {
+    missing.clear();
     PyErr_SetString(PyExc_TypeError,
                     StrCat("missing_requests must return request ids (int): ", e.what()).c_str());
     PyErr_WriteUnraisable(engine_);
@@ -218,6 +228,7 @@ bool PythonEngine::HoldsRequest(uint64_t request_id) const {
     return py::bool_(object().attr("holds_request")(request_id));
   } catch (py::error_already_set& e) {
     Unraisable(e, "holds_request");
+  } catch (const std::exception&) {
   }
   return false;
 }
@@ -229,6 +240,7 @@ void PythonEngine::Release(uint64_t request_id) {
     object().attr("release")(request_id);
   } catch (py::error_already_set& e) {
     Unraisable(e, "release");
+  } catch (const std::exception&) {
   }
 }
 
@@ -239,7 +251,7 @@ size_t PythonEngine::NumHeldRequests() const {
     return object().attr("num_held_requests")().cast<size_t>();
   } catch (py::error_already_set& e) {
     Unraisable(e, "num_held_requests");
-  } catch (const py::cast_error&) {
+  } catch (const std::exception&) {
   }
   return 0;
 }

@@ -46,6 +46,9 @@ class PythonEngine final : public pp::Engine {
   py::object object() const { return py::reinterpret_borrow<py::object>(engine_); }
 
  private:
+  // GIL held; may throw (ExecuteStep turns what it throws into a status).
+  absl::StatusOr<pp::TensorDict> ExecuteStepLocked(const pp::TensorDict& in);
+
   PyObject* engine_;  // owned reference
   uint64_t bytes_per_token_ = 0;
 };

@@ -80,7 +80,7 @@ class PythonTransferEngine final : public transport::TransferEngine {
     } catch (py::error_already_set& e) {
       return StatusFromPython(e, absl::StatusCode::kResourceExhausted,
                               "python transfer engine: allocate_managed_buffer");
-    } catch (const py::cast_error&) {
+    } catch (const std::exception&) {
       return absl::InvalidArgumentError(
           "python transfer engine: allocate_managed_buffer must return an address (int)");
     }
@@ -138,6 +138,9 @@ class PythonTransferEngine final : public transport::TransferEngine {
     } catch (py::error_already_set& e) {
       return StatusFromPython(e, absl::StatusCode::kInternal,
                               "python transfer engine: read_bytes_from_buffer");
+    } catch (const std::exception& e) {
+      return absl::InternalError(
+          StrCat("python transfer engine: read_bytes_from_buffer must return bytes: ", e.what()));
     }
     return absl::OkStatus();
   }
@@ -198,6 +201,8 @@ class PythonTransferEngine final : public transport::TransferEngine {
       return absl::OkStatus();
     } catch (py::error_already_set& e) {
       return StatusFromPython(e, fallback, context);
+    } catch (const std::exception& e) {  // a result of the wrong type
+      return absl::Status(fallback, StrCat(context, ": ", e.what()));
     }
   }
 

@@ -211,3 +211,24 @@ def test_migrate_moves_the_signals_under_the_same_lid(pipeline, client):
     assert after.addresses != before.addresses and n1.epoch == after.epoch
     # The owner follows the MIGRATED event to the new address.
     assert n0.submit(2, [3], 6).result(timeout=30) == reference_tokens([3], 6, 2)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (lambda t: {"hidden": np.zeros((len(t["tokens"]), 4), np.float64)}, "dtype float64"),
+    (lambda t: [1, 2, 3], "not a dict|expected a dict"),
+    (lambda t: {"hidden": "text"}, "'hidden' has dtype <U4"),
+    (lambda t: {"hidden": object()}, "'hidden' has dtype object"),
+    (lambda t: {7: np.zeros(1, np.int32)}, "key is a int"),
+])
+def test_a_malformed_engine_result_ends_the_request_with_a_named_error(client, bad, message):
+    class Bad(ToyEngine):
+        def execute_step(self, t):
+            return bad(t)
+
+    n1 = StageNode(client, ToyEngine(1, 2), model="bad", stage=1, stages=2, transport="tcp")
+    n0 = StageNode(client, Bad(0, 2), model="bad", stage=0, stages=2, transport="tcp",
+                   attempt_max=2)
+    with pytest.raises(connex.Error, match=message):
+        n0.submit(1, [1, 2], 3).result(timeout=60)
+    n0.close()
+    n1.close()
