@@ -81,6 +81,22 @@ SCENARIOS = {
             time.sleep(0.01)
         assert len(tokens) >= 20, tokens
     """,
+    "a pipeline over a Python data plane mid-generation": """
+        import connex.pp
+        from py_data_plane import TcpDataPlane
+        from toy_engine import ToyEngine
+        planes = [TcpDataPlane(), TcpDataPlane()]
+        nodes = [connex.pp.StageNode(watcher, ToyEngine(s, 2), model="pyd", stage=s, stages=2,
+                                     transport=transport.from_python(planes[s], ("pyd", s, 0, 0),
+                                                                     planes[s].address))
+                 for s in (1, 0)]
+        tokens = []
+        future = nodes[1].submit(1, [1, 2], 1000000, on_token=lambda r, t: tokens.append(t))
+        deadline = time.monotonic() + 10
+        while len(tokens) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(tokens) >= 20, tokens
+    """,
     "a daemon thread blocked in a slow directory call": """
         def slow():
             try:
