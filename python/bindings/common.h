@@ -40,6 +40,13 @@ namespace py = pybind11;
 void RegisterErrors(py::module_& m);
 // Raises the exception of `status`'s code with its message (the GIL must be held).
 [[noreturn]] void RaiseStatus(const absl::Status& status);
+// The exception object of `status` (the GIL must be held), e.g. for a future's set_exception.
+py::object StatusToException(const absl::Status& status);
+// The status of a Python exception raised by user code that the core called (an engine, a
+// transfer engine): a connex.Error keeps its code, any other exception gets `fallback`; the
+// message is "`what`: Type: text".
+absl::Status StatusFromPython(const py::error_already_set& e, absl::StatusCode fallback,
+                              std::string_view what);
 inline void ThrowIfError(const absl::Status& status) {
   if (!status.ok()) RaiseStatus(status);
 }
@@ -103,12 +110,18 @@ class CallbackSlot {
   // Any thread, GIL not held: takes the GIL and calls the callable with make_args()'s result.
   template <typename MakeArgs>
   void Call(MakeArgs&& make_args) {
+    CallUnpacked([&] { return py::make_tuple(make_args()); });
+  }
+  // Same, with the tuple that make_args() returns as the arguments.
+  template <typename MakeArgs>
+  void CallUnpacked(MakeArgs&& make_args) {
     if (Finalizing()) return;
     py::gil_scoped_acquire gil;
     if (fn_ == nullptr || Finalizing()) return;
     py::object fn = py::reinterpret_borrow<py::object>(fn_);
     try {
-      fn(make_args());
+      py::tuple args = make_args();
+      fn(*args);
     } catch (py::error_already_set& e) {
       e.discard_as_unraisable("connex callback");
     } catch (const std::exception& e) {
@@ -180,6 +193,8 @@ void RegisterShutdown(py::module_& m);
 void RegisterDirectory(py::module_& m);
 void RegisterTransport(py::module_& m);
 void RegisterElastic(py::module_& m);
+void RegisterPythonTransfer(py::module_& m);  // python_transfer.cc
+void RegisterPp(py::module_& m);              // pp.cc
 
 // Closer orders.
 inline constexpr int kCloseIterators = 0;

@@ -2,6 +2,7 @@
 // returns. Each carries `code` (the absl code's name) and the C++ message as its text.
 #include <map>
 
+#include "connex/base/strings.h"
 #include "python/bindings/common.h"
 
 namespace connex::python {
@@ -69,14 +70,33 @@ void RegisterErrors(py::module_& m) {
       "Raises the exception of an absl status code (for tests).");
 }
 
-void RaiseStatus(const absl::Status& status) {
+py::object StatusToException(const absl::Status& status) {
   auto it = Classes().find(status.code());
   PyObject* cls = it == Classes().end() ? base_error : it->second;
   py::object error =
       py::reinterpret_borrow<py::object>(cls)(py::str(std::string(status.message())));
   error.attr("code") = py::str(absl::StatusCodeToString(status.code()));
-  PyErr_SetObject(cls, error.ptr());
+  return error;
+}
+
+void RaiseStatus(const absl::Status& status) {
+  py::object error = StatusToException(status);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
   throw py::error_already_set();
+}
+
+absl::Status StatusFromPython(const py::error_already_set& e, absl::StatusCode fallback,
+                              std::string_view what) {
+  absl::StatusCode code = fallback;
+  for (const auto& [c, cls] : Classes()) {
+    if (e.matches(cls)) {
+      code = c;
+      break;
+    }
+  }
+  std::string type = py::str(e.type().attr("__name__"));
+  std::string text = py::str(e.value());
+  return absl::Status(code, StrCat(what, ": ", type, text.empty() ? "" : ": ", text));
 }
 
 }  // namespace connex::python

@@ -157,6 +157,8 @@ PYBIND11_MODULE(_connex, m) {
   cp::RegisterDirectory(m);
   cp::RegisterTransport(m);
   cp::RegisterElastic(m);
+  cp::RegisterPythonTransfer(m);
+  cp::RegisterPp(m);
   cp::RegisterShutdown(m);
   m.def(
       "set_log_level",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+import concurrent.futures
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 __version__: str
 
@@ -234,6 +235,8 @@ def auto(lid: LidLike, *, host: str = "127.0.0.1", fabric: Optional[Fabric] = No
          tcp_connections: int = 4, shm_dir: str = "/dev/shm") -> TransferEngine: ...
 def mem(lid: LidLike, fabric: Fabric) -> TransferEngine: ...
 def from_env(lid: LidLike) -> TransferEngine: ...
+def from_python(engine: Any, lid: LidLike, address: str) -> TransferEngine:
+    """A TransferEngine over a Python data plane with Mooncake's TransferEngine methods."""
 
 # ---- elastic ----
 class PeerState(enum.Enum):
@@ -295,4 +298,61 @@ class ElasticPeerSet:
     def remove_callback(self, id: int) -> None: ...
     def close(self) -> None: ...
     def __enter__(self) -> ElasticPeerSet: ...
+    def __exit__(self, *args: Any) -> None: ...
+
+# ---- the step protocol (connex.pp) ----
+TensorDict = Mapping[str, Any]  # {name: numpy.ndarray}
+
+class Sampling:
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    greedy: bool
+    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                 seed: int = 0) -> None: ...
+
+class StageNodeOptions:
+    model: str
+    stage: int
+    stages: int
+    replica: int
+    metadata: Dict[str, str]
+    inflight: int
+    step_timeout_ms: int
+    probe_timeout_ms: int
+    reprefill_max: int
+    route_wait_ms: int
+    ring_slots: int
+    slot_bytes: int
+    max_batch: int
+    eos_token: int
+    request_timeout_ms: int
+    attempt_max: int
+    replay_cache_bytes: int
+    owner_grace_ms: int
+    stall_confirm_ms: int
+    def __init__(self, **fields: Any) -> None: ...
+    def from_env(self) -> StageNodeOptions: ...
+    def validate(self) -> None: ...
+
+class StageNode:
+    lid: Lid
+    epoch: int
+    stats: Dict[str, Any]
+    engine: Any
+    def __init__(self, directory: DirectoryClient, engine: Any,
+                 options: Optional[StageNodeOptions] = None, *,
+                 transport: Union[None, str, TransferEngine] = None,
+                 signal_host: str = "127.0.0.1", **fields: Any) -> None: ...
+    def submit(self, request_id: int, prompt: Sequence[int], max_new_tokens: int,
+               done: Optional[Callable[[Union[List[int], Error]], None]] = None,
+               on_token: Optional[Callable[[int, int], None]] = None, *, timeout_ms: int = 0,
+               sampling: Optional[Sampling] = None) -> "concurrent.futures.Future[List[int]]": ...
+    def cancel(self, request_id: int, why: str = "cancelled") -> None: ...
+    def stop(self, leave: bool = False, drain_timeout: float = 10.0) -> None: ...
+    def migrate(self, signal_host: str = "127.0.0.1") -> None: ...
+    def health(self) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> StageNode: ...
     def __exit__(self, *args: Any) -> None: ...

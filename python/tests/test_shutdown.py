@@ -1,6 +1,7 @@
 """Interpreter shutdown with live objects (servers, clients with callbacks, event iterators,
-engines with registered arrays, peer sets, threads blocked in the API) neither hangs nor
-crashes: each scenario runs in its own interpreter, which must exit 0 within a deadline."""
+engines with registered arrays, peer sets, stage nodes running Python engines, threads blocked in
+the API) neither hangs nor crashes: each scenario runs in its own interpreter, which must exit 0
+within a deadline."""
 
 import os
 import subprocess
@@ -65,6 +66,36 @@ SCENARIOS = {
         while len(got) < 5 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(got) >= 5, got
+    """,
+    "a pipeline of Python engines mid-generation": """
+        import connex.pp
+        from toy_engine import ToyEngine
+        n1 = connex.pp.StageNode(watcher, ToyEngine(1, 2), model="pp", stage=1, stages=2,
+                                 transport="tcp")
+        n0 = connex.pp.StageNode(watcher, ToyEngine(0, 2), model="pp", stage=0, stages=2,
+                                 transport="tcp")
+        tokens = []
+        future = n0.submit(1, [1, 2], 1000000, on_token=lambda r, t: tokens.append(t))
+        deadline = time.monotonic() + 10
+        while len(tokens) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(tokens) >= 20, tokens
+    """,
+    "a pipeline over a Python data plane mid-generation": """
+        import connex.pp
+        from py_data_plane import TcpDataPlane
+        from toy_engine import ToyEngine
+        planes = [TcpDataPlane(), TcpDataPlane()]
+        nodes = [connex.pp.StageNode(watcher, ToyEngine(s, 2), model="pyd", stage=s, stages=2,
+                                     transport=transport.from_python(planes[s], ("pyd", s, 0, 0),
+                                                                     planes[s].address))
+                 for s in (1, 0)]
+        tokens = []
+        future = nodes[1].submit(1, [1, 2], 1000000, on_token=lambda r, t: tokens.append(t))
+        deadline = time.monotonic() + 10
+        while len(tokens) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(tokens) >= 20, tokens
     """,
     "a daemon thread blocked in a slow directory call": """
         def slow():
