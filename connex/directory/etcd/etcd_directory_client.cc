@@ -494,6 +494,9 @@ class EtcdClientBackend final : public ClientBackend {
 absl::StatusOr<std::unique_ptr<ClientBackend>> ConnectEtcd(const DirectoryClientOptions& options) {
   etcd::EtcdClientOptions etcd_options;
   etcd_options.address = options.directory;
+  // A request's deadline spans every member and an election (1-4 s): never under etcd's default.
+  etcd_options.call_timeout =
+      std::max(etcd_options.call_timeout, absl::Milliseconds(options.request_timeout_ms));
   etcd_options.user = EnvString("CONNEX_ETCD_USER", "");
   if (std::string file = EnvString("CONNEX_ETCD_PASSWORD_FILE", ""); !file.empty()) {
     CONNEX_ASSIGN_OR_RETURN(etcd_options.password, ReadSecretFile(file));
