@@ -158,7 +158,8 @@ int main(int argc, char** argv) {
   bool force = false;
   join->add_flag("--force", force,
                  "take LID over from a live holder (needs the admin token; the holder is fenced)");
-  CLI::App* leave = app.add_subcommand("leave", "drain LID: LEFT for every watcher");
+  CLI::App* leave = app.add_subcommand("leave", "drain LID: LEFT for every watcher (alias: drain)");
+  leave->alias("drain");
   leave->add_option("lid", lid_text, "model/g<group>/s<shard>/r<replica>")->required();
   CLI::App* report = app.add_subcommand("report-failed", "evict LID for every sender (FAILED)");
   report->add_option("lid", lid_text, "model/g<group>/s<shard>/r<replica>")->required();
@@ -180,11 +181,14 @@ int main(int argc, char** argv) {
       continue;
     }
     bool known = false;
-    for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == word;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known |= sub->get_name() == word || sub->check_name(word);
+    }
     if (!known) {
       std::cerr
           << "connexctl: unknown command '" << word
-          << "' (commands: status, serving, watch, resolve, join, leave, report-failed, keygen)\n";
+          << "' (commands: status, serving, watch, resolve, join, leave or drain, report-failed, "
+             "keygen)\n";
       return 2;
     }
     break;

@@ -148,6 +148,8 @@ class EtcdClientBackend final : public ClientBackend {
     std::optional<uint64_t> epoch = EpochOf(lid);
     if (!epoch) return absl::NotFoundError(StrCat("this client does not hold ", lid.ToString()));
     absl::Status confirmed = Check(lid, *epoch);
+    // Evicted (and joined again, or not) is, to the caller, an epoch the directory no longer holds.
+    if (absl::IsNotFound(confirmed)) return absl::FailedPreconditionError(confirmed.message());
     if (!confirmed.ok()) return confirmed;
     return *epoch;
   }
@@ -335,21 +337,19 @@ class EtcdClientBackend final : public ClientBackend {
     if (!store) return absl::FailedPreconditionError("no LID held");
     const bool lease_lost = absl::IsNotFound(store->lease_status());
     absl::Status confirmed =
-        lease_lost
-            ? absl::FailedPreconditionError(StrCat("epoch ", epoch, " of ", lid.ToString(),
-                                                   " is over: this process's etcd lease expired"))
-            : store->Confirm(lid, epoch);
+        lease_lost ? absl::NotFoundError(StrCat("epoch ", epoch, " of ", lid.ToString(),
+                                                " is over: this process's etcd lease expired"))
+                   : store->Confirm(lid, epoch);
     if (confirmed.ok()) {
       MutexLock lock(&mu_);
       auto it = registrations_.find(lid);
       if (it != registrations_.end() && it->second.epoch == epoch) it->second.renewed_ms = NowMs();
       return confirmed;
     }
-    if (!absl::IsFailedPrecondition(confirmed)) return confirmed;
-    // Superseded by another epoch (a forced takeover, or another process once ours was gone):
-    // give the LID up. Gone (evicted, expired, the lease lost): join again under a new epoch.
-    const bool superseded =
-        !lease_lost && confirmed.message().find("superseded") != absl::string_view::npos;
+    // FailedPrecondition: superseded by another epoch, or drained — give the LID up. NotFound:
+    // evicted (reported, expired, the lease lost) and free — join again under a new epoch.
+    if (!absl::IsFailedPrecondition(confirmed) && !absl::IsNotFound(confirmed)) return confirmed;
+    const bool superseded = absl::IsFailedPrecondition(confirmed);
     Registration r;
     {
       MutexLock lock(&mu_);

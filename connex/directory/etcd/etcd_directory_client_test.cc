@@ -237,6 +237,29 @@ TEST_F(EtcdDirectoryClientTest, AKilledConnexctlJoinIsFailedWhenItsLeaseRunsOut)
 
   ASSERT_TRUE(seen.Await([&](const std::vector<Event>& e) { return !e.empty(); }, 10000));
   const uint64_t epoch = seen.events()[0].record.epoch;
+
+  // The operator drains a second holder: LEFT for every watcher, and the holder says it lost it.
+  auto drained = Subprocess::Start(
+      {BinDir() + "/connexctl", "join", L(1, 1).ToString(), "--address", "tcp://127.0.0.1:2"}, env);
+  ASSERT_TRUE(drained.has_value());
+  ASSERT_TRUE(drained->WaitForLine("joined", 20000).has_value());
+  std::vector<std::string> admin_env = env;
+  admin_env.push_back(StrCat("CONNEX_DIRECTORY_ADMIN_TOKEN=", kAdmin));
+  auto drain =
+      Subprocess::Start({BinDir() + "/connexctl", "drain", L(1, 1).ToString()}, admin_env, true);
+  ASSERT_TRUE(drain.has_value());
+  EXPECT_TRUE(drain->WaitForLine("left", 20000).has_value()) << drain->transcript();
+  EXPECT_EQ(drain->Wait(20000), std::optional<int>(0));
+  EXPECT_TRUE(seen.Await(
+      [&](const std::vector<Event>& e) {
+        for (const Event& x : e) {
+          if (x.kind == EventKind::kLeft && x.record.lid == L(1, 1)) return true;
+        }
+        return false;
+      },
+      10000));
+  EXPECT_TRUE(drained->WaitForLine("lost", 20000).has_value()) << drained->transcript();
+  EXPECT_EQ(drained->Wait(20000), std::optional<int>(3));
   const auto killed = std::chrono::steady_clock::now();
   join->Signal(SIGKILL);
   ASSERT_TRUE(seen.Await(

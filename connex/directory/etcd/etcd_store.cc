@@ -366,9 +366,15 @@ absl::Status EtcdStore::Confirm(const Lid& lid, uint64_t epoch) {
   CONNEX_ASSIGN_OR_RETURN(TxnResult txn, client_->Transact(read));
   Held held = HeldOf(txn);
   if (!held.record) {
-    return absl::FailedPreconditionError(
-        StrCat("epoch ", epoch, " of ", lid.ToString(), " is over: the LID is not registered",
-               held.end ? StrCat(" (", held.end->value, ")") : " (its lease expired)"));
+    // The end marker written with this epoch's end (not an older one's) says how it ended.
+    const bool marked = held.end && static_cast<uint64_t>(held.end->mod_revision) > epoch;
+    if (marked && held.end->value == kEndLeft) {
+      return absl::FailedPreconditionError(StrCat("epoch ", epoch, " of ", lid.ToString(),
+                                                  " is over: it left (drained or its own LEAVE)"));
+    }
+    return absl::NotFoundError(StrCat("epoch ", epoch, " of ", lid.ToString(),
+                                      " was evicted and nobody holds the LID (",
+                                      marked ? held.end->value : "its lease expired", ")"));
   }
   if (static_cast<uint64_t>(held.record->mod_revision) != epoch) {
     return absl::FailedPreconditionError(StrCat("epoch ", epoch, " of ", lid.ToString(),

@@ -113,8 +113,10 @@ class EtcdStore {
                                             const JoinAuth& auth = {});
 
   // Whether (lid, epoch) still holds the LID with this store's lease (a linearizable read): the
-  // holder's check of its own incarnation (the embedded directory's heartbeat reply).
-  // FailedPrecondition naming what happened (superseded by another epoch, gone) otherwise.
+  // holder's check of its own incarnation, with the embedded directory's heartbeat answers
+  // (Registry::Heartbeat): FailedPrecondition when another epoch holds the LID or this one left
+  // (drained or its own LEAVE) — stop claiming the LID; NotFound when it was evicted (reported,
+  // or its lease ran out) and nobody holds it — join again. The message names what happened.
   absl::Status Confirm(const Lid& lid, uint64_t epoch);
 
   // Graceful LEAVE by the holder (`caller.credential`) or an operator's drain

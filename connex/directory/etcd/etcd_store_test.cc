@@ -305,7 +305,9 @@ TEST_F(EtcdStoreTest, JoinMigrateRetryAndLeaveAreTheEventsAWatcherDerives) {
   caller.credential = moved->credential;
   ASSERT_TRUE(store->Leave(a, moved->epoch, caller).ok());
   EXPECT_EQ(store->Leave(a, 0, caller).code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(store->Confirm(a, moved->epoch).message()), HasSubstr("(left)"));
+  absl::Status after_leave = store->Confirm(a, moved->epoch);
+  EXPECT_EQ(after_leave.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(after_leave.message()), HasSubstr("it left"));
 
   const std::vector<Event>& events = watcher.Await(3);
   ASSERT_EQ(events.size(), 3u) << Kinds(events);
@@ -422,7 +424,9 @@ TEST_F(EtcdStoreTest, OnlyALiveMemberOrTheOperatorReportsOrDrains) {
   ASSERT_TRUE(evicted.ok()) << evicted.status();
   EXPECT_TRUE(*evicted);
   EXPECT_EQ(other->ReportFailed(a, 0, reporter).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(holder->Confirm(a, joined->epoch).code(), absl::StatusCode::kFailedPrecondition);
+  absl::Status evicted_status = holder->Confirm(a, joined->epoch);
+  EXPECT_EQ(evicted_status.code(), absl::StatusCode::kNotFound);  // evicted: join again
+  EXPECT_THAT(std::string(evicted_status.message()), HasSubstr("reported by"));
 
   // The operator drains the member with the admin token.
   Caller op;
