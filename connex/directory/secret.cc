@@ -30,12 +30,16 @@ std::string NewCredential() {
     }
     got += static_cast<size_t>(n);
   }
+  return HexOf(bytes, sizeof(bytes));
+}
+
+std::string HexOf(const unsigned char* bytes, size_t size) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
-  out.reserve(2 * sizeof(bytes));
-  for (unsigned char b : bytes) {
-    out.push_back(kHex[b >> 4]);
-    out.push_back(kHex[b & 0xf]);
+  out.reserve(2 * size);
+  for (size_t i = 0; i < size; ++i) {
+    out.push_back(kHex[bytes[i] >> 4]);
+    out.push_back(kHex[bytes[i] & 0xf]);
   }
   return out;
 }

@@ -3,6 +3,7 @@
 #ifndef CONNEX_DIRECTORY_SECRET_H_
 #define CONNEX_DIRECTORY_SECRET_H_
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -13,6 +14,9 @@ namespace connex::directory {
 
 // 128 bits from the kernel's CSPRNG (getrandom), as 32 hex digits.
 std::string NewCredential();
+
+// `size` bytes as lower-case hex digits (credentials, and the digests the etcd backend stores).
+std::string HexOf(const unsigned char* bytes, size_t size);
 
 // Compares secrets in time independent of where they differ. An empty secret equals nothing.
 bool SecretsEqual(std::string_view a, std::string_view b);

@@ -122,14 +122,7 @@ std::string CredentialDigest(std::string_view credential) {
   unsigned char digest[crypto_hash_sha256_BYTES];
   crypto_hash_sha256(digest, reinterpret_cast<const unsigned char*>(credential.data()),
                      credential.size());
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(2 * sizeof(digest));
-  for (unsigned char byte : digest) {
-    hex.push_back(kHex[byte >> 4]);
-    hex.push_back(kHex[byte & 15]);
-  }
-  return hex;
+  return HexOf(digest, sizeof(digest));
 }
 
 // ---- EtcdStore ----
