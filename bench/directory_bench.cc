@@ -91,12 +91,18 @@ class Arrivals {
 class Backend {
  public:
   virtual ~Backend() = default;
+  // Where the watchers record what they saw: a member of the base, so that it outlives the
+  // watchers (the derived class's members) that call into it.
+  Arrivals& arrivals() { return arrivals_; }
   virtual std::string name() const = 0;
   virtual absl::Status AddHolder() = 0;
   virtual absl::Status Join(int holder, const Lid& lid) = 0;
   // Holder `holder` stops renewing (as a killed process).
   virtual void Kill(int holder) = 0;
   virtual absl::Status AddWatcher(int index, Arrivals* arrivals) = 0;
+
+ private:
+  Arrivals arrivals_;
 };
 
 class EmbeddedBackend : public Backend {
@@ -239,7 +245,7 @@ struct Row {
 
 absl::StatusOr<Row> Run(Backend& backend, int endpoints, int watchers, int holders,
                         int64_t lease_ttl_ms) {
-  Arrivals arrivals;
+  Arrivals& arrivals = backend.arrivals();
   for (int h = 0; h < holders; ++h) CONNEX_RETURN_IF_ERROR(backend.AddHolder());
   for (int w = 0; w < watchers; ++w) CONNEX_RETURN_IF_ERROR(backend.AddWatcher(w, &arrivals));
   // Each holder joins its share of the LIDs one after another, the holders at once.

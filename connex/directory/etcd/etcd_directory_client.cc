@@ -59,13 +59,17 @@ class EtcdClientBackend final : public ClientBackend {
     wake_.notify_all();
     if (thread_.joinable()) thread_.join();
     std::map<std::string, std::unique_ptr<EtcdModelWatch>> watches;
+    std::vector<std::map<std::string, std::unique_ptr<EtcdModelWatch>>> retired;
     std::shared_ptr<EtcdStore> store;
     {
       MutexLock lock(&mu_);
       watches.swap(watches_);
+      retired.swap(retired_);
       store.swap(store_);
     }
+    // Every watch thread stopped before the members its callbacks use go.
     watches.clear();
+    retired.clear();
     store.reset();  // revokes the lease: every LID still held goes (FAILED), as after a crash
   }
 

@@ -100,11 +100,11 @@ bool Has(const std::vector<Event>& events, EventKind kind, const Lid& lid, uint6
 }
 
 TEST_F(EtcdDirectoryClientTest, JoinWatchMigrateAndLeaveThroughTheDirectoryClient) {
+  Seen seen;  // before the clients: their callbacks write into it until they are gone
   auto holder = Client();
   auto watcher = Client();
   auto stranger = Client();
   ASSERT_TRUE(holder && watcher && stranger);
-  Seen seen;
   watcher->Subscribe([&](const Event& e) { seen.Add(e); });
   ASSERT_TRUE(watcher->Watch(model_).ok());
   EXPECT_EQ(watcher->directory_address(), cluster_->address());
@@ -154,11 +154,12 @@ TEST_F(EtcdDirectoryClientTest, JoinWatchMigrateAndLeaveThroughTheDirectoryClien
 }
 
 TEST_F(EtcdDirectoryClientTest, AReportedHolderJoinsAgainUnderANewEpoch) {
+  // Before the clients: their callbacks write here until they are gone.
+  Mutex mu;
+  std::vector<RegistrationChange> changes;
   auto holder = Client();
   auto member = Client();
   ASSERT_TRUE(holder && member);
-  Mutex mu;
-  std::vector<RegistrationChange> changes;
   holder->OnRegistrationChange([&](const RegistrationChange& c) {
     MutexLock lock(&mu);
     changes.push_back(c);
@@ -187,11 +188,12 @@ TEST_F(EtcdDirectoryClientTest, AReportedHolderJoinsAgainUnderANewEpoch) {
 }
 
 TEST_F(EtcdDirectoryClientTest, AnOperatorsTakeoverMakesTheHolderGiveTheLidUp) {
+  // Before the clients: their callbacks write here until they are gone.
+  Mutex mu;
+  std::vector<RegistrationChange> changes;
   auto holder = Client();
   auto op = Client(/*admin=*/true);
   ASSERT_TRUE(holder && op);
-  Mutex mu;
-  std::vector<RegistrationChange> changes;
   holder->OnRegistrationChange([&](const RegistrationChange& c) {
     MutexLock lock(&mu);
     changes.push_back(c);
@@ -212,9 +214,9 @@ TEST_F(EtcdDirectoryClientTest, AnOperatorsTakeoverMakesTheHolderGiveTheLidUp) {
 // A real holder process (connexctl join) SIGKILLed: every watcher sees FAILED once its etcd
 // lease runs out; the time it took is printed.
 TEST_F(EtcdDirectoryClientTest, AKilledConnexctlJoinIsFailedWhenItsLeaseRunsOut) {
+  Seen seen;  // before the client: its callbacks write into it until it is gone
   auto watcher = Client();
   ASSERT_NE(watcher, nullptr);
-  Seen seen;
   watcher->Subscribe([&](const Event& e) { seen.Add(e); });
   ASSERT_TRUE(watcher->Watch(model_).ok());
   const std::vector<std::string> env = {"CONNEX_DIRECTORY=" + cluster_->address(),
@@ -339,9 +341,9 @@ class EtcdOutageTest : public ::testing::Test {
   }
 
   std::unique_ptr<EtcdCluster> cluster_;
+  Seen seen_;  // before the clients: their callbacks write into it until they are gone
   std::unique_ptr<DirectoryClient> holder_, watcher_;
   std::map<Lid, uint64_t> epochs_;
-  Seen seen_;
 };
 
 // One member SIGKILLed (each test its own cluster: with two members gone a 3-member cluster has
