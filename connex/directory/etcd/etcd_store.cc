@@ -268,7 +268,27 @@ absl::StatusOr<Registry::JoinResult> EtcdStore::Join(
     count.count_only = true;
     CONNEX_ASSIGN_OR_RETURN(RangeResult in_model,
                             client_->Range(StrCat(ModelPrefix(lid.model), "lid/"), count));
-    const bool model_full = static_cast<size_t>(in_model.count) >= options_.max_records_per_model;
+    // And within the limit of every model together? Each record key has a credential key and
+    // maybe an end marker beside it, so half of all the keys bounds the records from above; only
+    // near the limit are the records counted one by one.
+    RangeOptions all;
+    all.range_end = PrefixEnd(kRoot);
+    all.count_only = true;
+    CONNEX_ASSIGN_OR_RETURN(RangeResult everything, client_->Range(kRoot, all));
+    size_t records = 0;
+    if (static_cast<size_t>(everything.count) / 2 >= options_.max_records) {
+      RangeOptions keys;
+      keys.range_end = PrefixEnd(kRoot);
+      keys.keys_only = true;
+      CONNEX_ASSIGN_OR_RETURN(RangeResult listed, client_->Range(kRoot, keys));
+      for (const KeyValue& kv : listed.kvs) {
+        absl::StatusOr<ParsedKey> parsed = ParseKey(kv.key);
+        if (parsed.ok() && parsed->kind == ParsedKey::Kind::kRecord) ++records;
+      }
+    }
+    const bool table_full = records >= options_.max_records;
+    const bool model_full =
+        table_full || static_cast<size_t>(in_model.count) >= options_.max_records_per_model;
     Txn create;
     if (!model_full) {
       create.compare = {Compare::Absent(key)};
@@ -284,6 +304,11 @@ absl::StatusOr<Registry::JoinResult> EtcdStore::Join(
       return Registry::JoinResult{static_cast<uint64_t>(txn.revision), credential, true};
     }
     Held held = HeldOf(txn);
+    if (table_full && !held.record) {
+      return absl::ResourceExhaustedError(StrCat("the directory has ", records,
+                                                 " records, its limit (", options_.max_records,
+                                                 ", CONNEX_DIRECTORY_MAX_RECORDS)"));
+    }
     if (model_full && !held.record) {
       return absl::ResourceExhaustedError(
           StrCat("model '", lid.model, "' has ", in_model.count, " records, its limit (",

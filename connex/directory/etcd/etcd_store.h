@@ -77,8 +77,9 @@ struct EtcdStoreOptions {
   // End markers live this long, so that a watcher resuming after a short outage still tells LEFT
   // from FAILED.
   int64_t end_marker_ttl_ms = 60000;
-  // Limits, as the embedded directory's (RegistryOptions). The per-model count is read before
-  // the JOIN's transaction: concurrent JOINs of new LIDs may pass it by their number.
+  // Limits, as the embedded directory's (RegistryOptions). The counts are read before the
+  // JOIN's transaction: concurrent JOINs of new LIDs may pass a limit by their number.
+  size_t max_records = kDefaultMaxRecords;
   size_t max_records_per_model = kDefaultMaxRecordsPerModel;
   size_t max_record_bytes = kDefaultMaxRecordBytes;
   // The operator's secret (CONNEX_DIRECTORY_ADMIN_TOKEN): forced JOINs and drains need it here.

@@ -462,6 +462,14 @@ TEST_F(EtcdStoreTest, LimitsAreRefusedNamingThem) {
   JoinAuth holder;
   holder.credential = a->credential;
   EXPECT_TRUE(store->Join(L(1, 0), {"tcp://127.0.0.1:4"}, {}, holder).ok());
+  // Every model together: a limit of its own.
+  EtcdStoreOptions tight = options;
+  tight.max_records = 1;  // the cluster holds this suite's earlier records, and a and b
+  auto small = Open(tight);
+  ASSERT_NE(small, nullptr);
+  auto other = small->Join(Lid{model_ + "-other", 1, 0, 0}, {"tcp://127.0.0.1:6"}, {});
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(other.status().message()), HasSubstr("CONNEX_DIRECTORY_MAX_RECORDS)"));
   auto big = store->Join(Lid{model_ + "-big", 1, 0, 0}, {"tcp://127.0.0.1:5"},
                          {{"blob", std::string(1000, 'x')}});
   EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);

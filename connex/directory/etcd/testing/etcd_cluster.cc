@@ -167,6 +167,14 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const EtcdCluste
       cluster->members_.push_back(std::move(member));
     }
     absl::Status started;
+    if (options.heartbeat_interval_ms > 0) {
+      cluster->tuning_.insert(cluster->tuning_.end(),
+                              {"--heartbeat-interval", StrCat(options.heartbeat_interval_ms)});
+    }
+    if (options.election_timeout_ms > 0) {
+      cluster->tuning_.insert(cluster->tuning_.end(),
+                              {"--election-timeout", StrCat(options.election_timeout_ms)});
+    }
     if (options.tls) {
       cluster->use_tls_ = true;
       CONNEX_RETURN_IF_ERROR(cluster->MakeCertificates(base));
@@ -232,6 +240,7 @@ absl::Status EtcdCluster::StartMember(int index, bool existing) {
       "--log-level",
       "warn",
   };
+  argv.insert(argv.end(), tuning_.begin(), tuning_.end());
   if (use_tls_) {
     argv.insert(argv.end(), {"--cert-file", server_cert_file_, "--key-file", server_key_file_,
                              "--trusted-ca-file", tls_.ca_file, "--client-cert-auth"});
