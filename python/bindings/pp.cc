@@ -118,9 +118,9 @@ absl::StatusOr<TensorDict> FromNumpyDict(py::handle mapping, std::string_view wh
     }
     std::optional<DType> dtype = FromNumpy(array.dtype());
     if (!dtype) {
-      return absl::InvalidArgumentError(
-          StrCat(what, ": '", name, "' has dtype ", std::string(py::str(array.dtype())),
-                 "; use float32, float16, int32 or int64"));
+      return absl::InvalidArgumentError(StrCat(what, ": '", name, "' has dtype ",
+                                               std::string(py::str(array.dtype())),
+                                               "; use float32, float16, int32 or int64"));
     }
     pp::Tensor tensor;
     tensor.dtype = *dtype;
@@ -137,9 +137,8 @@ absl::StatusOr<TensorDict> FromNumpyDict(py::handle mapping, std::string_view wh
 PythonEngine::PythonEngine(py::object engine) {
   for (const char* method : {"execute_step", "holds_request", "release", "num_held_requests"}) {
     if (!py::hasattr(engine, method)) {
-      throw py::type_error(StrCat("StageNode: the engine (a ", TypeName(engine),
-                                  ") has no method ", method,
-                                  " (see connex.pp.Engine for the contract)"));
+      throw py::type_error(StrCat("StageNode: the engine (a ", TypeName(engine), ") has no method ",
+                                  method, " (see connex.pp.Engine for the contract)"));
     }
   }
   if (py::hasattr(engine, "output_bytes_per_token")) {
@@ -378,15 +377,14 @@ class PyStageNode {
       }
       transfer = ShareTransferEngine(std::move(state));
     } else {
-      throw py::type_error(StrCat(
-          "StageNode: transport must be None, a backend name or a "
-          "connex.transport.TransferEngine (wrap a Python data plane with "
-          "connex.transport.from_python), not ",
-          TypeName(transport)));
+      throw py::type_error(
+          StrCat("StageNode: transport must be None, a backend name or a "
+                 "connex.transport.TransferEngine (wrap a Python data plane with "
+                 "connex.transport.from_python), not ",
+                 TypeName(transport)));
     }
-    std::unique_ptr<pp::SignalTransport> signals = ValueOrThrow(Blocking([&] {
-      return pp::CreateZmqSignalTransport(signal_host, directory.options().curve);
-    }));
+    std::unique_ptr<pp::SignalTransport> signals = ValueOrThrow(Blocking(
+        [&] { return pp::CreateZmqSignalTransport(signal_host, directory.options().curve); }));
     pp::Engine& e = *engine_;
     node_ = OwnWithoutGil(ValueOrThrow(Blocking([&] {
       return StageNode::Start(std::move(options), e, std::move(transfer), std::move(signals),
@@ -420,9 +418,8 @@ class PyStageNode {
       std::weak_ptr<Dispatcher> dispatcher = dispatcher_;
       options.on_token = [dispatcher, slot = pending.on_token](uint64_t id, int32_t token) {
         if (auto d = dispatcher.lock()) {
-          d->Post([slot, id, token] {
-            slot->CallUnpacked([&] { return py::make_tuple(id, token); });
-          });
+          d->Post(
+              [slot, id, token] { slot->CallUnpacked([&] { return py::make_tuple(id, token); }); });
         }
       };
     }
@@ -436,8 +433,8 @@ class PyStageNode {
       if (d == nullptr) return;
       d->Post([finish, tokens = std::move(tokens)] {
         finish->CallUnpacked([&] {
-          py::object result = tokens.ok() ? py::object(py::cast(*tokens))
-                                          : StatusToException(tokens.status());
+          py::object result =
+              tokens.ok() ? py::object(py::cast(*tokens)) : StatusToException(tokens.status());
           return py::make_tuple(std::move(result));
         });
         // The slot's function holds the user's callbacks: drop them here, with the GIL,
@@ -539,8 +536,8 @@ StageNodeOptions OptionsFromKwargs(const py::kwargs& kwargs) {
   py::object self = py::cast(&o, py::return_value_policy::reference);
   for (auto [key, value] : kwargs) {
     std::string name = py::str(key);
-    if (name.empty() || name[0] == '_' || !py::hasattr(self, name.c_str()) ||
-        name == "from_env" || name == "validate") {
+    if (name.empty() || name[0] == '_' || !py::hasattr(self, name.c_str()) || name == "from_env" ||
+        name == "validate") {
       throw py::type_error(StrCat("StageNodeOptions: no option '", name, "'"));
     }
     self.attr(name.c_str()) = value;
@@ -581,8 +578,9 @@ void RegisterPp(py::module_& m) {
       m, "StageNodeOptions",
       "Settings of a StageNode: StageNodeOptions(model='m', stage=1, stages=3, replica=0, ...). "
       "Every field is a keyword; from_env() applies the CONNEX_PP_* variables.")
-      .def(py::init(&OptionsFromKwargs), "Options with the given fields set (TypeError for an "
-                                         "unknown one).")
+      .def(py::init(&OptionsFromKwargs),
+           "Options with the given fields set (TypeError for an "
+           "unknown one).")
       .def_readwrite("model", &StageNodeOptions::model)
       .def_readwrite("stage", &StageNodeOptions::stage)
       .def_readwrite("stages", &StageNodeOptions::stages)

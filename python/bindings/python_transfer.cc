@@ -24,8 +24,7 @@ std::string TypeName(py::handle value) {
 class PythonTransferEngine final : public transport::TransferEngine {
  public:
   // GIL held. TypeError naming a missing method.
-  PythonTransferEngine(py::object engine, std::string address)
-      : address_(std::move(address)) {
+  PythonTransferEngine(py::object engine, std::string address) : address_(std::move(address)) {
     for (const char* method : {"register_memory", "unregister_memory", "transfer_sync_read",
                                "allocate_managed_buffer", "free_managed_buffer"}) {
       if (!py::hasattr(engine, method)) {
@@ -65,11 +64,10 @@ class PythonTransferEngine final : public transport::TransferEngine {
       return absl::UnavailableError(StrCat("python transfer engine: ", peer.lid.ToString(),
                                            " publishes no ", kScheme, " address"));
     }
-    return Call(
-        StrCat("transfer_sync_read from ", peer.lid.ToString(), " (", target, ")"),
-        absl::StatusCode::kUnavailable, [&](py::object e) {
-          return e.attr("transfer_sync_read")(target, Addr(local), remote_addr, length);
-        });
+    return Call(StrCat("transfer_sync_read from ", peer.lid.ToString(), " (", target, ")"),
+                absl::StatusCode::kUnavailable, [&](py::object e) {
+                  return e.attr("transfer_sync_read")(target, Addr(local), remote_addr, length);
+                });
   }
   absl::StatusOr<void*> AllocateManagedBuffer(size_t length) override {
     if (Finalizing()) return Gone("allocate_managed_buffer");
@@ -104,9 +102,8 @@ class PythonTransferEngine final : public transport::TransferEngine {
       length = it->second;
       managed_.erase(it);
     }
-    return Call("free_managed_buffer", absl::StatusCode::kInvalidArgument, [&](py::object e) {
-      return e.attr("free_managed_buffer")(Addr(buffer), length);
-    });
+    return Call("free_managed_buffer", absl::StatusCode::kInvalidArgument,
+                [&](py::object e) { return e.attr("free_managed_buffer")(Addr(buffer), length); });
   }
   absl::Status CopyToManagedBuffer(void* dst, const void* src, size_t length) override {
     CONNEX_RETURN_IF_ERROR(CheckManaged(dst, length, "copy_to_managed_buffer"));
@@ -144,9 +141,7 @@ class PythonTransferEngine final : public transport::TransferEngine {
     }
     return absl::OkStatus();
   }
-  std::vector<std::string> LocalAddresses() const override {
-    return {StrCat(kScheme, address_)};
-  }
+  std::vector<std::string> LocalAddresses() const override { return {StrCat(kScheme, address_)}; }
   transport::Capabilities GetCapabilities() const override {
     transport::Capabilities c;
     c.backend = "python";
