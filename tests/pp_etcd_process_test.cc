@@ -14,7 +14,7 @@
 #include "connex/pp/testing/test_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
+#include "tests/pp_owner_output.h"
 #include "tests/pp_prompts.h"
 
 namespace connex::testing {
@@ -72,32 +72,10 @@ TEST_F(PpEtcdProcessTest, AKilledStageHandsItsStepsOverWithExactTokens) {
       0, 0, {"--requests", std::to_string(requests), "--max-new-tokens", std::to_string(max_new)});
   ASSERT_TRUE(owner.WaitForLine("progress", 30000)) << owner.transcript();
   stages_.at({1, 0}).Signal(SIGKILL);
-  int seen = 0;
-  std::string done;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto line = owner.ReadLine(1000);
-    if (!line) {
-      if (owner.Wait(0).has_value()) break;
-      continue;
-    }
-    if (line->rfind("done", 0) == 0) {
-      done = *line;
-      break;
-    }
-    if (line->empty() || (*line)[0] != '{') continue;
-    nlohmann::json j = nlohmann::json::parse(*line);
-    uint64_t id = j["id"];
-    EXPECT_FALSE(j.contains("error")) << *line;
-    if (j.contains("tokens")) {
-      std::vector<int32_t> got = j["tokens"];
-      EXPECT_EQ(got, pp::testing::ReferenceTokens(kStages, PromptOf(id), max_new))
-          << "request " << id;
-    }
-    ++seen;
-  }
-  EXPECT_EQ(seen, requests) << owner.transcript();
-  ASSERT_FALSE(done.empty()) << owner.transcript();
+  std::string done = CheckOwnerOutput(owner, requests, 90000, [&](uint64_t id) {
+    return pp::testing::ReferenceTokens(kStages, PromptOf(id), max_new);
+  });
+  ASSERT_FALSE(done.empty());
   // The kill was handed over, not waited out.
   EXPECT_THAT(done, ::testing::Not(HasSubstr("failovers=0 ")));
 }

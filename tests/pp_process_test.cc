@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/pp_owner_output.h"
 #include "tests/pp_prompts.h"
 
 namespace connex::testing {
@@ -82,32 +83,8 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
   // Reads the owner's output to `done`; checks every request against the reference.
   std::string CheckOwner(Subprocess& owner, int requests, int max_new, int64_t timeout_ms = 90000,
                          Reference reference = TestEngineReference) {
-    int seen = 0;
-    std::string done;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < deadline) {
-      auto line = owner.ReadLine(1000);
-      if (!line) {
-        if (owner.Wait(0).has_value()) break;
-        continue;
-      }
-      if (line->rfind("done", 0) == 0) {
-        done = *line;
-        break;
-      }
-      if (line->empty() || (*line)[0] != '{') continue;
-      nlohmann::json j = nlohmann::json::parse(*line);
-      uint64_t id = j["id"];
-      EXPECT_FALSE(j.contains("error")) << *line;
-      if (j.contains("tokens")) {
-        std::vector<int32_t> got = j["tokens"];
-        EXPECT_EQ(got, reference(id, max_new)) << "request " << id;
-      }
-      ++seen;
-    }
-    EXPECT_EQ(seen, requests) << owner.transcript();
-    EXPECT_FALSE(done.empty()) << owner.transcript();
-    return done;
+    return CheckOwnerOutput(owner, requests, timeout_ms,
+                            [&](uint64_t id) { return reference(id, max_new); });
   }
 
   // Replaces the directory with one at ports below the ephemeral range (so that they are still
