@@ -989,19 +989,7 @@ class ZmqClientBackend final : public internal::ClientBackend {
         return;
       }
       sc.revision = event.revision;
-      const Lid& lid = event.record.lid;
-      switch (event.kind) {
-        case EventKind::kJoined:
-        case EventKind::kMigrated:
-          view_[lid] = event.record;
-          break;
-        case EventKind::kLeft:
-        case EventKind::kFailed: {
-          auto it = view_.find(lid);
-          if (it != view_.end() && it->second.epoch == event.record.epoch) view_.erase(it);
-          break;
-        }
-      }
+      ApplyToView(event, &view_);
     }
     Deliver({event});
   }
