@@ -989,7 +989,19 @@ class ZmqClientBackend final : public internal::ClientBackend {
         return;
       }
       sc.revision = event.revision;
-      ApplyToView(event, &view_);
+      const Lid& lid = event.record.lid;
+      switch (event.kind) {
+        case EventKind::kJoined:
+        case EventKind::kMigrated:
+          view_[lid] = event.record;
+          break;
+        case EventKind::kLeft:
+        case EventKind::kFailed: {
+          auto it = view_.find(lid);
+          if (it != view_.end() && it->second.epoch == event.record.epoch) view_.erase(it);
+          break;
+        }
+      }
     }
     Deliver({event});
   }

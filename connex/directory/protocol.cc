@@ -56,22 +56,6 @@ std::vector<Event> EventsBetweenViews(const std::map<Lid, Record>& before,
   return events;
 }
 
-void ApplyToView(const Event& event, std::map<Lid, Record>* view) {
-  const Lid& lid = event.record.lid;
-  switch (event.kind) {
-    case EventKind::kJoined:
-    case EventKind::kMigrated:
-      (*view)[lid] = event.record;
-      break;
-    case EventKind::kLeft:
-    case EventKind::kFailed: {
-      auto it = view->find(lid);
-      if (it != view->end() && it->second.epoch == event.record.epoch) view->erase(it);
-      break;
-    }
-  }
-}
-
 void EncodeRecord(const Record& record, wire::MapBuilder* out) {
   out->Str("lid", record.lid.ToString())
       .Uint("epoch", record.epoch)

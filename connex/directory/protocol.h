@@ -107,10 +107,6 @@ std::vector<Event> EventsBetweenViews(const std::map<Lid, Record>& before,
                                       const std::map<Lid, Record>& after, uint64_t revision,
                                       const std::function<bool(const Lid&)>& in_scope);
 
-// Applies `event` to `view`, as every watcher does: JOINED and MIGRATED set the record; LEFT and
-// FAILED remove it if it is still of the event's epoch (a later epoch stays).
-void ApplyToView(const Event& event, std::map<Lid, Record>* view);
-
 // Field names and (de)serialisation of the shared structures.
 void EncodeRecord(const Record& record, wire::MapBuilder* out);
 absl::StatusOr<Record> DecodeRecord(const wire::MapView& in);

@@ -47,14 +47,6 @@ Held HeldOf(const TxnResult& txn, size_t first = 0) {
   return Held{FirstKv(txn, first), FirstKv(txn, first + 1), FirstKv(txn, first + 2)};
 }
 
-// The LID's record, credential and end marker, read together at one revision.
-absl::StatusOr<Held> ReadHeld(EtcdClient& client, const Lid& lid) {
-  Txn read;
-  read.success = GetsOf(lid);
-  CONNEX_ASSIGN_OR_RETURN(TxnResult txn, client.Transact(read));
-  return HeldOf(txn);
-}
-
 bool DigestIs(const std::optional<KeyValue>& credential, std::string_view secret) {
   return credential.has_value() && !secret.empty() &&
          SecretsEqual(credential->value, CredentialDigest(secret));
@@ -387,7 +379,10 @@ absl::StatusOr<Registry::JoinResult> EtcdStore::Join(
 }
 
 absl::Status EtcdStore::Confirm(const Lid& lid, uint64_t epoch) {
-  CONNEX_ASSIGN_OR_RETURN(Held held, ReadHeld(*client_, lid));
+  Txn read;
+  read.success = GetsOf(lid);
+  CONNEX_ASSIGN_OR_RETURN(TxnResult txn, client_->Transact(read));
+  Held held = HeldOf(txn);
   if (!held.record) {
     // The end marker written with this epoch's end (not an older one's) says how it ended.
     const bool marked = held.end && static_cast<uint64_t>(held.end->mod_revision) > epoch;
@@ -412,7 +407,10 @@ absl::Status EtcdStore::Confirm(const Lid& lid, uint64_t epoch) {
 
 absl::Status EtcdStore::Leave(const Lid& lid, uint64_t epoch, const Caller& caller) {
   for (int round = 0; round < kMaxTxnRounds; ++round) {
-    CONNEX_ASSIGN_OR_RETURN(Held held, ReadHeld(*client_, lid));
+    Txn read;
+    read.success = GetsOf(lid);
+    CONNEX_ASSIGN_OR_RETURN(TxnResult txn, client_->Transact(read));
+    Held held = HeldOf(txn);
     if (!held.record) return absl::NotFoundError(StrCat(lid.ToString(), " is not registered"));
     const uint64_t current = static_cast<uint64_t>(held.record->mod_revision);
     if (epoch != 0 && current != epoch) {
@@ -471,7 +469,10 @@ absl::StatusOr<bool> EtcdStore::ReportFailed(const Lid& lid, uint64_t epoch, con
           ? ""
           : StrCat(" (", caller.name, ")");
   for (int round = 0; round < kMaxTxnRounds; ++round) {
-    CONNEX_ASSIGN_OR_RETURN(Held held, ReadHeld(*client_, lid));
+    Txn read;
+    read.success = GetsOf(lid);
+    CONNEX_ASSIGN_OR_RETURN(TxnResult txn, client_->Transact(read));
+    Held held = HeldOf(txn);
     if (!held.record) return absl::NotFoundError(StrCat(lid.ToString(), " is not registered"));
     const uint64_t current = static_cast<uint64_t>(held.record->mod_revision);
     if (epoch != 0 && current != epoch) return false;

@@ -98,7 +98,19 @@ void EtcdModelWatch::Apply(const std::vector<Event>& events) {
     MutexLock lock(&mu_);
     for (const Event& e : events) {
       revision_ = std::max(revision_, e.revision);
-      ApplyToView(e, &view_);
+      const Lid& lid = e.record.lid;
+      switch (e.kind) {
+        case EventKind::kJoined:
+        case EventKind::kMigrated:
+          view_[lid] = e.record;
+          break;
+        case EventKind::kLeft:
+        case EventKind::kFailed: {
+          auto it = view_.find(lid);
+          if (it != view_.end() && it->second.epoch == e.record.epoch) view_.erase(it);
+          break;
+        }
+      }
     }
   }
   if (on_event_) {
