@@ -319,6 +319,83 @@ TEST(HttpServerTest, ClientDisconnectCancelsAPendingResponse) {
   EXPECT_FALSE(t.exchange->Respond(HttpResponse{}));
 }
 
+// A completion request followed by more than a header's worth of further bytes: the connection
+// stops keeping them but goes on watching the client, so that its end cancels the request (it
+// used to drop the connection unanswered with the request running on, its slot freed).
+TEST(HttpServerTest, AClientThatSendsMoreThanAHeadersWorthAndLeavesCancelsItsRequest) {
+  OneParked t;
+  ASSERT_NE(t.exchange, nullptr);
+  ASSERT_TRUE(t.client->SendRaw(std::string(64 * 1024, 'x')));
+  // Still connected: the request stays, the server keeps its slot.
+  ASSERT_TRUE(WaitUntil([&] { return t.server->stats().open_connections == 1; }, kDeadlineMs));
+  t.client->Close();
+  ASSERT_TRUE(WaitUntil([&] { return t.cancels.load() == 1; }, kDeadlineMs));
+  EXPECT_TRUE(WaitUntil([&] { return t.server->stats().open_connections == 0; }, kDeadlineMs));
+  ExpectServing(*t.server, &t.parked);
+}
+
+TEST(HttpServerTest, AClientThatSendsMoreThanAHeadersWorthGetsItsAnswerThenTheClose) {
+  OneParked t;
+  ASSERT_NE(t.exchange, nullptr);
+  ASSERT_TRUE(t.client->SendRaw(std::string(64 * 1024, 'x')));
+  ASSERT_TRUE(t.exchange->Respond(HttpResponse{200, "text/plain", "done", {}}));
+  std::optional<Response> r = t.client->Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->body(), "done");
+  EXPECT_TRUE(t.client->ClosedByPeer());
+  EXPECT_EQ(t.cancels.load(), 0);
+  EXPECT_EQ(t.parked.size(), 0u) << "the discarded bytes are no request";
+}
+
+// HTTP/1.0 has no chunked encoding: a stream is the body as it comes, ended by the close.
+TEST(HttpServerTest, AnHttp10ClientGetsAStreamWithoutChunkedEncoding) {
+  Parked parked;
+  std::unique_ptr<HttpServer> server = Start({}, parked.Handler());
+  TestConnection c(server->port());
+  ASSERT_TRUE(c.SendRaw("POST /v1/completions HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}"));
+  std::shared_ptr<HttpExchange> exchange = parked.Await();
+  ASSERT_NE(exchange, nullptr);
+  ASSERT_TRUE(exchange->StartStream());
+  ASSERT_TRUE(exchange->Send("data: one\n\n"));
+  ASSERT_TRUE(exchange->Send("data: two\n\n"));
+  exchange->EndStream();
+  ASSERT_TRUE(c.ReadHead());
+  EXPECT_EQ(c.parser().get().version(), 10u);
+  EXPECT_FALSE(c.parser().chunked());
+  EXPECT_EQ(c.parser().get().count(testing::http::field::transfer_encoding), 0u);
+  ASSERT_TRUE(c.ReadToEnd());  // ends at the server's close
+  EXPECT_EQ(c.parser().get().body(), "data: one\n\ndata: two\n\n");
+  // A whole response to HTTP/1.0 is HTTP/1.0 too.
+  std::unique_ptr<HttpServer> echo = Start({}, Echo);
+  TestConnection e(echo->port());
+  ASSERT_TRUE(e.SendRaw("GET /x HTTP/1.0\r\n\r\n"));
+  std::optional<Response> r = e.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->version(), 10u);
+  EXPECT_EQ(r->body(), "GET /x ");
+  EXPECT_TRUE(e.ClosedByPeer());
+}
+
+// Nothing decodes a compressed body: parsed as JSON it would be garbage, so it is refused.
+TEST(HttpServerTest, ABodyInAContentEncodingIsRefusedWith415) {
+  std::unique_ptr<HttpServer> server = Start({}, Echo);
+  for (std::string coding : {"gzip", "deflate", "br"}) {
+    TestConnection c(server->port());
+    ASSERT_TRUE(c.Send("POST", "/v1/completions", "{}", "Content-Encoding: " + coding + "\r\n"));
+    std::optional<Response> r = c.Read();
+    ASSERT_TRUE(r.has_value()) << coding;
+    EXPECT_EQ(r->result_int(), 415u) << coding;
+    EXPECT_EQ(ErrorCodeOf(*r), "unsupported_content_encoding");
+    EXPECT_THAT(r->body(), HasSubstr(coding));
+  }
+  EXPECT_EQ(server->stats().requests, 0);
+  TestConnection c(server->port());
+  ASSERT_TRUE(c.Send("POST", "/v1/echo", "ok", "Content-Encoding: identity\r\n"));
+  std::optional<Response> r = c.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->result_int(), 200u);
+}
+
 TEST(HttpServerTest, AClientThatDoesNotReadIsDroppedAndCancelled) {
   HttpServerOptions options;
   options.write_timeout_ms = 300;

@@ -86,7 +86,11 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
         socket_(std::move(socket)),
         read_timer_(socket_.get_executor()),
         write_timer_(socket_.get_executor()) {}
-  ~Connection() override { server_.forget(this); }
+  ~Connection() override {
+    // Every end of a connection ends its request (the handler may hold the exchange for long).
+    if (exchange_ != nullptr) exchange_->Cancel();
+    server_.forget(this);
+  }
 
   void Start() override { ReadRequest(); }
 
@@ -107,7 +111,7 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   void WriteResponse(HttpResponse response) {
     auto message = std::make_shared<http::response<http::string_body>>();
     message->result(static_cast<unsigned>(response.status));
-    message->version(11);
+    message->version(version_);
     message->set(http::field::server, "connex");
     message->set(http::field::content_type, response.content_type);
     for (auto& [name, value] : response.headers) message->set(name, value);
@@ -121,12 +125,14 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   void WriteStreamHead(int status, std::string content_type) {
     stream_head_ = {};
     stream_head_.result(static_cast<unsigned>(status));
-    stream_head_.version(11);
+    stream_head_.version(version_);
     stream_head_.set(http::field::server, "connex");
     stream_head_.set(http::field::content_type, content_type);
     stream_head_.set(http::field::cache_control, "no-cache");
-    stream_head_.keep_alive(keep_alive_ && !server_.stopping());
-    stream_head_.chunked(true);
+    // HTTP/1.0 has no chunked encoding: the stream is the body as it comes, ended by the close.
+    chunked_ = version_ >= 11;
+    stream_head_.keep_alive(chunked_ && keep_alive_ && !server_.stopping());
+    if (chunked_) stream_head_.chunked(true);
     keep_alive_ = stream_head_.keep_alive();
     Queue(Write{Write::kHead, nullptr, {}, false});
   }
@@ -254,11 +260,20 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   void OnRequest() {
     DisarmReadDeadline();
     phase_ = Phase::kHandling;
-    ++requests_;
-    server_.requests.fetch_add(1);
     http::request<http::string_body> message = parser_->release();
     parser_.reset();
+    version_ = message.version() >= 11 ? 11 : 10;
     keep_alive_ = keep_alive_ && message.keep_alive();
+    if (auto coding = message.find(http::field::content_encoding);
+        coding != message.end() && !beast::iequals(coding->value(), "identity")) {
+      // Nothing here decodes a body: a compressed one parsed as JSON would be garbage.
+      return WriteError(415,
+                        StrCat("Content-Encoding \"", View(coding->value()),
+                               "\" is not supported; send the body uncompressed"),
+                        "unsupported_content_encoding");
+    }
+    ++requests_;
+    server_.requests.fetch_add(1);
     HttpRequest request;
     request.method = std::string(View(message.method_string()));
     request.target = std::string(View(message.target()));
@@ -288,11 +303,21 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   }
 
   // While the handler works, a read notices a client that closes the connection. Bytes that a
-  // pipelining client sends meanwhile stay in buffer_ for the next request (up to a header's
-  // worth; past that the connection is no longer watched until the response is done).
+  // pipelining client sends meanwhile stay in buffer_ for the next request, up to a header's
+  // worth; past that they are read and discarded and the connection closes after this response
+  // (the client retries what was not answered), so that the read goes on watching: a connection
+  // that ends for any reason cancels its request.
   void Monitor() {
-    if (monitor_pending_ || buffer_.size() >= server_.options.max_header_bytes) return;
+    if (monitor_pending_) return;
     monitor_pending_ = true;
+    if (buffer_.size() >= server_.options.max_header_bytes) {
+      keep_alive_ = false;
+      socket_.async_read_some(net::buffer(discard_), [self = shared_from_this()](
+                                                         ErrorCode ec, size_t) {
+        self->OnMonitor(ec, 0);
+      });
+      return;
+    }
     socket_.async_read_some(
         buffer_.prepare(4096),
         [self = shared_from_this()](ErrorCode ec, size_t n) { self->OnMonitor(ec, n); });
@@ -343,9 +368,19 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
         http::async_write_header(socket_, *stream_serializer_, std::move(done));
         break;
       case Write::kChunk:
+        if (!chunked_) {
+          net::async_write(socket_, net::buffer(write.data), std::move(done));
+          break;
+        }
         net::async_write(socket_, http::make_chunk(net::buffer(write.data)), std::move(done));
         break;
       case Write::kLast:
+        if (!chunked_) {  // nothing to write: the close ends an HTTP/1.0 stream
+          net::post(socket_.get_executor(), [done = std::move(done)]() mutable {
+            done(ErrorCode{}, 0);
+          });
+          break;
+        }
         net::async_write(socket_, http::make_chunk_last(), std::move(done));
         break;
     }
@@ -422,6 +457,8 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   Phase phase_ = Phase::kReadingHead;
   bool timed_out_ = false;
   bool keep_alive_ = true;
+  unsigned version_ = 11;  // of the request being answered: 10 or 11
+  bool chunked_ = true;    // the stream being written is chunked (not to HTTP/1.0)
   int64_t requests_ = 0;
   std::shared_ptr<HttpExchange> exchange_;
   bool response_complete_ = true;
