@@ -18,6 +18,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/serving/api_error.h"
+#include "connex/serving/deployment.h"
 #include "connex/serving/listen_address.h"
 #include "connex/serving/metrics.h"
 #include "connex/serving/openai_api.h"
@@ -197,11 +198,23 @@ std::vector<Replica> StageZeroReplicas(const std::vector<directory::Record>& vie
   return out;
 }
 
+std::string ChainProblem(const std::vector<directory::Record>& view, std::string_view model) {
+  for (const ServedModel& m : ServedModels(view)) {
+    if (m.model != model || m.ready()) continue;
+    std::string stages;
+    for (uint32_t s : m.missing_stages) stages += StrCat(stages.empty() ? "" : ", ", s);
+    return StrCat("no live replica of stage ", stages, " (of ", m.stages, ")");
+  }
+  return "";
+}
+
 absl::StatusOr<uint64_t> WatchReplicas(directory::DirectoryClient& directory,
                                        const std::string& model, ResumeProxy& proxy) {
   CONNEX_RETURN_IF_ERROR(directory.Watch(model));
   auto update = [&directory, &proxy, model] {
-    proxy.SetReplicas(StageZeroReplicas(directory.View(model, 0), model));
+    std::vector<directory::Record> view = directory.View(model);
+    proxy.SetReplicas(StageZeroReplicas(view, model));
+    proxy.SetChainProblem(ChainProblem(view, model));
   };
   const uint64_t id = directory.Subscribe([update](const directory::Event&) { update(); });
   update();
@@ -241,12 +254,18 @@ class ResumeProxy::Impl {
       x->Respond(JsonResponse(200, ModelsResponse(models, created_)));
     });
     router_.Add("GET", "/health", [this](std::shared_ptr<HttpExchange> x) {
-      const size_t n = replicas().size();
-      const bool ok = n > 0;
-      x->Respond(JsonResponse(
-          ok ? 200 : 503, HealthResponse(ok, ok ? ""
-                                                : StrCat("no stage-0 replica of ", options_.model,
-                                                         " is registered in the directory"))));
+      std::string problem;
+      {
+        MutexLock lock(&mu_);
+        if (replicas_.empty()) {
+          problem = StrCat("no stage-0 replica of ", options_.model,
+                           " is registered in the directory");
+        } else if (!chain_problem_.empty()) {
+          problem = StrCat("model ", options_.model, " cannot serve: ", chain_problem_);
+        }
+      }
+      const bool ok = problem.empty();
+      x->Respond(JsonResponse(ok ? 200 : 503, HealthResponse(ok, problem)));
     });
     router_.Add("GET", "/metrics", [this](std::shared_ptr<HttpExchange> x) {
       HttpResponse r;
@@ -292,6 +311,14 @@ class ResumeProxy::Impl {
   std::vector<Replica> replicas() const {
     MutexLock lock(&mu_);
     return replicas_;
+  }
+
+  void SetChainProblem(std::string problem) {
+    MutexLock lock(&mu_);
+    if (problem != chain_problem_ && !problem.empty()) {
+      CONNEX_LOG_WARN("proxy: model {} cannot serve: {}", options_.model, problem);
+    }
+    chain_problem_ = std::move(problem);
   }
 
   Stats stats() const {
@@ -679,6 +706,13 @@ class ResumeProxy::Impl {
     if (a->over) return;
     CloseAttempt(p, a);
     if (p->ended) return;
+    if (p->finish) {
+      // The chunk with finish_reason reached the client: the answer is whole, only the usage
+      // chunk or [DONE] was lost. A resume would continue a finished response (past its EOS).
+      CONNEX_LOG_INFO("proxy: request {}: replica {} broke after the last chunk ({}); completed",
+                      p->header.id, a->replica.name, why);
+      return Complete(p);
+    }
     ReplicaState& replica = state_[a->replica.name];
     int64_t down_ms = kReplicaDownMs;
     if (connect) {
@@ -839,6 +873,7 @@ class ResumeProxy::Impl {
 
   mutable Mutex mu_;
   std::vector<Replica> replicas_ ABSL_GUARDED_BY(mu_);
+  std::string chain_problem_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 
@@ -864,6 +899,9 @@ void ResumeProxy::SetReplicas(std::vector<Replica> replicas) {
   impl_->SetReplicas(std::move(replicas));
 }
 std::vector<Replica> ResumeProxy::replicas() const { return impl_->replicas(); }
+void ResumeProxy::SetChainProblem(std::string problem) {
+  impl_->SetChainProblem(std::move(problem));
+}
 std::string ResumeProxy::address() const { return impl_->address(); }
 void ResumeProxy::Stop() { impl_->Stop(); }
 ResumeProxy::Stats ResumeProxy::stats() const { return impl_->stats(); }

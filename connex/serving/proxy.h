@@ -17,7 +17,8 @@
 // answer, as the replica gave it.
 //
 // Replicas come from SetReplicas; WatchReplicas (below) feeds them from the directory's live
-// view of the model's stage-0 records (their metadata "http"). Thread-safe.
+// view of the model's stage-0 records (their metadata "http"), and SetChainProblem from the
+// whole model's view (a stage with no live replica makes /health 503). Thread-safe.
 #ifndef CONNEX_SERVING_PROXY_H_
 #define CONNEX_SERVING_PROXY_H_
 
@@ -67,6 +68,9 @@ class ResumeProxy {
   // (and resume elsewhere); requests waiting for a replica are woken.
   void SetReplicas(std::vector<Replica> replicas);
   std::vector<Replica> replicas() const;
+  // Why the model cannot serve although stage-0 replicas exist (e.g. "no live replica of stage
+  // 2"), or "" when every stage has a live replica: /health answers 503 with it while it is set.
+  void SetChainProblem(std::string problem);
 
   // "HOST:PORT" actually bound.
   std::string address() const;
@@ -94,6 +98,10 @@ class ResumeProxy {
 // The stage-0 replicas of `model` in `view` that publish an API (metadata "http").
 std::vector<Replica> StageZeroReplicas(const std::vector<directory::Record>& view,
                                        std::string_view model);
+
+// Why `model` cannot serve in `view` ("no live replica of stage 2 (of 4)"), or "" when every
+// stage it declares (records' metadata "stages") has a live replica.
+std::string ChainProblem(const std::vector<directory::Record>& view, std::string_view model);
 
 // Watches `model` in the directory and keeps `proxy`'s replicas equal to its live stage-0
 // replicas, from now on (events, including those after a directory restart). Returns the

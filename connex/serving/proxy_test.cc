@@ -58,6 +58,8 @@ class FakeReplica {
     kStatus,           // an HTTP error `status` with an envelope, before any stream
     kErrorEventAfter,  // `n` tokens, then an in-stream server_error event and [DONE]
     kSilentAfter,      // `n` tokens, then nothing (until the test ends)
+    kStopThenDie,      // `n` tokens, the n-th with finish_reason "stop", then the connection
+                       // is closed before the usage chunk and [DONE]
   };
   struct Script {
     Act act = Act::kServe;
@@ -183,13 +185,16 @@ class FakeReplica {
       if (token_delay_ms_ > 0)
         std::this_thread::sleep_for(std::chrono::milliseconds(token_delay_ms_));
       const int32_t token = FakeToken(prompt.size() + i, seed);
+      const bool stop = script.act == Act::kStopThenDie && i + 1 == script.n;
+      Json finish = stop ? Json("stop") : i + 1 == max_tokens ? Json("length") : Json(nullptr);
       Json choice = {{"index", 0},
                      {"text", std::string(1, static_cast<char>(token))},
                      {"token_ids", {token}},
-                     {"finish_reason", i + 1 == max_tokens ? Json("length") : Json(nullptr)}};
+                     {"finish_reason", finish}};
       if (i == 0) choice["prompt_token_ids"] = prompt;
       Json chunk = {{"id", "cmpl-fake"}, {"object", "text_completion"}, {"choices", {choice}}};
       if (!Event(s, chunk.dump())) return;
+      if (stop) return;  // the socket closes after the last chunk, before [DONE]
     }
     Json usage = {{"id", "cmpl-fake"},
                   {"choices", Json::array()},
@@ -376,6 +381,46 @@ TEST_F(ResumeProxyTest, AReplicaThatDiesMidStreamIsResumedElsewhereWithoutADupli
   EXPECT_EQ(resumed, 2);
   EXPECT_EQ(proxy_->stats().resumes, 2);
   EXPECT_EQ(proxy_->stats().completed, 1);
+}
+
+// The chunk with finish_reason reached the client, then the replica's connection broke before
+// [DONE]: the answer is whole. A resume would put the EOS into the prompt and stream tokens after
+// finish_reason "stop".
+TEST_F(ResumeProxyTest, AStreamThatBreaksAfterItsLastChunkIsCompletedNotResumed) {
+  for (bool stream : {true, false}) {
+    SCOPED_TRACE(stream ? "streaming" : "non-streaming");
+    FakeReplica a, b;
+    a.Then({FakeReplica::Act::kStopThenDie, 5});
+    b.Then({FakeReplica::Act::kStopThenDie, 5});
+    StartProxy();
+    proxy_->SetReplicas({a.replica("a"), b.replica("b")});
+    Json request = kStreamRequest;
+    request["stream"] = stream;
+    if (!stream) request.erase("stream_options");
+    auto r = Post("/v1/completions", request);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->result_int(), 200) << r->body();
+    std::vector<int32_t> tokens;
+    std::string finish;
+    if (stream) {
+      Streamed s = Collect(Events(r->body()));
+      tokens = s.tokens;
+      finish = s.finish;
+      EXPECT_EQ(s.done, 1);
+      EXPECT_EQ(s.usage["completion_tokens"], 5);
+      EXPECT_TRUE(s.error.is_null()) << s.error.dump();
+    } else {
+      Json body = Json::parse(r->body());
+      tokens = body["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+      finish = body["choices"][0]["finish_reason"].get<std::string>();
+    }
+    EXPECT_EQ(tokens, Expected(6, 5, 5)) << "nothing after the finishing token";
+    EXPECT_EQ(finish, "stop");
+    EXPECT_EQ(a.requests().size() + b.requests().size(), 1u) << "no resume of a finished answer";
+    EXPECT_EQ(proxy_->stats().resumes, 0);
+    EXPECT_EQ(proxy_->stats().completed, 1);
+    proxy_.reset();
+  }
 }
 
 TEST_F(ResumeProxyTest, ANonStreamingRequestIsResumedIntoOneWholeAnswer) {
@@ -593,6 +638,41 @@ TEST_F(ResumeProxyTest, HealthAndModelsFollowTheReplicaSet) {
   ASSERT_TRUE(r);
   EXPECT_NE(r->body().find("connex_proxy_resumes_total"), std::string::npos);
   EXPECT_NE(r->body().find("connex_proxy_replicas 1"), std::string::npos) << r->body();
+}
+
+// The proxy's /health used to say 200 while a stage of the model had no live replica (every
+// request then waited and failed): it is 503 naming the missing stage.
+TEST_F(ResumeProxyTest, HealthIs503NamingAMissingStage) {
+  FakeReplica a;
+  StartProxy();
+  proxy_->SetReplicas({a.replica("a")});
+  proxy_->SetChainProblem("no live replica of stage 2 (of 4)");
+  TestConnection c(port());
+  ASSERT_TRUE(c.Send("GET", "/health"));
+  auto r = c.Read();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->result_int(), 503);
+  EXPECT_NE(r->body().find("no live replica of stage 2"), std::string::npos) << r->body();
+  proxy_->SetChainProblem("");
+  ASSERT_TRUE(c.Send("GET", "/health"));
+  r = c.Read();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->result_int(), 200);
+}
+
+TEST(ChainProblemTest, NamesTheStagesWithoutALiveReplica) {
+  auto record = [](uint32_t stage, uint32_t replica) {
+    directory::Record r;
+    r.lid = Lid{"tiny", stage, 0, replica};
+    r.metadata["stages"] = "3";
+    return r;
+  };
+  std::vector<directory::Record> view = {record(0, 0), record(1, 0), record(2, 0), record(0, 1),
+                                         record(2, 1)};
+  EXPECT_EQ(ChainProblem(view, "tiny"), "");  // stage 1 of r1 is served by r0's
+  view.erase(view.begin() + 1);               // no stage 1 at all
+  EXPECT_EQ(ChainProblem(view, "tiny"), "no live replica of stage 1 (of 3)");
+  EXPECT_EQ(ChainProblem(view, "other"), "");
 }
 
 TEST(ProxyOptionsTest, BadOptionsAreNamed) {
