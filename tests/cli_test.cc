@@ -225,6 +225,16 @@ TEST_F(CliTest, EveryBinaryValidatesLogLevelAndExitsTwoOnUsageErrors) {
   ExpectUsageError({"connex-directory", "--lease-ttl-ms", "0"}, "--lease-ttl-ms");
 }
 
+TEST_F(CliTest, EveryBinaryPrintsItsVersion) {
+  std::set<std::string> binaries;
+  for (const auto& command : HelpCommands()) binaries.insert(command[0]);
+  for (const std::string& binary : binaries) {
+    Outcome version = RunBinary({binary, "--version"});
+    EXPECT_EQ(version.code, 0) << binary << "\n" << version.out;
+    EXPECT_THAT(version.out, HasSubstr(binary + " " + CONNEX_VERSION)) << binary;
+  }
+}
+
 TEST_F(CliTest, EveryFlagAndVariableOfEveryBinaryIsDocumented) {
   std::ifstream in(std::string(CONNEX_SOURCE_DIR) + "/docs/configuration.md");
   ASSERT_TRUE(in) << "docs/configuration.md";

@@ -75,8 +75,18 @@ CLI::Validator SizeRange(uint64_t min, uint64_t max, bool list) {
       list ? "SIZE,..." : "SIZE");
 }
 
+std::string VersionText(std::string_view program) {
+  const size_t slash = program.rfind('/');
+  if (slash != std::string_view::npos) program.remove_prefix(slash + 1);
+  return StrCat(program.empty() ? "connex" : program, " ", CONNEX_VERSION);
+}
+
 std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv,
                               const std::function<void()>& also) {
+  if (app.get_version_ptr() == nullptr) {
+    app.set_version_flag("--version", VersionText(argc > 0 ? argv[0] : ""),
+                         "print the program's name and Connex version, then exit");
+  }
   try {
     app.parse(argc, argv);
     if (also) also();

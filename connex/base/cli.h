@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "CLI/CLI.hpp"
@@ -37,7 +38,11 @@ CLI::Option* AddRefusedSecretFlag(CLI::App& app, const std::string& name,
 // value and the limit (CLI11 prefixes the flag).
 CLI::Validator SizeRange(uint64_t min, uint64_t max, bool list = false);
 
-// Parses `argv` into `app`; `also` (optional) runs right after, for checks across flags that
+// "PROGRAM VERSION": the basename of `program` (argv[0]) and the project's version (CMake's
+// PROJECT_VERSION), as every binary's --version prints it.
+std::string VersionText(std::string_view program);
+
+// Parses `argv` into `app` (adding --version unless `app` has a version flag already); `also` (optional) runs right after, for checks across flags that
 // throw a CLI::ParseError. Returns nullopt to go on, otherwise the exit code with CLI11's message
 // printed: 0 after --help, kUsageExitCode for any parse or validation error. (CLI11's own
 // `app.exit(e)` returns 105..114 for errors, which scripts cannot tell from a crash.)

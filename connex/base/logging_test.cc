@@ -1,5 +1,8 @@
 #include "connex/base/logging.h"
 
+#include "connex/base/access_log.h"
+#include "nlohmann/json.hpp"
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -24,6 +27,21 @@ TEST(LoggingTest, AnUnknownLevelIsAnErrorNotOff) {
     EXPECT_EQ(level.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(level.status().message(), HasSubstr(kLogLevelNames));
   }
+}
+
+TEST(AccessLogTest, ALineIsKeyValuesInTextAndMembersInJson) {
+  const std::string text = AccessLine(
+      {{"id", "cmpl-7"}, {"status", 200}, {"latency_s", 0.25}, {"error", "bad \"x\" here"}},
+      /*json=*/false);
+  EXPECT_EQ(text, R"(access id=cmpl-7 status=200 latency_s=0.25 error="bad \"x\" here")");
+  const std::string json = AccessLine(
+      {{"id", "cmpl-7"}, {"status", 200}, {"latency_s", 0.25}, {"error", "line\nbreak"}},
+      /*json=*/true);
+  nlohmann::json parsed = nlohmann::json::parse("{" + json + "}");
+  EXPECT_EQ(parsed["id"], "cmpl-7");
+  EXPECT_EQ(parsed["status"], 200);
+  EXPECT_DOUBLE_EQ(parsed["latency_s"].get<double>(), 0.25);
+  EXPECT_EQ(parsed["error"], "line\nbreak");
 }
 
 }  // namespace
