@@ -32,6 +32,7 @@ PACKAGES=(
   iperf3 iproute2 procps
   python3  # scripts/demo.py (make demo), scripts/results-charts
   gnuplot-nox  # scripts/results-charts (docs/assets/*.svg)
+  prometheus  # promtool check metrics: every /metrics is lint-clean (tests/serving_e2e_test.cc)
   # The Python bindings (python/connex, the connex._connex extension) and their pytest tests.
   pybind11-dev python3-pybind11 python3-dev python3-pytest python3-numpy
   # The etcd directory backend (connex/directory/etcd): a real etcd cluster for its tests, gRPC,

@@ -255,9 +255,9 @@ struct EpochSteps {
 std::optional<EpochSteps> StepsUnder(const std::map<std::string, double>& m, uint64_t epoch) {
   const std::string label = StrCat("{epoch=\"", epoch, "\"}");
   auto steps = m.find("connex_stage_epoch_steps_executed_total" + label);
-  auto last = m.find("connex_stage_epoch_last_step_monotonic_ns" + label);
+  auto last = m.find("connex_stage_epoch_last_step_monotonic_seconds" + label);
   if (steps == m.end() || last == m.end()) return std::nullopt;
-  return EpochSteps{steps->second, last->second};
+  return EpochSteps{steps->second, last->second * 1e9};
 }
 
 // Sends `n` requests (indices from `first`) so that they are in flight together: through the
@@ -383,11 +383,13 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
     }
     std::vector<std::shared_ptr<Outcome>> outcomes = load.Wait();
     // The fault's cost, per affected request: from the fault to its next token. Affected: in
-    // flight at the fault, on the faulted replica (through the proxy, which hides the
-    // replica: every request in flight).
+    // flight at the fault, on the faulted replica (through the proxy: the replica the answer
+    // began on, its X-Connex-Replica header; the requests of the other replica never waited).
     std::vector<double> next_token;
+    const std::string faulted_lid = c->lid(stage, replica).ToString() + "@";
     for (const auto& out : outcomes) {
       if (out->replica >= 0 && out->replica != static_cast<int>(replica)) continue;
+      if (out->replica < 0 && out->result.began_on.rfind(faulted_lid, 0) != 0) continue;
       const auto& ts = out->result.token_ns;
       auto after = std::upper_bound(ts.begin(), ts.end(), t_fault);
       if (after == ts.begin() && ts.empty()) continue;

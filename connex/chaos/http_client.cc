@@ -143,6 +143,9 @@ StreamResult StreamCompletion(const HostPort& at, const std::string& body, int64
   http::read_header(stream, buffer, parser, ec);
   if (ec) return finish("response head: " + ec.message());
   out.http_status = static_cast<int>(parser.get().result_int());
+  if (auto replica = parser.get().find("X-Connex-Replica"); replica != parser.get().end()) {
+    out.began_on = std::string(replica->value());
+  }
   size_t taken = 0;
   bool done = false;
   while (!done) {

@@ -38,6 +38,9 @@ struct StreamResult {
   std::vector<int32_t> tokens;    // the generated token ids, in order
   std::vector<int64_t> token_ns;  // when each arrived (steady clock = CLOCK_MONOTONIC, ns)
   std::string finish_reason;
+  // Through connex-proxy: the stage-0 replica the answer began on (its X-Connex-Replica header,
+  // "model/g0/s0/r1@7"); empty from a stage 0 itself.
+  std::string began_on;
   int64_t start_ns = 0;  // request about to be sent
   int64_t end_ns = 0;    // stream over
   bool ok() const { return error.empty(); }

@@ -124,7 +124,12 @@ Histogram::Snapshot Histogram::snapshot() const {
 }
 
 RequestMetrics::RequestMetrics(MetricsRegistry& registry)
-    : running(registry.AddGauge("connex_requests_running", "Requests being answered").Get()),
+    : registry(registry),
+      running(registry.AddGauge("connex_requests_running", "Requests being answered").Get()),
+      waiting(registry
+                  .AddGauge("connex_requests_waiting",
+                            "Requests accepted that have no token yet (queued or in prefill)")
+                  .Get()),
       prompt_tokens(
           registry.AddCounter("connex_prompt_tokens_total", "Prompt tokens of accepted requests")
               .Get()),
@@ -145,6 +150,36 @@ RequestMetrics::RequestMetrics(MetricsRegistry& registry)
       success(registry.AddCounter("connex_request_success_total",
                                   "Requests that completed, by finish reason",
                                   {"finished_reason"})) {}
+
+void RequestMetrics::Accepted() {
+  running.Increment();
+  waiting.Increment();
+}
+
+void RequestMetrics::FirstToken() { waiting.Decrement(); }
+
+void RequestMetrics::Ended(bool got_token) {
+  running.Decrement();
+  if (!got_token) waiting.Decrement();
+}
+
+void RequestMetrics::AddVllmAliases(std::string_view model) {
+  const std::pair<std::string_view, std::string_view> aliases[] = {
+      {"connex_requests_running", "vllm:num_requests_running"},
+      {"connex_requests_waiting", "vllm:num_requests_waiting"},
+      {"connex_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"},
+      {"connex_inter_token_latency_seconds", "vllm:time_per_output_token_seconds"},
+      {"connex_e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds"},
+      {"connex_prompt_tokens_total", "vllm:prompt_tokens_total"},
+      {"connex_generation_tokens_total", "vllm:generation_tokens_total"},
+      {"connex_request_success_total", "vllm:request_success_total"},
+  };
+  for (const auto& [source, alias] : aliases) {
+    const FamilyBase* family = registry.Find(source);
+    CheckOrDie(family != nullptr, StrCat("no metric '", source, "' to alias"));
+    registry.AddAlias(*family, alias, "model_name", model);
+  }
+}
 
 std::vector<double> LatencyBuckets() {
   return {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
@@ -170,31 +205,32 @@ void FamilyBase::CheckLabelCount(const std::vector<std::string>& values) const {
                     values.size(), " values"));
 }
 
-std::string FamilyBase::LabelSet(const std::vector<std::string>& values,
+std::string FamilyBase::LabelSet(const std::vector<std::string>& values, std::string_view first,
                                  std::string_view extra) const {
-  if (values.empty() && extra.empty()) return "";
+  if (values.empty() && extra.empty() && first.empty()) return "";
   std::string out = "{";
+  out += first;
   for (size_t i = 0; i < values.size(); ++i) {
-    if (i > 0) out += ',';
+    if (i > 0 || !first.empty()) out += ',';
     out += label_names_[i];
     out += "=\"";
     AppendEscaped(&out, values[i], /*quote=*/true);
     out += '"';
   }
   if (!extra.empty()) {
-    if (!values.empty()) out += ',';
+    if (!values.empty() || !first.empty()) out += ',';
     out += extra;
   }
   out += '}';
   return out;
 }
 
-void FamilyBase::RenderHeader(std::string* out) const {
+void FamilyBase::RenderHeader(std::string* out, std::string_view name) const {
   *out += "# HELP ";
-  *out += name_;
+  *out += name;
   *out += ' ';
   AppendEscaped(out, help_, /*quote=*/false);
-  *out += StrCat("\n# TYPE ", name_, " ", TypeName(type_), "\n");
+  *out += StrCat("\n# TYPE ", name, " ", TypeName(type_), "\n");
 }
 
 template <typename Series>
@@ -222,8 +258,9 @@ Series& Family<Series>::WithLabels(const std::vector<std::string>& label_values)
 }
 
 template <typename Series>
-void Family<Series>::Render(std::string* out) const {
-  RenderHeader(out);
+void Family<Series>::RenderAs(std::string* out, std::string_view name,
+                              std::string_view first) const {
+  RenderHeader(out, name);
   MutexLock lock(&mu_);
   for (const auto& [values, series] : series_) {
     if constexpr (std::is_same_v<Series, Histogram>) {
@@ -231,14 +268,56 @@ void Family<Series>::Render(std::string* out) const {
       for (size_t i = 0; i < snap.cumulative.size(); ++i) {
         std::string le =
             StrCat("le=\"", i < bounds_.size() ? FormatValue(bounds_[i]) : "+Inf", "\"");
-        *out += StrCat(name_, "_bucket", LabelSet(values, le), " ", snap.cumulative[i], "\n");
+        *out += StrCat(name, "_bucket", LabelSet(values, first, le), " ", snap.cumulative[i],
+                       "\n");
       }
-      *out += StrCat(name_, "_sum", LabelSet(values), " ", FormatValue(snap.sum), "\n");
-      *out += StrCat(name_, "_count", LabelSet(values), " ", snap.count, "\n");
+      *out += StrCat(name, "_sum", LabelSet(values, first), " ", FormatValue(snap.sum), "\n");
+      *out += StrCat(name, "_count", LabelSet(values, first), " ", snap.count, "\n");
     } else {
-      *out += StrCat(name_, LabelSet(values), " ", FormatValue(series->value()), "\n");
+      *out += StrCat(name, LabelSet(values, first), " ", FormatValue(series->value()), "\n");
     }
   }
+}
+
+namespace {
+
+// A second name for a family (MetricsRegistry::AddAlias): renders the source's series.
+class AliasFamily final : public FamilyBase {
+ public:
+  AliasFamily(const FamilyBase& source, std::string name, std::string first_labels)
+      : FamilyBase(std::move(name), "", source.type(), {}),
+        source_(source),
+        first_labels_(std::move(first_labels)) {}
+  void RenderAs(std::string* out, std::string_view name, std::string_view) const override {
+    source_.RenderAs(out, name, first_labels_);
+  }
+
+ private:
+  const FamilyBase& source_;
+  const std::string first_labels_;
+};
+
+}  // namespace
+
+const FamilyBase* MetricsRegistry::Find(std::string_view name) const {
+  MutexLock lock(&mu_);
+  for (const std::unique_ptr<FamilyBase>& family : families_) {
+    if (family->name() == name) return family.get();
+  }
+  return nullptr;
+}
+
+void MetricsRegistry::AddAlias(const FamilyBase& source, std::string_view name,
+                               std::string_view label, std::string_view value) {
+  CheckOrDie(ValidName(label, /*allow_colon=*/false), StrCat("invalid label name '", label, "'"));
+  std::string first = StrCat(label, "=\"");
+  AppendEscaped(&first, value, /*quote=*/true);
+  first += '"';
+  MutexLock lock(&mu_);
+  for (const std::unique_ptr<FamilyBase>& family : families_) {
+    if (family->name() == name) return;
+  }
+  families_.push_back(std::make_unique<AliasFamily>(source, std::string(name), std::move(first)));
 }
 
 template class Family<Counter>;

@@ -80,14 +80,20 @@ class FamilyBase {
   const std::string& name() const { return name_; }
   MetricType type() const { return type_; }
   // Appends the family's HELP, TYPE and sample lines.
-  virtual void Render(std::string* out) const = 0;
+  void Render(std::string* out) const { RenderAs(out, name_, ""); }
+  // The same under the name `name`, with `first_labels` (`a="x"`, already escaped) first in
+  // every label set: an alias (MetricsRegistry::AddAlias).
+  virtual void RenderAs(std::string* out, std::string_view name,
+                        std::string_view first_labels) const = 0;
 
  protected:
   FamilyBase(std::string name, std::string help, MetricType type,
              std::vector<std::string> label_names);
-  // `{a="x",b="y"}` for `values` (and `extra`, e.g. le="0.5", appended), or "" when empty.
-  std::string LabelSet(const std::vector<std::string>& values, std::string_view extra = {}) const;
-  void RenderHeader(std::string* out) const;
+  // `{a="x",b="y"}` for `values` (after `first`, and with `extra`, e.g. le="0.5", appended), or
+  // "" when all are empty.
+  std::string LabelSet(const std::vector<std::string>& values, std::string_view first,
+                       std::string_view extra = {}) const;
+  void RenderHeader(std::string* out, std::string_view name) const;
   void CheckLabelCount(const std::vector<std::string>& values) const;
 
   const std::string name_;
@@ -106,7 +112,8 @@ class Family final : public FamilyBase {
   // The series of a family without labels.
   Series& Get() { return WithLabels({}); }
 
-  void Render(std::string* out) const override;
+  void RenderAs(std::string* out, std::string_view name,
+                std::string_view first_labels) const override;
 
  private:
   friend class MetricsRegistry;
@@ -137,6 +144,14 @@ class MetricsRegistry {
                                 std::vector<double> bounds,
                                 std::vector<std::string> label_names = {});
 
+  // Renders `source` (a family of this registry) a second time as `name`, with the label
+  // `label`="`value`" first in every series: vLLM's metric names (`vllm:...{model_name=...}`) for
+  // the dashboards built for vLLM. Registering `name` twice keeps the first.
+  void AddAlias(const FamilyBase& source, std::string_view name, std::string_view label,
+                std::string_view value);
+  // The family registered as `name`, nullptr when none is.
+  const FamilyBase* Find(std::string_view name) const;
+
   // Every family in registration order, in the text exposition format
   // (Content-Type: kPrometheusContentType).
   std::string Render() const;
@@ -154,7 +169,20 @@ class MetricsRegistry {
 // registered in `registry` under the same names, so that one dashboard reads either.
 struct RequestMetrics {
   explicit RequestMetrics(MetricsRegistry& registry);
-  Gauge& running;              // connex_requests_running
+  // A request's life, for the two gauges: accepted (running and waiting), its first token
+  // (no longer waiting), its end (`got_token`: whether it had one).
+  void Accepted();
+  void FirstToken();
+  void Ended(bool got_token);
+  // Registers vLLM's names for these series (vllm:num_requests_running, ..._waiting,
+  // vllm:time_to_first_token_seconds, vllm:time_per_output_token_seconds,
+  // vllm:e2e_request_latency_seconds, vllm:prompt_tokens_total, vllm:generation_tokens_total,
+  // vllm:request_success_total), each with model_name="`model`".
+  void AddVllmAliases(std::string_view model);
+
+  MetricsRegistry& registry;
+  Gauge& running;              // connex_requests_running: accepted, not ended
+  Gauge& waiting;              // connex_requests_waiting: accepted, no token yet
   Counter& prompt_tokens;      // connex_prompt_tokens_total
   Counter& generation_tokens;  // connex_generation_tokens_total
   Histogram& ttft;             // connex_time_to_first_token_seconds

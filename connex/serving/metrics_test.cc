@@ -13,6 +13,7 @@ namespace connex::serving {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 // The text exposition format, read back: samples by "name{labels}", and the HELP / TYPE lines.
 struct Exposition {
@@ -134,6 +135,35 @@ TEST(MetricsTest, ConcurrentUpdatesAreAllCounted) {
   EXPECT_EQ(e.samples["connex_inter_token_latency_seconds_count{stage=\"even\"}"], "20000");
   EXPECT_EQ(e.samples["connex_inter_token_latency_seconds_bucket{stage=\"odd\",le=\"0.5\"}"],
             "10000");
+}
+
+// Dashboards built for vLLM read its names: the request metrics are rendered a second time
+// under them, with the model's name as a label, from the same series.
+TEST(MetricsTest, RequestMetricsCarryVllmAliasesWithTheModelName) {
+  MetricsRegistry registry;
+  RequestMetrics requests(registry);
+  requests.AddVllmAliases("tiny\"model");
+  requests.Accepted();
+  requests.Accepted();
+  requests.FirstToken();
+  requests.ttft.Observe(0.02);
+  requests.success.WithLabels({"stop"}).Increment();
+  requests.Ended(/*got_token=*/false);
+  const std::string out = registry.Render();
+  EXPECT_THAT(out, HasSubstr("connex_requests_running 1\n"));
+  EXPECT_THAT(out, HasSubstr("connex_requests_waiting 0\n"));
+  EXPECT_THAT(out, HasSubstr("# TYPE vllm:num_requests_running gauge\n"));
+  EXPECT_THAT(out, HasSubstr("vllm:num_requests_running{model_name=\"tiny\\\"model\"} 1\n"));
+  EXPECT_THAT(out, HasSubstr("vllm:num_requests_waiting{model_name=\"tiny\\\"model\"} 0\n"));
+  EXPECT_THAT(out, HasSubstr("vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\\\"model\","
+                             "le=\"0.025\"} 1\n"));
+  EXPECT_THAT(out, HasSubstr("vllm:request_success_total{model_name=\"tiny\\\"model\","
+                             "finished_reason=\"stop\"} 1\n"));
+  for (const char* name :
+       {"vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
+        "vllm:prompt_tokens_total", "vllm:generation_tokens_total"}) {
+    EXPECT_THAT(out, HasSubstr(std::string("# TYPE ") + name)) << name;
+  }
 }
 
 TEST(MetricsDeathTest, MisuseAborts) {

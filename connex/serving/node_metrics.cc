@@ -5,6 +5,7 @@
 
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
+#include "fmt/format.h"
 #include "connex/serving/metrics.h"
 #include "connex/serving/openai_response.h"
 
@@ -41,6 +42,9 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
   counter("backpressured", "Sends that waited for a ring slot", s.backpressured);
   counter("forged_dropped", "Answers not from the hop or owner they claim, dropped",
           s.forged_dropped);
+  counter("strangers_ignored",
+          "PINGs and RELEASEs not from a member at its known address: not answered",
+          s.strangers_ignored);
   counter("released", "Requests whose state this stage dropped", s.released);
   counter("chunked", "Steps that carried only part of a request's tokens (owner)", s.chunked);
   gauge("held_requests", "Requests whose state this stage holds (downstream)", s.held_requests);
@@ -53,7 +57,7 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
   gauge("epoch", "The epoch this stage holds now (0: none)", s.epoch);
   counter("epoch_checks", "Epochs confirmed with the directory after a stall", s.epoch_checks);
   // Per epoch of the last few this process held: what ran under it, and when the last of it was
-  // admitted (CLOCK_MONOTONIC ns, comparable across the processes of a host).
+  // admitted (CLOCK_MONOTONIC, comparable across the processes of a host).
   auto per_epoch = [&out, &s](std::string_view name, std::string_view type, std::string_view help,
                               auto value) {
     out += StrCat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
@@ -64,9 +68,14 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
   per_epoch("connex_stage_epoch_steps_executed_total", "counter",
             "Engine steps run on this stage under each of its last epochs",
             [](const pp::EpochSteps& e) { return e.steps_executed; });
-  per_epoch("connex_stage_epoch_last_step_monotonic_ns", "gauge",
-            "CLOCK_MONOTONIC ns at which the last step run under each epoch was admitted (0: none)",
-            [](const pp::EpochSteps& e) { return e.last_step_monotonic_ns; });
+  // Seconds (Prometheus' base unit; promtool refuses "_ns"), to the nanosecond.
+  per_epoch("connex_stage_epoch_last_step_monotonic_seconds", "gauge",
+            "CLOCK_MONOTONIC time (s) at which the last step run under each epoch was admitted "
+            "(0: none)",
+            [](const pp::EpochSteps& e) {
+              return fmt::format("{}.{:09}", e.last_step_monotonic_ns / 1'000'000'000,
+                                 e.last_step_monotonic_ns % 1'000'000'000);
+            });
   return out;
 }
 

@@ -24,9 +24,9 @@ TEST(RenderNodeStatsTest, EveryFieldIsAFamilyCountersWithTotal) {
   EXPECT_THAT(text, HasSubstr("connex_stage_requests_in_flight 1\n"));
   EXPECT_THAT(text, HasSubstr("connex_stage_releases_pending 0\n"));
   EXPECT_THAT(text, Not(HasSubstr("held_requests_total")));
-  // 16 counters and 7 gauges, each with HELP, TYPE and one sample; the two per-epoch families
+  // 17 counters and 7 gauges, each with HELP, TYPE and one sample; the two per-epoch families
   // have HELP and TYPE, and no sample without epochs.
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 23 * 3 + 2 * 2);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 24 * 3 + 2 * 2);
 }
 
 TEST(RenderNodeStatsTest, PerEpochFamiliesHaveOneSampleAnEpoch) {
@@ -38,9 +38,10 @@ TEST(RenderNodeStatsTest, PerEpochFamiliesHaveOneSampleAnEpoch) {
   EXPECT_THAT(text, HasSubstr("# TYPE connex_stage_epoch_steps_executed_total counter\n"
                               "connex_stage_epoch_steps_executed_total{epoch=\"4\"} 120\n"
                               "connex_stage_epoch_steps_executed_total{epoch=\"9\"} 3\n"));
-  EXPECT_THAT(text, HasSubstr("# TYPE connex_stage_epoch_last_step_monotonic_ns gauge\n"
-                              "connex_stage_epoch_last_step_monotonic_ns{epoch=\"4\"} 5000000123\n"
-                              "connex_stage_epoch_last_step_monotonic_ns{epoch=\"9\"} 0\n"));
+  EXPECT_THAT(text,
+              HasSubstr("# TYPE connex_stage_epoch_last_step_monotonic_seconds gauge\n"
+                        "connex_stage_epoch_last_step_monotonic_seconds{epoch=\"4\"} 5.000000123\n"
+                        "connex_stage_epoch_last_step_monotonic_seconds{epoch=\"9\"} 0.000000000\n"));
 }
 
 }  // namespace

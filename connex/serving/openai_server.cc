@@ -5,6 +5,7 @@
 #include <optional>
 #include <random>
 
+#include "connex/base/access_log.h"
 #include "connex/base/logging.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
@@ -133,6 +134,7 @@ absl::Status OpenAiServer::Attach(StageProcess& stage) {
   if (!stage_.compare_exchange_strong(none, &stage)) {
     return absl::FailedPreconditionError("the API already serves a stage");
   }
+  requests_.AddVllmAliases(stage.model_name());
   return absl::OkStatus();
 }
 
@@ -167,6 +169,23 @@ std::string OpenAiServer::RenderMetrics() {
   }
   return metrics_.Render() + node;
 }
+
+namespace {
+
+// A request the pipeline could not run ended for a reason of the server's (this stage lost its
+// LID or was drained, the stage stopped): never the client's fault. FailedPrecondition and
+// Cancelled there name this stage's state, so they are answered as Unavailable (503,
+// server_error), which connex-proxy retries on another replica; the request's own faults
+// (InvalidArgument, ...) stay what they are.
+absl::Status ServerSide(const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kFailedPrecondition ||
+      status.code() == absl::StatusCode::kCancelled) {
+    return absl::UnavailableError(status.message());
+  }
+  return status;
+}
+
+}  // namespace
 
 void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
                             std::shared_ptr<HttpExchange> exchange) {
@@ -230,7 +249,7 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
     if (!exchange->StartStream()) return;  // the client is gone already
   }
   submit.on_token = [this, g](uint64_t, int32_t token) { OnToken(g, token); };
-  requests_.running.Increment();
+  requests_.Accepted();
   requests_.prompt_tokens.Increment(static_cast<double>(g->prompt.size()));
   const uint64_t id = g->id;
   absl::Status submitted = stage.node().Submit(
@@ -239,8 +258,16 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
         OnDone(g, std::move(result));
       },
       std::move(submit));
+  submitted = ServerSide(submitted);
   if (!submitted.ok()) {
-    requests_.running.Decrement();
+    requests_.Ended(/*got_token=*/false);
+    LogAccess({{"id", g->header.id},
+               {"endpoint", EndpointPath(endpoint)},
+               {"status", HttpStatusOf(submitted)},
+               {"prompt_tokens", static_cast<int64_t>(g->prompt.size())},
+               {"completion_tokens", int64_t{0}},
+               {"latency_s", static_cast<double>(NowUs() - arrived_us) / 1e6},
+               {"error", AsStd(submitted.message())}});
     if (req.stream) {
       exchange->Send(ChunkBuilder::ErrorEvent(submitted));
       exchange->Send(std::string(kSseDone));
@@ -258,6 +285,7 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
 void OpenAiServer::OnToken(const std::shared_ptr<Generation>& g, int32_t token) {
   const int64_t now = NowUs();
   if (g->tokens.empty()) {
+    requests_.FirstToken();
     requests_.ttft.Observe(static_cast<double>(now - g->start_us) / 1e6);
   } else {
     requests_.itl.Observe(static_cast<double>(now - g->last_token_us) / 1e6);
@@ -284,11 +312,24 @@ void OpenAiServer::OnToken(const std::shared_ptr<Generation>& g, int32_t token) 
 
 void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
                           absl::StatusOr<std::vector<int32_t>> result) {
-  requests_.running.Decrement();
-  requests_.e2e.Observe(static_cast<double>(NowUs() - g->start_us) / 1e6);
+  requests_.Ended(/*got_token=*/!g->tokens.empty());
+  const int64_t latency_us = NowUs() - g->start_us;
+  requests_.e2e.Observe(static_cast<double>(latency_us) / 1e6);
   const CompletionRequest& req = g->request;
   HttpExchange& x = *g->exchange;
+  auto access = [&](int status, std::string_view outcome) {
+    LogAccess({{"id", g->header.id},
+               {"endpoint", EndpointPath(g->request.endpoint)},
+               {"status", status},
+               {"prompt_tokens", static_cast<int64_t>(g->prompt.size())},
+               {"completion_tokens", static_cast<int64_t>(g->tokens.size())},
+               {"latency_s", static_cast<double>(latency_us) / 1e6},
+               {status == 200 ? "finish_reason" : "error", outcome}});
+  };
+  if (!result.ok() && !g->stopped_by_string) result = ServerSide(result.status());
   if (!result.ok() && !g->stopped_by_string) {
+    // A client that went away is logged with nginx's 499 ("client closed request").
+    access(x.cancelled() ? 499 : HttpStatusOf(result.status()), AsStd(result.status().message()));
     if (x.cancelled()) return;  // the client is gone: nobody to tell
     CONNEX_LOG_WARN("serving: request {} failed: {}", g->id, result.status().ToString());
     if (g->chunks) {
@@ -306,6 +347,7 @@ void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
     finish = FinishReason::kStop;
   }
   requests_.success.WithLabels({std::string(FinishReasonName(finish))}).Increment();
+  access(200, FinishReasonName(finish));
   // What was held back (a possible stop string's start, a partial character) goes now.
   std::string rest = g->stop->stopped() ? std::string() : g->stop->Finish();
   if (g->chunks) {
