@@ -4,6 +4,7 @@
 // OpenAI-compatible API (serving::OpenAiServer) and prints `listening http=HOST:PORT`. SIGTERM or
 // SIGINT leaves gracefully (LEFT, in-flight steps finish); SIGKILL is a crash the others ride out.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
@@ -152,6 +153,12 @@ int main(int argc, char** argv) {
   std::printf("ready %s epoch=%llu\n", (*stage)->lid().ToString().c_str(),
               static_cast<unsigned long long>((*stage)->node().epoch()));
   std::fflush(stdout);
+  // An operator's drain (connexctl drain) ends the process as SIGTERM does, once what it had in
+  // flight is over: the same path below, and exit 0.
+  (*stage)->node().OnDrained([] {
+    CONNEX_LOG_INFO("connex-stage: drained by the operator; exiting");
+    kill(getpid(), SIGTERM);
+  });
   const int signal = signals.Wait();
   CONNEX_LOG_INFO("connex-stage {}: signal {}, leaving", (*stage)->lid().ToString(), signal);
   if (server) server->Stop();  // no new requests; responses in flight finish or are cancelled

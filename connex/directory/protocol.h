@@ -24,6 +24,10 @@ inline constexpr std::string_view kJoin = "JOIN";
 inline constexpr std::string_view kLeave = "LEAVE";
 inline constexpr std::string_view kHeartbeat = "HEARTBEAT";
 inline constexpr std::string_view kReportFailed = "REPORT_FAILED";
+
+// A record's metadata key listing the groups its holder exchanges work with ("0,2"): the embedded
+// directory refuses its failure reports about any other group (Registry::ReportFailed).
+inline constexpr std::string_view kPeerGroupsKey = "peer_groups";
 inline constexpr std::string_view kSnapshot = "SNAPSHOT";
 inline constexpr std::string_view kHello = "HELLO";
 // Reply frame types (server -> client).

@@ -11,6 +11,7 @@
 #include <thread>
 #include <variant>
 
+#include "absl/strings/match.h"
 #include "connex/base/clock.h"
 #include "connex/base/config.h"
 #include "connex/base/logging.h"
@@ -199,23 +200,28 @@ class StageNode::Impl {
       CONNEX_RETURN_IF_ERROR(set->Start());
       routes_.Set(g, std::move(set));
     }
-    // A FAILED or LEFT of our own epoch (a sender's report, an operator's drain) fences it at
-    // once: its steps are refused while the directory client joins again (its heartbeat is due
-    // at that event). Our own LEAVE is not a fence: a draining node finishes what it has.
+    // A FAILED of our own epoch (a sender's report, a lease run out) fences it at once: its
+    // steps are refused while the directory client joins again (its heartbeat is due at that
+    // event). A LEFT that is not our own LEAVE is an operator's drain (only the holder or the
+    // admin token can end an epoch gracefully): no fence, the node drains — no new work, what is
+    // in flight finishes, an owner's unfinished requests end as Unavailable (a proxy resumes
+    // them elsewhere) — and then says so (OnDrained).
     subscription_ = dir_.Subscribe([reg = reg_, lid = lid_](const directory::Event& e) {
       if (e.record.lid != lid) return;
-      if (e.kind == directory::EventKind::kFailed ||
-          (e.kind == directory::EventKind::kLeft && !reg->leaving.load())) {
+      if (e.kind == directory::EventKind::kFailed) {
         reg->Revoke(e.record.epoch,
                     StrCat(directory::EventKindName(e.kind), e.reason.empty() ? "" : " (", e.reason,
                            e.reason.empty() ? "" : ")"));
+      } else if (e.kind == directory::EventKind::kLeft && !reg->leaving.load() &&
+                 e.record.epoch == reg->epoch.load()) {
+        reg->operator_drain.store(true);
       }
     });
     const int64_t lease = dir_.lease_ttl_ms() > 0 ? dir_.lease_ttl_ms() : o_.probe_timeout_ms;
     stall_ms_ = o_.stall_confirm_ms > 0
                     ? o_.stall_confirm_ms
                     : std::max<int64_t>(1, std::min(o_.probe_timeout_ms, lease) / 2);
-    CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, dir_.Join(lid_, Addresses(), o_.metadata));
+    CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, dir_.Join(lid_, Addresses(), JoinMetadata()));
     joined_ = true;
     reg_->AdvanceEpoch(epoch);
     loop_ = std::thread([this] { Run(); });
@@ -241,14 +247,14 @@ class StageNode::Impl {
     Command cmd;
     cmd.run = [this, id, prompt = std::move(prompt), max_new, done = std::move(done),
                options = std::move(options), accepted]() mutable {
+      if (draining_) {  // before the health: a drained node's LID is gone, by design
+        accepted->set_value(
+            absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining")));
+        return;
+      }
       absl::Status health = Health();
       if (!health.ok()) {
         accepted->set_value(health);
-        return;
-      }
-      if (draining_) {
-        accepted->set_value(
-            absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining")));
         return;
       }
       if (requests_.count(id)) {
@@ -329,6 +335,7 @@ class StageNode::Impl {
       Command cmd;
       cmd.run = [this, drained] {
         draining_ = true;
+        draining_flag_.store(true);
         drained_ = drained;
       };
       cmd.cancel = [drained] { drained->set_value(); };
@@ -352,7 +359,7 @@ class StageNode::Impl {
     cmd.run = [this, s = std::shared_ptr<SignalTransport>(std::move(signals)), done]() mutable {
       std::unique_ptr<SignalTransport> old = std::move(signals_);
       signals_.reset(new ForwardingTransport(std::move(s)));
-      absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses(), o_.metadata);
+      absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses(), JoinMetadata());
       if (epoch.ok()) reg_->AdvanceEpoch(*epoch);
       old->Close();
       retired_.push_back(std::move(old));
@@ -379,6 +386,33 @@ class StageNode::Impl {
     return reg_->lost;
   }
 
+  // The record's metadata: the caller's, and the groups this stage exchanges steps with (the
+  // directory takes its failure reports about those only: directory::kPeerGroupsKey). The owner
+  // deals with every later stage; a later stage with the owners and the next stage.
+  std::map<std::string, std::string> JoinMetadata() const {
+    std::map<std::string, std::string> m = o_.metadata;
+    std::string groups;
+    for (uint32_t g = 0; g < o_.stages; ++g) {
+      const bool peer = o_.stage == 0 ? g != 0 : (g == 0 || g == o_.stage + 1);
+      if (peer) groups += StrCat(groups.empty() ? "" : ",", g);
+    }
+    m.emplace(std::string(directory::kPeerGroupsKey), groups);
+    return m;
+  }
+
+  // What health() reports: the registration's state, and Unavailable while draining.
+  absl::Status PublicHealth() const {
+    if (draining_flag_.load()) {
+      return absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining"));
+    }
+    return Health();
+  }
+
+  void OnDrained(std::function<void()> callback) {
+    connex::MutexLock lock(&drained_mu_);
+    on_drained_ = std::move(callback);
+  }
+
  private:
   // Wraps a shared transport (Migrate's lambda can only capture copyable state).
   class ForwardingTransport : public SignalTransport {
@@ -387,6 +421,7 @@ class StageNode::Impl {
     const std::string& address() const override { return t_->address(); }
     void SetReceiver(Receiver r) override { t_->SetReceiver(std::move(r)); }
     void Send(const std::string& a, std::string f) override { t_->Send(a, std::move(f)); }
+    void Forget(const std::string& a) override { t_->Forget(a); }
     void Close() override { t_->Close(); }
 
    private:
@@ -425,6 +460,7 @@ class StageNode::Impl {
     // client's rejoin brings a new one.
     std::atomic<uint64_t> revoked{0};
     std::atomic<bool> leaving{false};  // our own LEAVE: its LEFT is not an eviction
+    std::atomic<bool> operator_drain{false};  // a LEFT of our epoch that was not our LEAVE
     std::string revoked_why ABSL_GUARDED_BY(mu);
     void Revoke(uint64_t e, std::string why) {
       connex::MutexLock lock(&mu);
@@ -563,6 +599,7 @@ class StageNode::Impl {
       }
       NoteAlive();
       CheckRegistration();
+      if (reg_->operator_drain.load() && !operator_draining_) StartOperatorDrain();
       for (Item& item : items) {
         NoteAlive();
         if (stop_.load()) {
@@ -592,20 +629,59 @@ class StageNode::Impl {
       }
       // The drain gate opens once nothing of ours is in flight and no step arrived for a short
       // while (owners that had not yet seen our LEFT may still have routed one here).
-      if (drained_ && steps_.empty() && sender_->queued() == 0 && sender_->awaiting_ack() == 0 &&
-          now - last_step_ms_ >= kDrainQuietMs) {
+      const bool idle = steps_.empty() && sender_->queued() == 0 &&
+                        sender_->awaiting_ack() == 0 && now - last_step_ms_ >= kDrainQuietMs;
+      if (drained_ && idle) {
         drained_->set_value();
         drained_.reset();
       }
+      if (operator_draining_ && !operator_drained_ && idle) FinishOperatorDrain();
       PublishStats();
     }
   }
 
-  // A node that lost its LID refuses everything from then on, and says so once, loudly.
+  // An operator's drain (connexctl drain: a LEFT of our epoch we did not ask for): no new work
+  // from now on; what is in flight finishes (FinishOperatorDrain).
+  void StartOperatorDrain() {
+    operator_draining_ = true;
+    draining_ = true;
+    draining_flag_.store(true);
+    CONNEX_LOG_WARN("pp {}: drained by the operator: no new work; finishing the steps in flight "
+                    "({} requests owned here)",
+                    lid_.ToString(), requests_.size());
+  }
+
+  // Nothing of ours is in flight any more: an owner's requests that did not end hand over (a
+  // server-side Unavailable, which connex-proxy resumes on another replica); then OnDrained.
+  void FinishOperatorDrain() {
+    operator_drained_ = true;
+    std::vector<uint64_t> ids;
+    for (const auto& [id, q] : requests_) ids.push_back(id);
+    for (uint64_t id : ids) {
+      Finish(id, absl::UnavailableError(StrCat("pp: ", lid_.ToString(),
+                                               " was drained by the operator before the request "
+                                               "ended; it continues on another replica")));
+    }
+    CONNEX_LOG_WARN("pp {}: drained ({} requests handed over)", lid_.ToString(), ids.size());
+    std::function<void()> on_drained;
+    {
+      connex::MutexLock lock(&drained_mu_);
+      on_drained = on_drained_;
+    }
+    if (on_drained) on_drained();
+  }
+
+  // A node that lost its LID refuses everything from then on, and says so once, loudly. After an
+  // operator's drain that is expected (the heartbeat finds the epoch gone, possibly before the
+  // LEFT event came): the drain goes on.
   void CheckRegistration() {
     if (lost_) return;
     absl::Status health = Health();
     if (health.ok()) return;
+    if (reg_->operator_drain.load() || absl::StrContains(health.message(), " left")) {
+      reg_->operator_drain.store(true);
+      return;
+    }
     lost_ = true;
     CONNEX_LOG_ERROR("pp {}: {}; this node no longer serves", lid_.ToString(),
                      AsStd(health.message()));
@@ -718,6 +794,7 @@ class StageNode::Impl {
       stats_.missing_reported = r.missing_reported;
       stats_.released = r.released;
       stats_.forged_dropped = r.forged_dropped + owner_forged_dropped_;
+      stats_.strangers_ignored = strangers_ignored_;
       stats_.held_requests = receiver_->held_requests();
       stats_.replay_bytes = receiver_->replay_bytes();
     }
@@ -815,11 +892,31 @@ class StageNode::Impl {
     }
   }
 
-  void On(ReleaseSignal& r) { receiver_->OnRelease(r); }
+  // Whether `reply_to` is where `from`, a live or draining member this node watches, takes
+  // signals. Answers go only there: a frame names any address it likes.
+  bool KnownMember(const Lid& from, const std::string& reply_to) const {
+    return routes_.IsMemberSignal(from, reply_to);
+  }
+
+  void On(ReleaseSignal& r) {
+    // An owner's RELEASE that is not believed is re-sent until acknowledged (ReleaseQueue), so
+    // one that arrives before this node has seen the owner join is only late, not lost.
+    if (!KnownMember(r.from, r.reply_to)) {
+      ++strangers_ignored_;
+      return;
+    }
+    receiver_->OnRelease(r);
+  }
 
   void On(ReleasedSignal& r) { (void)releases_->OnReleased(r); }
 
-  void On(PingSignal& p) { Send(p.reply_to, PongSignal{p.nonce, lid_, reg_->epoch.load()}); }
+  void On(PingSignal& p) {
+    if (!KnownMember(p.from, p.reply_to)) {
+      ++strangers_ignored_;
+      return;
+    }
+    Send(p.reply_to, PongSignal{p.nonce, lid_, reg_->epoch.load()});
+  }
 
   void On(PongSignal& p) {
     auto it = pings_.find(p.nonce);
@@ -846,6 +943,8 @@ class StageNode::Impl {
       case elastic::PeerChange::Kind::kFailed:
         if (owner) receiver_->OwnerFailed(lid, c.record.epoch);
         PeerGone(lid, c.record.epoch, c.reason.empty() ? "FAILED" : c.reason);
+        // Its socket is not needed any more (a restart under the LID has a new address).
+        signals_->Forget(HopFromRecord(c.record).signal);
         break;
       case elastic::PeerChange::Kind::kLeft:
         if (owner) receiver_->OwnerLeft(lid, c.record.epoch, NowMs() + o_.owner_grace_ms);
@@ -1434,6 +1533,7 @@ class StageNode::Impl {
   internal::RecentSet<std::pair<Lid, uint64_t>> gone_peers_;  // failed over already
   uint64_t owner_steps_executed_ = 0;                         // stage 0's own engine steps
   uint64_t owner_forged_dropped_ = 0;
+  uint64_t strangers_ignored_ = 0;
   EpochLedger ledger_;  // steps executed per epoch (the receiver's and the owner's own)
   // The stall detector (NoteAlive, Admit).
   int64_t stall_ms_ = 250;
@@ -1449,6 +1549,11 @@ class StageNode::Impl {
   std::unique_ptr<ReleaseQueue> releases_;
   uint64_t measured_bytes_per_token_ = 0;
   bool draining_ = false;
+  std::atomic<bool> draining_flag_{false};       // draining_, for health() from any thread
+  bool operator_draining_ = false;               // an operator's drain began (StartOperatorDrain)
+  bool operator_drained_ = false;                // ... and ended (FinishOperatorDrain)
+  connex::Mutex drained_mu_;
+  std::function<void()> on_drained_ ABSL_GUARDED_BY(drained_mu_);
   std::shared_ptr<std::promise<void>> drained_;  // opened once nothing is in flight
   StageNodeStats stats_;
 
@@ -1502,7 +1607,10 @@ absl::Status StageNode::Migrate(std::unique_ptr<SignalTransport> signals) {
 }
 const Lid& StageNode::lid() const { return impl_->lid(); }
 uint64_t StageNode::epoch() const { return impl_->epoch(); }
-absl::Status StageNode::health() const { return impl_->Health(); }
+absl::Status StageNode::health() const { return impl_->PublicHealth(); }
+void StageNode::OnDrained(std::function<void()> callback) {
+  impl_->OnDrained(std::move(callback));
+}
 StageNodeStats StageNode::stats() const { return impl_->Stats(); }
 
 }  // namespace connex::pp

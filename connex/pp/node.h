@@ -47,7 +47,7 @@ struct StageNodeOptions {
   int64_t step_timeout_ms = 5000;  // CONNEX_PP_STEP_TIMEOUT_MS: then probe the route
   int64_t probe_timeout_ms = 500;  // CONNEX_PP_PROBE_TIMEOUT_MS: no answer = dead
   int reprefill_max = 8;           // CONNEX_PP_REPREFILL_MAX: failovers before an abort
-  int64_t route_wait_ms = 30000;   // CONNEX_PP_ROUTE_WAIT_MS: no live replica that long = abort
+  int64_t route_wait_ms = 5000;    // CONNEX_PP_ROUTE_WAIT_MS: no live replica that long = abort
   int ring_slots = 16;             // CONNEX_PP_RING_SLOTS
   int64_t slot_bytes = 8 << 20;    // CONNEX_PP_SLOT_BYTES
   int max_batch = 16;              // CONNEX_PP_MAX_BATCH: requests per step
@@ -89,6 +89,9 @@ struct StageNodeStats {
   uint64_t completed = 0;         // requests finished (owner)
   uint64_t backpressured = 0;     // sends that waited for a ring slot
   uint64_t forged_dropped = 0;    // answers not from the hop (or owner) they claim: dropped
+  // PINGs and RELEASEs whose `from` is no member whose signal address is their `reply_to`:
+  // neither answered nor acted on (a stranger could name any address to be answered at).
+  uint64_t strangers_ignored = 0;
   uint64_t released = 0;          // requests whose state this stage dropped (RELEASE, owner gone)
   uint64_t chunked = 0;           // owner: steps that carried only part of a request's tokens
   size_t held_requests = 0;       // downstream: requests whose state this stage holds now
@@ -172,10 +175,16 @@ class StageNode {
 
   const Lid& lid() const;
   uint64_t epoch() const;
-  // OK while the node serves; FailedPrecondition once it lost its LID (another process took it,
-  // or the directory gave it up): it then refuses every step and request, and says so in the
-  // log at ERROR level.
+  // OK while the node serves; Unavailable while it drains; FailedPrecondition once it lost its
+  // LID (another process took it, or the directory gave it up): it then refuses every step and
+  // request, and says so in the log at ERROR level.
   absl::Status health() const;
+  // Runs `callback` once, on the node's thread, when an operator's drain of this node's LID
+  // (`connexctl drain`: a LEFT of its epoch it did not ask for) is over: the node took no new
+  // work since, the steps in flight finished, and an owner's unfinished requests ended with
+  // Unavailable (a client through connex-proxy continues on another replica). connex-stage then
+  // exits 0. It must not block.
+  void OnDrained(std::function<void()> callback);
   // A snapshot published once per turn of the node's loop, and before a request's outcome is
   // delivered (its callback then sees what led to it): it may lag a signal the node has just
   // sent by that turn (wait for such a counter with a deadline, never read it once).

@@ -265,7 +265,17 @@ class RawOwner {
     });
   }
 
-  Hop Me() const { return Hop{lid_, 1, endpoint_->address(), transfer_->LocalAddresses()}; }
+  Hop Me() const { return Hop{lid_, epoch_, endpoint_->address(), transfer_->LocalAddresses()}; }
+
+  // Registers this owner in the directory (a stage answers PINGs and RELEASEs of members only).
+  absl::Status Register(directory::DirectoryClient& client) {
+    std::vector<std::string> addresses = transfer_->LocalAddresses();
+    addresses.push_back(endpoint_->address());
+    absl::StatusOr<uint64_t> epoch = client.Join(lid_, addresses, {});
+    if (!epoch.ok()) return epoch.status();
+    epoch_ = *epoch;
+    return absl::OkStatus();
+  }
 
   // A step for `id` at `start` with `n` tokens, addressed to `target`.
   StepSignal Step(uint64_t corr, uint64_t step, uint32_t attempt, const Hop& target, uint64_t id,
@@ -311,6 +321,7 @@ class RawOwner {
 
  private:
   Lid lid_;
+  uint64_t epoch_ = 1;
   transport::TransferEnginePtr transfer_;
   std::unique_ptr<SendRing> ring_;
   std::unique_ptr<SignalTransport> endpoint_;
@@ -344,7 +355,21 @@ class RuleTest : public NodeTest {
       }
     }
     ASSERT_EQ(target_.epoch, last->epoch());
+    // The raw owner is a member, as a real owner is; the last stage has seen it join.
+    owner_client_ = *directory::testing::ConnectTo(*server_);
+    ASSERT_TRUE(raw_->Register(*owner_client_).ok());
+    const Lid owner = raw_->Me().lid;
+    ASSERT_TRUE(c_->client(1, 0)->AwaitView(
+        c_->model(),
+        [&](const std::vector<directory::Record>& v) {
+          for (const auto& r : v) {
+            if (r.lid == owner) return true;
+          }
+          return false;
+        },
+        5000));
   }
+  std::unique_ptr<directory::DirectoryClient> owner_client_;
   std::unique_ptr<Cluster> c_;
   std::unique_ptr<RawOwner> raw_;
   Hop target_;

@@ -266,6 +266,40 @@ TEST_F(RobustnessTest, ForgedResultsAndReleasesAreDropped) {
   EXPECT_EQ(c->TotalStats().reprefills, 0u);
 }
 
+// Issue 23: PINGs and RELEASEs were answered at whatever reply_to they named, so a stranger
+// could make a stage open a connection to any address (1,500 forged PINGs: 35 -> 1,057 fds) and
+// fill its released table. Only a member watched by the node, at its own signal address, is
+// answered; the requests run on untouched.
+TEST_F(RobustnessTest, PingsAndReleasesAreAnsweredOnlyAtAMembersOwnAddress) {
+  auto c = Make(3, 1);
+  std::shared_ptr<SignalTransport> stranger = c->signals().NewEndpoint();
+  std::atomic<int> answers{0};
+  stranger->SetReceiver([&](std::string) { answers.fetch_add(1); });
+  std::atomic<int> forged{0};
+  c->signals().SetFilter([&](const std::string& to, const std::string& frame) {
+    auto s = Decode(frame);
+    if (!s.ok()) return true;
+    auto* step = std::get_if<StepSignal>(&*s);
+    if (step == nullptr || forged.fetch_add(1) >= 20) return true;
+    const Lid owner = step->owner.lid;
+    // The owner's LID with the stranger's address; a LID that is no member; a RELEASE with a
+    // guessed token and a reply address of the stranger's.
+    stranger->Send(to, Encode(PingSignal{1, owner, stranger->address()}));
+    stranger->Send(to, Encode(PingSignal{2, Lid{owner.model, 0, 0, 77}, stranger->address()}));
+    stranger->Send(to, Encode(ReleaseSignal{owner, step->request_ids, step->owner_token + 1, 3,
+                                            stranger->address(), step->step}));
+    return true;
+  });
+  for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(c->Submit(0, id, PromptOf(id), 30).ok());
+  ASSERT_TRUE(c->AwaitAll(20000));
+  ASSERT_TRUE(WaitUntil([&] { return c->TotalStats().strangers_ignored >= 60; }, 10000))
+      << c->TotalStats().strangers_ignored;
+  c->signals().SetFilter(nullptr);
+  EXPECT_EQ(answers.load(), 0) << "a PONG or RELEASED went to the stranger";
+  for (uint64_t id = 1; id <= 4; ++id) ExpectReference(*c, id, PromptOf(id), 30);
+  EXPECT_EQ(c->TotalStats().reprefills, 0u);
+}
+
 // Finding 7: a node that failed to start hung for ever in its destructor.
 // ---- self-fencing: a stage never runs a step under an epoch the directory evicted ----
 

@@ -65,6 +65,17 @@ std::optional<std::string> RouteTable::SignalOf(const Lid& stage) const {
   return HopFromRecord(*rec).signal;
 }
 
+bool RouteTable::IsMemberSignal(const Lid& lid, const std::string& address) const {
+  if (address.empty()) return false;
+  elastic::ElasticPeerSet* p = peers(lid.group);
+  if (p == nullptr) return false;
+  for (const elastic::PeerInfo& info : p->Members()) {
+    if (info.record.lid != lid || info.state == elastic::PeerState::kFailed) continue;
+    if (HopFromRecord(info.record).signal == address) return true;
+  }
+  return false;
+}
+
 std::string RouteTable::Problem() const {
   std::string out;
   for (uint32_t g = 1; g < peers_.size(); ++g) {

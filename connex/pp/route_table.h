@@ -48,6 +48,9 @@ class RouteTable {
   std::optional<std::vector<Hop>> Build(const std::vector<Hop>& current) const;
   // The signal address of `stage`'s live incarnation, nullopt when it has none now.
   std::optional<std::string> SignalOf(const Lid& stage) const;
+  // Whether a live or draining incarnation of `lid` (in a stage this node deals with) takes
+  // signals at `address`.
+  bool IsMemberSignal(const Lid& lid, const std::string& address) const;
   // Why no route can be built: for every stage without a live replica, what its peer set shows
   // ("stage 2: r0@17 failed, r1@18 draining"), "" when every stage has one.
   std::string Problem() const;

@@ -34,6 +34,9 @@ class SignalTransport {
   // Queues `frame` for `address`; never blocks on the network. Unknown or unreachable addresses
   // lose the frame, as the network would.
   virtual void Send(const std::string& address, std::string frame) = 0;
+  // `address` is gone (its incarnation failed): a connection kept for it may be closed. A later
+  // Send to it connects again.
+  virtual void Forget(const std::string& address) { (void)address; }
   // Stops receiving and sending; inbound frames are dropped from then on.
   virtual void Close() = 0;
   // Connections its receiving socket refused for their credentials (a CURVE key not authorized).

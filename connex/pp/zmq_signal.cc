@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -26,6 +27,9 @@ namespace {
 constexpr std::string_view kScheme = "pp+tcp://";
 constexpr int64_t kMaxSignalBytes = 4 << 20;
 constexpr std::string_view kCurveQuery = "?curve=";
+// Sockets kept for destinations (one DEALER, one fd each): past this many the least recently used
+// is closed, so no number of addresses a peer names can exhaust the process's descriptors.
+constexpr size_t kMaxDealers = 256;
 
 class ZmqSignalTransport : public SignalTransport {
  public:
@@ -72,6 +76,17 @@ class ZmqSignalTransport : public SignalTransport {
     (void)n;
   }
 
+  void Forget(const std::string& address) override {
+    {
+      connex::MutexLock lock(&mu_);
+      if (closed_) return;
+      forget_.push_back(address);
+    }
+    uint64_t one = 1;
+    ssize_t n = write(wake_fd_, &one, sizeof(one));
+    (void)n;
+  }
+
   void Close() override {
     {
       connex::MutexLock lock(&mu_);
@@ -94,7 +109,10 @@ class ZmqSignalTransport : public SignalTransport {
   // peer disagree on CURVE, or the peer's key is malformed.
   zmq::socket_t* DealerFor(const std::string& address) {
     auto it = dealers_.find(address);
-    if (it != dealers_.end()) return &it->second;
+    if (it != dealers_.end()) {
+      it->second.last_use = ++uses_;
+      return &it->second.socket;
+    }
     if (refused_.count(address)) return nullptr;
     std::string endpoint = address.substr(3);  // drop "pp+"
     std::string server_key;
@@ -113,12 +131,21 @@ class ZmqSignalTransport : public SignalTransport {
       return Refuse(address,
                     "the peer uses CURVE and this node has no key (CONNEX_CURVE_KEY_FILE)");
     }
+    if (dealers_.size() >= kMaxDealers) {
+      auto oldest = std::min_element(dealers_.begin(), dealers_.end(), [](auto& a, auto& b) {
+        return a.second.last_use < b.second.last_use;
+      });
+      dealers_.erase(oldest);
+    }
     zmq::socket_t dealer(context_, zmq::socket_type::dealer);
     ConfigureZmqSocket(dealer, kMaxSignalBytes);
     dealer.set(zmq::sockopt::sndhwm, 10000);
     MakeCurveClient(dealer, curve_, server_key);
     dealer.connect(endpoint);
-    return &dealers_.emplace(address, std::move(dealer)).first->second;
+    Dealer& added = dealers_[address];
+    added.socket = std::move(dealer);
+    added.last_use = ++uses_;
+    return &added.socket;
   }
 
   zmq::socket_t* Refuse(const std::string& address, std::string_view why) {
@@ -145,12 +172,15 @@ class ZmqSignalTransport : public SignalTransport {
         (void)n;
       }
       std::deque<std::pair<std::string, std::string>> batch;
+      std::vector<std::string> forget;
       Receiver receiver;
       {
         connex::MutexLock lock(&mu_);
         batch.swap(outbox_);
+        forget.swap(forget_);
         receiver = receiver_;
       }
+      for (const std::string& address : forget) dealers_.erase(address);
       for (auto& [address, frame] : batch) {
         if (address.rfind(kScheme, 0) != 0) {
           CONNEX_LOG_WARN("pp signals: cannot send to '{}' (not {}...)", address, kScheme);
@@ -179,13 +209,19 @@ class ZmqSignalTransport : public SignalTransport {
   std::unique_ptr<ZapHandler> zap_;               // with CURVE: which client keys get in
   std::set<std::string> refused_;                 // I/O thread: addresses we cannot talk to
   zmq::socket_t router_;                          // I/O thread
-  std::map<std::string, zmq::socket_t> dealers_;  // I/O thread
+  struct Dealer {
+    zmq::socket_t socket;
+    uint64_t last_use = 0;
+  };
+  std::map<std::string, Dealer> dealers_;  // I/O thread, at most kMaxDealers
+  uint64_t uses_ = 0;                      // I/O thread: the clock of Dealer::last_use
   std::string address_;
   int wake_fd_ = -1;
   std::thread thread_;
   std::atomic<bool> stop_{false};
   connex::Mutex mu_;
   std::deque<std::pair<std::string, std::string>> outbox_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> forget_ ABSL_GUARDED_BY(mu_);
   Receiver receiver_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };

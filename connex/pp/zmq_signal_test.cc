@@ -1,5 +1,7 @@
 // The ZeroMQ signal transport with and without CURVE.
 #include <atomic>
+#include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "connex/base/curve.h"
@@ -63,6 +65,39 @@ TEST(ZmqSignalTest, CurvePeersWithAuthorizedKeysTalkAndStrangersAreRefused) {
   EXPECT_FALSE(a_in.Has("from a stranger"));
   EXPECT_FALSE(a_in.Has("in clear"));
   EXPECT_FALSE(plain_in.Has("to a plain peer"));
+}
+
+size_t OpenFds() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// Issue 23: a stage kept one socket per address a frame named (forged PINGs took one from 35 to
+// 1,057 fds, after which it could not reach its real peers). The sockets kept are bounded, the
+// least recently used closed first, and a forgotten address's socket is closed at once; the
+// peers that are talked to still get their frames.
+TEST(ZmqSignalTest, SocketsKeptForDestinationsAreBounded) {
+  Inbox peer_in;
+  auto t = Make({});
+  auto peer = Make({}, &peer_in);
+  ASSERT_TRUE(t && peer);
+  t->Send(peer->address(), "before");
+  ASSERT_TRUE(WaitUntil([&] { return peer_in.Has("before"); }, 5000));
+  const size_t before = OpenFds();
+  // 1,000 addresses a forger could name as reply_to (privileged ports of loopback, where
+  // nothing of a test listens; ZeroMQ connects lazily, so nothing needs to answer).
+  for (int port = 1; port <= 1000; ++port) {
+    t->Send("pp+tcp://127.0.0.1:" + std::to_string(port), "x");
+  }
+  t->Send(peer->address(), "after");
+  ASSERT_TRUE(WaitUntil([&] { return peer_in.Has("after"); }, 10000));
+  const size_t after = OpenFds();
+  std::printf("fds: %zu before, %zu after sending to 1000 addresses\n", before, after);
+  EXPECT_LT(after, before + 2 * 256 + 64) << "one socket per address, unbounded";
+  t->Forget(peer->address());
+  t->Send(peer->address(), "reconnected");
+  EXPECT_TRUE(WaitUntil([&] { return peer_in.Has("reconnected"); }, 5000));
 }
 
 TEST(ZmqSignalTest, ANonLoopbackHostNeedsCurveOrInsecure) {

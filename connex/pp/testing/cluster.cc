@@ -286,6 +286,7 @@ StageNodeStats Cluster::TotalStats() const {
     total.completed += s.completed;
     total.backpressured += s.backpressured;
     total.forged_dropped += s.forged_dropped;
+    total.strangers_ignored += s.strangers_ignored;
     total.released += s.released;
     total.chunked += s.chunked;
   };
