@@ -435,7 +435,9 @@ class StateDirectoryTest : public DirectoryProcessTest {
     StartDirectory(Flags());
   }
   std::unique_ptr<directory::DirectoryClient> Client(int request_timeout_ms = 1000) {
-    directory::DirectoryClientOptions options;
+    // FromEnv: the directory's token, this user's default (connex-directory is secure by
+    // default), as every binary reads it.
+    directory::DirectoryClientOptions options = *directory::DirectoryClientOptions::FromEnv();
     options.directory = bind_;
     options.request_timeout_ms = request_timeout_ms;
     auto client = directory::DirectoryClient::Connect(options);
@@ -522,8 +524,10 @@ TEST_F(StateDirectoryTest, KillAndRestartIsInvisibleToWatchersAndHolders) {
 // A directory with a small per-model limit.
 class LimitedDirectoryTest : public StateDirectoryTest {
  protected:
+  // --insecure: its raw ZeroMQ readers send no token (what they test is the memory of unread
+  // replies, not the token).
   std::vector<std::string> Flags() const override {
-    return {"--admin-token-file", admin_file_, "--max-records-per-model", "20"};
+    return {"--admin-token-file", admin_file_, "--max-records-per-model", "20", "--insecure"};
   }
 };
 
@@ -895,6 +899,76 @@ TEST_F(LimitedDirectoryTest, AFloodOfSnapshotsExpiresNoLease) {
   EXPECT_EQ(holder->EpochOf(Lid{"demo", 1, 0, 19}).has_value(), true);
 }
 
+// Issue 23: with the default directory (no token), a stranger that JOINed any free LID became a
+// "member" (its reports evicted live stages, it was routed steps). Out of the box connex-directory
+// requires this user's default token, which it makes on its first start ($CONNEX_HOME, else
+// ~/.connex); every client of the user reads it; `--insecure` serves anyone who can reach it.
+TEST(SecureByDefaultTest, TheDefaultDirectoryRequiresTheTokenItMakesOnFirstStart) {
+  const std::string root = ::testing::TempDir() + "/secure-default-" + std::to_string(getpid());
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  const std::string home = root + "/home", stranger = root + "/stranger";
+  auto start = [](std::vector<std::string> extra, const std::string& connex_home) {
+    std::vector<std::string> argv = {BinDir() + "/connex-directory", "--bind",
+                                     "tcp://127.0.0.1:0", "--pub", "tcp://127.0.0.1:0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto p = Subprocess::Start(argv, {"CONNEX_HOME=" + connex_home});
+    EXPECT_TRUE(p.has_value());
+    std::optional<std::string> line = p->WaitForLine("listening", 10000);
+    EXPECT_TRUE(line.has_value());
+    std::smatch m;
+    std::string bind;
+    if (line && std::regex_search(*line, m, std::regex("bind=(tcp://[0-9.:]+)"))) bind = m[1];
+    return std::make_pair(std::move(*p), bind);
+  };
+  auto ctl = [](const std::string& bind, std::vector<std::string> args,
+                const std::string& connex_home) {
+    std::vector<std::string> argv = {BinDir() + "/connexctl", "--directory", bind};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto p = Subprocess::Start(argv, {"CONNEX_HOME=" + connex_home}, true);
+    EXPECT_TRUE(p.has_value());
+    while (p->ReadLine(10000)) {
+    }
+    return std::make_pair(p->Wait(10000).value_or(-1), p->transcript());
+  };
+  std::string token;
+  {
+    auto [directory, bind] = start({}, home);
+    const std::string file = home + "/directory.token";
+    ASSERT_TRUE(std::filesystem::exists(file));
+    EXPECT_EQ(std::filesystem::status(file).permissions(),
+              std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    EXPECT_EQ(std::filesystem::status(home).permissions(), std::filesystem::perms::owner_all);
+    std::ifstream(file) >> token;
+    EXPECT_GE(token.size(), 32u);
+    // A stranger (no token) can neither join nor read the table.
+    auto [refused, why] = ctl(bind, {"report-failed", "demo/g1/s0/r0"}, stranger);
+    EXPECT_EQ(refused, 1) << why;
+    EXPECT_THAT(why, HasSubstr("requires a token"));
+    auto [unread, why2] = ctl(bind, {"status"}, stranger);
+    EXPECT_EQ(unread, 1) << why2;
+    // This user's clients read the default token.
+    auto [ok, table] = ctl(bind, {"status"}, home);
+    EXPECT_EQ(ok, 0) << table;
+  }
+  {
+    // A second start keeps the token (clients and stages that run on keep working).
+    auto [directory, bind] = start({}, home);
+    std::string again;
+    std::ifstream(home + "/directory.token") >> again;
+    EXPECT_EQ(again, token);
+    EXPECT_EQ(ctl(bind, {"status"}, home).first, 0);
+  }
+  {
+    // --insecure: no token, anyone who can reach it is served (and no token file is made).
+    auto [directory, bind] = start({"--insecure"}, stranger);
+    auto [ok, table] = ctl(bind, {"status"}, stranger);
+    EXPECT_EQ(ok, 0) << table;
+    EXPECT_FALSE(std::filesystem::exists(stranger + "/directory.token"));
+  }
+  std::filesystem::remove_all(root);
+}
+
 // A directory that requires a token, read from a file (as connexctl may read it too).
 class TokenDirectoryTest : public DirectoryProcessTest {
  protected:
@@ -911,7 +985,9 @@ class TokenDirectoryTest : public DirectoryProcessTest {
 };
 
 TEST_F(TokenDirectoryTest, WrongTokenIsRefusedAndRightTokenWorks) {
-  auto [c1, o1] = Run({"join", "demo/g1/s0/r0", "--address", "tcp://127.0.0.1:1"});
+  // A client with no token at all (no default one in its CONNEX_HOME either).
+  const std::string no_home = "CONNEX_HOME=" + state_ + "/no-home";
+  auto [c1, o1] = Run({"join", "demo/g1/s0/r0", "--address", "tcp://127.0.0.1:1"}, {no_home});
   EXPECT_EQ(c1, 1);
   EXPECT_THAT(o1, HasSubstr("requires a token"));
   auto [c2, o2] = Run({"report-failed", "demo/g1/s0/r0"}, {"CONNEX_DIRECTORY_TOKEN=nope"});
@@ -930,7 +1006,7 @@ TEST_F(TokenDirectoryTest, WrongTokenIsRefusedAndRightTokenWorks) {
   EXPECT_EQ(c5, 0) << o5;
   EXPECT_THAT(o5, HasSubstr("demo/g1/s0/r0"));
   // Reading the table needs the token too.
-  auto [c3, o3] = Run({"status"});
+  auto [c3, o3] = Run({"status"}, {no_home});
   EXPECT_EQ(c3, 1);
   EXPECT_THAT(o3, HasSubstr("SNAPSHOT: this directory requires a token"));
   auto [c4, o4] = Run({"status"}, {"CONNEX_DIRECTORY_TOKEN=s3cret"});

@@ -314,7 +314,7 @@ TEST_P(PpProcessTest, StoppedStageRunsNothingUnderItsEvictedEpochAfterItResumes)
   const std::string ready = zombie.transcript();
   ASSERT_TRUE(std::regex_search(ready, m, std::regex("ready pp/g1/s0/r0 epoch=([0-9]+)"))) << ready;
   const uint64_t evicted = std::stoull(m[1]);
-  directory::DirectoryClientOptions dopts;
+  directory::DirectoryClientOptions dopts = *directory::DirectoryClientOptions::FromEnv();
   dopts.directory = bind_;
   auto watcher = directory::DirectoryClient::Connect(dopts);
   ASSERT_TRUE(watcher.ok()) << watcher.status();

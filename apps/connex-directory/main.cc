@@ -8,6 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
+#include "connex/base/config.h"
 #include "connex/base/logging.h"
 #include "connex/base/signals.h"
 #include "connex/directory/secret.h"
@@ -91,6 +92,24 @@ int main(int argc, char** argv) {
     options.admin_token = *token;
   }
 
+  // Secure by default: with no token configured, the machine's default token (made on the first
+  // start) is required, unless --insecure says this directory serves anyone who can reach it.
+  std::string default_token_path;
+  absl::StatusOr<bool> insecure = connex::EnvBool("CONNEX_INSECURE", false);
+  if (!insecure.ok()) {
+    std::cerr << "connex-directory: " << insecure.status().message() << "\n";
+    return 2;
+  }
+  if (options.token.empty() && !*insecure) {
+    absl::StatusOr<std::string> token =
+        connex::directory::EnsureDefaultToken(&default_token_path);
+    if (!token.ok()) {
+      std::cerr << "connex-directory: " << token.status().message() << "\n";
+      return 1;
+    }
+    options.token = *token;
+  }
+
   // Signals are taken synchronously by this thread; block them before any thread starts.
   const connex::TerminationSignals signals;
 
@@ -102,8 +121,15 @@ int main(int argc, char** argv) {
   std::printf("listening bind=%s pub=%s\n", (*server)->bind_address().c_str(),
               (*server)->pub_address().c_str());
   std::fflush(stdout);
-  CONNEX_LOG_INFO("directory: serving (lease TTL {} ms{})", options.lease_ttl_ms,
-                  options.token.empty() ? "" : ", token required");
+  if (!default_token_path.empty()) {
+    CONNEX_LOG_INFO(
+        "directory: serving (lease TTL {} ms); clients need the token in {} (read by default "
+        "by this user's clients; elsewhere: CONNEX_DIRECTORY_TOKEN_FILE)",
+        options.lease_ttl_ms, default_token_path);
+  } else {
+    CONNEX_LOG_INFO("directory: serving (lease TTL {} ms{})", options.lease_ttl_ms,
+                    options.token.empty() ? ", no token: --insecure" : ", token required");
+  }
   if (options.state_dir.empty()) {
     CONNEX_LOG_WARN(
         "directory: no --state-dir: the table lives in memory only; a restart loses every route "

@@ -27,6 +27,9 @@
 
 namespace {
 
+// `serving`: a model listed cannot serve (NOT READY, or no stage 0 answered /health with 200).
+constexpr int kNotServingExitCode = 4;
+
 using connex::Annotate;
 using connex::Lid;
 using connex::directory::DirectoryClient;
@@ -212,6 +215,11 @@ int main(int argc, char** argv) {
     if (!token.ok()) return Fail(Annotate(token.status(), "--token-file"));
     options.token = *token;
   }
+  if (options.token.empty()) {  // this user's default token, as every client reads it
+    absl::StatusOr<std::string> token = connex::directory::ClientTokenFromEnv();
+    if (!token.ok()) return Fail(token.status());
+    options.token = *token;
+  }
   if (!admin_token_file.empty()) {
     absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(admin_token_file);
     if (!token.ok()) return Fail(Annotate(token.status(), "--admin-token-file"));
@@ -285,7 +293,9 @@ int main(int argc, char** argv) {
     } else {
       std::printf("%s", connex::serving::RenderServedModels(models, health).c_str());
     }
-    return 0;
+    // Scripts and readiness checks read the exit code: 0 only when every model listed can serve.
+    return connex::serving::AllServing(models, health, probe_timeout_ms > 0) ? 0
+                                                                             : kNotServingExitCode;
   }
   if (resolve->parsed()) {
     auto snapshot = client.GetSnapshot(model, group);

@@ -29,7 +29,7 @@ namespace connex::directory {
 absl::StatusOr<DirectoryClientOptions> DirectoryClientOptions::FromEnv() {
   DirectoryClientOptions o;
   o.directory = EnvString("CONNEX_DIRECTORY", o.directory);
-  CONNEX_ASSIGN_OR_RETURN(o.token, TokenFromEnv());
+  CONNEX_ASSIGN_OR_RETURN(o.token, ClientTokenFromEnv());
   CONNEX_ASSIGN_OR_RETURN(o.admin_token, AdminTokenFromEnv());
   CONNEX_ASSIGN_OR_RETURN(o.heartbeat_ms, EnvInt("CONNEX_HEARTBEAT_MS", 0, 0, 3'600'000));
   CONNEX_ASSIGN_OR_RETURN(o.request_timeout_ms, EnvInt("CONNEX_DIRECTORY_TIMEOUT_MS",

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "connex/base/logging.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
@@ -73,6 +75,7 @@ absl::Status Registry::CheckAdmin(std::string_view token, std::string_view what)
 }
 
 std::map<Lid, Registry::Entry>::iterator Registry::Erase(std::map<Lid, Entry>::iterator it) {
+  report_budgets_.erase(it->first);
   auto count = records_per_model_.find(it->first.model);
   if (count != records_per_model_.end() && --count->second == 0) records_per_model_.erase(count);
   return records_.erase(it);
@@ -248,12 +251,14 @@ absl::Status Registry::Leave(const Lid& lid, uint64_t epoch, const Caller& calle
 absl::StatusOr<bool> Registry::ReportFailed(const Lid& lid, uint64_t epoch, const Caller& caller) {
   // Who reports: a live member of the same model, or the operator.
   std::string who;
+  bool as_member = false;
   if (caller.member) {
     auto member = records_.find(*caller.member);
     if (caller.member->model == lid.model && member != records_.end() &&
         member->second.deadline_ms > clock_->NowMs() &&
         SecretsEqual(caller.member_credential, member->second.credential)) {
       who = StrCat(caller.member->ToString(), " epoch ", member->second.record.epoch);
+      as_member = true;
     }
   }
   if (who.empty() && !caller.admin_token.empty()) {
@@ -269,6 +274,37 @@ absl::StatusOr<bool> Registry::ReportFailed(const Lid& lid, uint64_t epoch, cons
                                       ", not a live LID "
                                       "of the model that it holds")
                              : StrCat(" holds no LID")));
+  }
+  if (as_member) {
+    // A member: only about a group it deals with, and within its budget.
+    const Record& reporter = records_.at(*caller.member).record;
+    auto groups = reporter.metadata.find(std::string(kPeerGroupsKey));
+    if (groups != reporter.metadata.end()) {
+      bool listed = false;
+      for (absl::string_view g : absl::StrSplit(groups->second, ',')) {
+        uint32_t value = 0;
+        listed |= absl::SimpleAtoi(g, &value) && value == lid.group;
+      }
+      if (!listed) {
+        return absl::PermissionDeniedError(
+            StrCat(who, " deals with groups ", groups->second, " of model '", lid.model,
+                   "' only: its report about ", lid.ToString(), " is refused"));
+      }
+    }
+    const int64_t now = clock_->NowMs();
+    ReportBudget& budget = report_budgets_[*caller.member];
+    if (budget.at_ms >= 0) {
+      budget.tokens = std::min(kReportBurst, budget.tokens + static_cast<double>(now - budget.at_ms) *
+                                                                 kReportsPerSecond / 1000.0);
+    }
+    budget.at_ms = now;
+    if (budget.tokens < 1) {
+      return absl::ResourceExhaustedError(
+          StrCat(who, " reports too often (more than ", kReportBurst, " at once, ",
+                 kReportsPerSecond, " a second after that): its report about ", lid.ToString(),
+                 " is refused; retry later"));
+    }
+    budget.tokens -= 1;
   }
   auto it = records_.find(lid);
   if (it == records_.end()) {

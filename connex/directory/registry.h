@@ -61,6 +61,10 @@ struct JoinAuth {
   std::string admin_token;  // the operator's secret
 };
 
+// Reports one member may make at once, and per second after that (a token bucket).
+inline constexpr double kReportBurst = 8;
+inline constexpr double kReportsPerSecond = 2;
+
 // Who sends a LEAVE or REPORT_FAILED, as far as the request proves it.
 struct Caller {
   std::string credential;         // LEAVE: the holder's credential of the LID
@@ -77,6 +81,10 @@ struct Caller {
 //   unless forced with the admin token; the displaced holder is then fenced (FAILED superseded).
 // - REPORT_FAILED is accepted from a live member of the same model (it presents the credential of
 //   a LID it holds) or with the admin token; LEAVE from the holder or with the admin token.
+// - A member reports only about the groups it deals with, when its record says which
+//   (metadata kPeerGroupsKey: "1,2,3"; every pp stage publishes it), and at most kReportBurst
+//   reports at once, kReportsPerSecond on average (ResourceExhausted past that): one member
+//   cannot evict a model's every stage. The operator's reports are not limited.
 class Registry {
  public:
   Registry(Clock* clock, RegistryOptions options);
@@ -183,6 +191,13 @@ class Registry {
   std::map<std::string, uint64_t, std::less<>> model_revision_;
   uint64_t model_revision_floor_ = 0;
   std::map<std::pair<Lid, uint64_t>, Ended> tombstones_;
+  // Per reporting member (a live LID): its report budget and when it was last filled. Dropped with
+  // the member's record.
+  struct ReportBudget {
+    double tokens = kReportBurst;
+    int64_t at_ms = -1;  // -1: never used
+  };
+  std::map<Lid, ReportBudget> report_budgets_;
   std::deque<std::pair<Lid, uint64_t>> tombstone_order_;
   std::vector<Event> pending_;
 };

@@ -244,6 +244,40 @@ TEST_F(RegistryTest, ReportFailedFromAMemberEvictsThatEpochOnly) {
             absl::StatusCode::kNotFound);
 }
 
+// Issue 23: a member's failure reports evicted live stages 4,323 times in 6 s. A member reports
+// only about the groups its record says it deals with, and within a budget; the operator is not
+// limited.
+TEST_F(RegistryTest, AMembersReportsAreScopedToItsPeerGroupsAndRateLimited) {
+  // A stage 1 that deals with groups 0 and 2 (as a pp stage publishes it).
+  const Lid reporter{"demo", 1, 0, 5};
+  auto r = registry_.Join(reporter, {"tcp://h:9"}, {{std::string(kPeerGroupsKey), "0,2"}});
+  ASSERT_TRUE(r.ok());
+  std::vector<Lid> stage2, stage3;
+  for (uint32_t i = 0; i < 20; ++i) {
+    stage2.push_back(Lid{"demo", 2, 0, i});
+    stage3.push_back(Lid{"demo", 3, 0, i});
+    ASSERT_TRUE(registry_.Join(stage2.back(), {"tcp://h:2"}, {}).ok());
+    ASSERT_TRUE(registry_.Join(stage3.back(), {"tcp://h:3"}, {}).ok());
+  }
+  // Group 3 is none of its business.
+  absl::Status scoped = registry_.ReportFailed(stage3[0], 0, Member(reporter, r)).status();
+  EXPECT_EQ(scoped.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(scoped.message()), HasSubstr("deals with groups 0,2"));
+  // A burst of 8, then one more per 500 ms.
+  int taken = 0;
+  for (int i = 0; i < 20; ++i) taken += registry_.ReportFailed(stage2[i], 0, Member(reporter, r)).ok();
+  EXPECT_EQ(taken, static_cast<int>(kReportBurst));
+  absl::Status limited = registry_.ReportFailed(stage2[19], 0, Member(reporter, r)).status();
+  EXPECT_EQ(limited.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(limited.message()), HasSubstr("reports too often"));
+  clock_.AdvanceMs(500);
+  EXPECT_TRUE(registry_.ReportFailed(stage2[19], 0, Member(reporter, r)).ok());
+  EXPECT_EQ(registry_.ReportFailed(stage2[18], 0, Member(reporter, r)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // The operator reports anything, as often as it must.
+  for (int i = 1; i < 20; ++i) EXPECT_TRUE(registry_.ReportFailed(stage3[i], 0, Admin()).ok());
+}
+
 // Finding 1 of issue 12: 26 stranger REPORT_FAILEDs in 2.6 s made 36 failovers.
 TEST_F(RegistryTest, ReportFailedFromAStrangerIsRefused) {
   auto j = registry_.Join(a_, {"tcp://h:1"}, {});

@@ -1,7 +1,9 @@
 #include "connex/directory/secret.h"
 
+#include <fcntl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -76,5 +78,70 @@ absl::StatusOr<std::string> AdminTokenFromEnv() {
 }
 
 absl::StatusOr<std::string> TokenFromEnv() { return SecretFromEnv("CONNEX_DIRECTORY_TOKEN"); }
+
+absl::StatusOr<std::string> DefaultTokenPath() {
+  std::string home = EnvString("CONNEX_HOME", "");
+  if (home.empty()) {
+    const std::string user_home = EnvString("HOME", "");
+    if (user_home.empty()) {
+      return absl::FailedPreconditionError(
+          "no directory token is configured and neither CONNEX_HOME nor HOME is set to keep the "
+          "default one in: set CONNEX_DIRECTORY_TOKEN_FILE (or --insecure on a trusted network)");
+    }
+    home = user_home + "/.connex";
+  }
+  return home + "/directory.token";
+}
+
+absl::StatusOr<std::string> EnsureDefaultToken(std::string* path_out) {
+  CONNEX_ASSIGN_OR_RETURN(std::string path, DefaultTokenPath());
+  if (path_out != nullptr) *path_out = path;
+  const std::string folder = path.substr(0, path.rfind('/'));
+  if (mkdir(folder.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(
+        StrCat("cannot make ", folder, " for the directory token: ", std::strerror(errno)));
+  }
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) {
+    // Written whole under another name, then linked: a concurrent first start either links
+    // first or finds this one's; nobody reads a half-written token.
+    const std::string temp = StrCat(path, ".", getpid(), ".new");
+    {
+      const int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0) {
+        return absl::FailedPreconditionError(
+            StrCat("cannot write the directory token ", temp, ": ", std::strerror(errno)));
+      }
+      const std::string line = NewCredential() + NewCredential() + "\n";
+      const bool written = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+      close(fd);
+      if (!written) {
+        unlink(temp.c_str());
+        return absl::FailedPreconditionError(StrCat("cannot write the directory token ", temp));
+      }
+    }
+    const bool linked = link(temp.c_str(), path.c_str()) == 0;
+    const int link_errno = errno;
+    unlink(temp.c_str());
+    if (!linked && link_errno != EEXIST) {
+      return absl::FailedPreconditionError(
+          StrCat("cannot create the directory token ", path, ": ", std::strerror(link_errno)));
+    }
+    if (linked) CONNEX_LOG_INFO("directory: made the directory token {}", path);
+  }
+  return ReadSecretFile(path);
+}
+
+absl::StatusOr<std::string> ClientTokenFromEnv() {
+  CONNEX_ASSIGN_OR_RETURN(std::string token, TokenFromEnv());
+  if (!token.empty()) return token;
+  absl::StatusOr<std::string> path = DefaultTokenPath();
+  if (!path.ok()) return std::string();
+  struct stat st {};
+  if (stat(path->c_str(), &st) != 0) return std::string();
+  absl::StatusOr<std::string> fallback = ReadSecretFile(*path);
+  if (!fallback.ok()) return Annotate(fallback.status(), "the default directory token");
+  return fallback;
+}
 
 }  // namespace connex::directory

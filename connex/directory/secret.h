@@ -29,6 +29,18 @@ absl::StatusOr<std::string> AdminTokenFromEnv();
 // The shared token likewise: CONNEX_DIRECTORY_TOKEN_FILE, else CONNEX_DIRECTORY_TOKEN.
 absl::StatusOr<std::string> TokenFromEnv();
 
+// Secure by default: where a machine's directory token lives when none is configured —
+// $CONNEX_HOME/directory.token, CONNEX_HOME defaulting to $HOME/.connex. connex-directory makes
+// it on its first start (unless --insecure) and every client of this user reads it, as Erlang
+// nodes share ~/.erlang.cookie: out of the box a stranger without it is refused.
+absl::StatusOr<std::string> DefaultTokenPath();
+// The default token: the one in DefaultTokenPath(), or a new random secret written there (the
+// folder made 0700, the file 0600, atomically: concurrent first starts agree on one token).
+// `path` (if given) gets the file's path.
+absl::StatusOr<std::string> EnsureDefaultToken(std::string* path = nullptr);
+// A client's token: TokenFromEnv(), else the default token file when it exists, else "".
+absl::StatusOr<std::string> ClientTokenFromEnv();
+
 }  // namespace connex::directory
 
 #endif  // CONNEX_DIRECTORY_SECRET_H_

@@ -372,7 +372,8 @@ class DirectoryServer::Loop {
     if (!token.ok()) return token.status();
     if (token->empty()) {
       return absl::PermissionDeniedError(
-          "this directory requires a token (set CONNEX_DIRECTORY_TOKEN or --token)");
+          "this directory requires a token: give the client its file with --token-file FILE "
+          "(CONNEX_DIRECTORY_TOKEN_FILE) or the secret in CONNEX_DIRECTORY_TOKEN");
     }
     if (!SecretsEqual(*token, options_.token)) {
       return absl::PermissionDeniedError("wrong directory token");

@@ -271,6 +271,9 @@ TEST_F(DirectoryTest, TokenIsRequiredForChangesWhenConfigured) {
   absl::StatusOr<uint64_t> j = anonymous->Join(a_, {"tcp://127.0.0.1:1"});
   EXPECT_EQ(j.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(j.status().message()), HasSubstr("requires a token"));
+  // Never argv: the remedy it names is the file or the variable, not a --token flag.
+  EXPECT_THAT(std::string(j.status().message()), HasSubstr("--token-file FILE"));
+  EXPECT_THAT(std::string(j.status().message()), ::testing::Not(HasSubstr("--token)")));
   j = wrong->Join(a_, {"tcp://127.0.0.1:1"});
   EXPECT_EQ(j.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(j.status().message()), HasSubstr("wrong directory token"));
