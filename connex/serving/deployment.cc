@@ -102,6 +102,26 @@ HealthProbe ProbeHealth(const std::string& http_address, int64_t timeout_ms) {
   return probe;
 }
 
+bool AllServing(const std::vector<ServedModel>& models,
+                const std::map<std::string, HealthProbe>& health, bool probed) {
+  if (models.empty()) return false;
+  for (const ServedModel& m : models) {
+    if (!m.ready()) return false;
+    if (!probed) continue;
+    bool healthy = false;
+    for (const auto& [replica, chain] : m.chains) {
+      auto zero = chain.find(0);
+      if (zero == chain.end()) continue;
+      auto http = zero->second.metadata.find("http");
+      if (http == zero->second.metadata.end()) continue;
+      auto probe = health.find(http->second);
+      healthy = healthy || (probe != health.end() && probe->second.status == 200);
+    }
+    if (!healthy) return false;
+  }
+  return true;
+}
+
 std::string RenderServedModels(const std::vector<ServedModel>& models,
                                const std::map<std::string, HealthProbe>& health) {
   if (models.empty()) return "no served model (no record declares \"stages\")\n";

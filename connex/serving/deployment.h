@@ -38,6 +38,11 @@ struct HealthProbe {
 };
 HealthProbe ProbeHealth(const std::string& http_address, int64_t timeout_ms);
 
+// Whether every model of `models` can serve: there is at least one, each is ready() and, when
+// `probed`, some stage 0 of each answered its /health probe with 200.
+bool AllServing(const std::vector<ServedModel>& models,
+                const std::map<std::string, HealthProbe>& health, bool probed);
+
 // The table `connexctl serving` prints; `health` holds the probes by stage-0 API address (an
 // address without a probe shows "-").
 std::string RenderServedModels(const std::vector<ServedModel>& models,

@@ -61,6 +61,24 @@ TEST(ServedModelsTest, NoServedModelSaysSo) {
   EXPECT_THAT(RenderServedModels({}, {}), HasSubstr("no served model"));
 }
 
+// `connexctl serving` exits 0 only when this holds (it used to exit 0 on NOT READY).
+TEST(ServedModelsTest, AllServingNeedsEveryStageAndAHealthyStageZero) {
+  std::vector<directory::Record> records = {StageRecord("tiny", 0, 0, 2, 11, "127.0.0.1:9000"),
+                                            StageRecord("tiny", 1, 0, 2, 12),
+                                            StageRecord("tiny", 0, 1, 2, 21, "127.0.0.1:9001")};
+  std::vector<ServedModel> models = ServedModels(records);
+  const std::map<std::string, HealthProbe> one_healthy = {{"127.0.0.1:9000", {503, "starting"}},
+                                                          {"127.0.0.1:9001", {200, ""}}};
+  const std::map<std::string, HealthProbe> none_healthy = {{"127.0.0.1:9000", {503, "x"}},
+                                                           {"127.0.0.1:9001", {0, "refused"}}};
+  EXPECT_TRUE(AllServing(models, one_healthy, /*probed=*/true));
+  EXPECT_FALSE(AllServing(models, none_healthy, /*probed=*/true));
+  EXPECT_TRUE(AllServing(models, {}, /*probed=*/false));
+  records.erase(records.begin() + 1);  // stage 1 gone
+  EXPECT_FALSE(AllServing(ServedModels(records), one_healthy, /*probed=*/true));
+  EXPECT_FALSE(AllServing({}, {}, /*probed=*/false)) << "no served model is not serving";
+}
+
 TEST(ProbeHealthTest, ReadsTheStatusAndReasonOrNamesWhyThereWasNoAnswer) {
   Router router;
   std::atomic<bool> ready{false};

@@ -54,6 +54,9 @@ absl::StatusOr<HttpServerOptions> HttpServerOptions::FromEnv() {
   CONNEX_ASSIGN_OR_RETURN(int64_t connections,
                           EnvInt("CONNEX_HTTP_MAX_CONNECTIONS", o.max_connections, 1, 1'000'000));
   o.max_connections = static_cast<int>(connections);
+  CONNEX_ASSIGN_OR_RETURN(o.max_body_bytes_in_flight,
+                          EnvSize("CONNEX_HTTP_MAX_BODY_BYTES_IN_FLIGHT", o.max_body_bytes_in_flight,
+                                  1024, size_t{1} << 40));
   CONNEX_ASSIGN_OR_RETURN(int64_t threads,
                           EnvInt("CONNEX_HTTP_THREADS", o.handler_threads, 1, 256));
   o.handler_threads = static_cast<int>(threads);
@@ -144,6 +147,8 @@ class BeastHttpServer final : public HttpServer {
     }
     stats.accepted_connections = accepted_.load();
     stats.refused_connections = refused_.load();
+    stats.evicted_connections = evicted_.load();
+    stats.refused_bodies = core_->refused_bodies.load();
     stats.requests = requests_.load();
     stats.cancelled = core_->cancelled.load();
     return stats;
@@ -220,6 +225,7 @@ class BeastHttpServer final : public HttpServer {
       // each behind the ACK of the last.
       ErrorCode nodelay_ec;
       socket.set_option(tcp::no_delay(true), nodelay_ec);
+      if (serving_ >= options_.max_connections) EvictSlowest();
       bool refuse = serving_ >= options_.max_connections;
       if (refuse && refusing_ >= kMaxRefusing) {
         refused_.fetch_add(1);  // far over the limit: not even a 503
@@ -243,6 +249,30 @@ class BeastHttpServer final : public HttpServer {
     });
   }
 
+  // At the connection limit: closes the serving connection that has waited longest for its
+  // request's bytes, if one waited long enough (its slot goes to the new connection).
+  void EvictSlowest() {
+    const int64_t now = internal::SteadyNowMs();
+    internal::ConnectionHandle* slowest = nullptr;
+    int64_t since = now - internal::kMinWaitBeforeEvictionMs;
+    for (const auto& [c, refused] : connections_) {
+      if (refused) continue;
+      const int64_t waiting = c->WaitingSinceMs();
+      if (waiting >= 0 && waiting <= since) {
+        since = waiting;
+        slowest = c;
+      }
+    }
+    if (slowest == nullptr) return;
+    evicted_.fetch_add(1);
+    // Counted out at once: its close (and the forget that follows) may take a linger.
+    auto it = connections_.find(slowest);
+    it->second = true;
+    --serving_;
+    ++refusing_;
+    slowest->Evict();
+  }
+
   const HttpServerOptions options_;
   const HttpHandler handler_;
   std::unique_ptr<net::io_context> io_;
@@ -264,6 +294,7 @@ class BeastHttpServer final : public HttpServer {
   int64_t open_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> refused_{0};
+  std::atomic<int64_t> evicted_{0};
   std::atomic<int64_t> requests_{0};
 };
 

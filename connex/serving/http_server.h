@@ -43,14 +43,20 @@ struct HttpServerOptions {
   // Streamed bytes queued for a client that has not read them yet; past this the client is
   // dropped and its request cancelled.
   size_t max_pending_write_bytes = 8 << 20;
-  // Open connections; more are answered 503 and closed.
+  // Open connections. At the limit, a new connection takes the place of the one that has waited
+  // longest for its request's bytes (a slow or idle client: slowloris cannot hold every slot),
+  // if one has waited at least kMinWaitBeforeEvictionMs; else it is answered 503 and closed.
   int max_connections = 512;
+  // Request bodies held at once (being read, or given to a handler), all connections together;
+  // a request whose Content-Length would pass it is answered 503 before its body is read.
+  size_t max_body_bytes_in_flight = 64 << 20;
   int handler_threads = 2;
   int64_t drain_timeout_ms = 5'000;
 
   // The defaults above, overridden by CONNEX_HTTP_MAX_HEADER_BYTES, CONNEX_HTTP_MAX_BODY_BYTES,
   // CONNEX_HTTP_READ_TIMEOUT_MS, CONNEX_HTTP_WRITE_TIMEOUT_MS, CONNEX_HTTP_MAX_CONNECTIONS,
-  // CONNEX_HTTP_THREADS, CONNEX_HTTP_DRAIN_TIMEOUT_MS. InvalidArgument names a bad variable.
+  // CONNEX_HTTP_MAX_BODY_BYTES_IN_FLIGHT, CONNEX_HTTP_THREADS, CONNEX_HTTP_DRAIN_TIMEOUT_MS.
+  // InvalidArgument names a bad variable.
   static absl::StatusOr<HttpServerOptions> FromEnv();
 };
 
@@ -86,17 +92,23 @@ class HttpExchange {
     friend class internal::Connection;
     Passkey() = default;
   };
+  // `body_charge`: bytes of the server's body budget (max_body_bytes_in_flight) this exchange
+  // holds until it is destroyed.
   HttpExchange(Passkey, std::shared_ptr<internal::ServerCore> core,
                std::weak_ptr<internal::Connection> connection, HttpRequest request,
-               size_t max_pending_write_bytes);
+               size_t max_pending_write_bytes, size_t body_charge);
+  ~HttpExchange();
+  HttpExchange(const HttpExchange&) = delete;
+  HttpExchange& operator=(const HttpExchange&) = delete;
 
   const HttpRequest& request() const { return request_; }
 
   // Sends a whole response. False when the exchange was already answered or cancelled.
   bool Respond(HttpResponse response);
-  // Starts a streamed response: the head now (chunked transfer encoding, no caching), the body in
-  // chunks by Send. False when already answered or cancelled.
-  bool StartStream(int status = 200, std::string content_type = "text/event-stream");
+  // Starts a streamed response: the head now (chunked transfer encoding, no caching; `headers`
+  // added to it), the body in chunks by Send. False when already answered or cancelled.
+  bool StartStream(int status = 200, std::string content_type = "text/event-stream",
+                   std::vector<std::pair<std::string, std::string>> headers = {});
   // Queues `data` as one chunk (empty data is skipped). False once the client is gone, the queue
   // is over `max_pending_write_bytes` (the exchange is then cancelled), or the stream has ended.
   bool Send(std::string data);
@@ -121,6 +133,7 @@ class HttpExchange {
   const std::weak_ptr<internal::Connection> connection_;
   const HttpRequest request_;
   const size_t max_pending_write_bytes_;
+  const size_t body_charge_;
   mutable Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kNew;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
@@ -145,6 +158,8 @@ class HttpServer {
     int64_t open_connections = 0;
     int64_t accepted_connections = 0;
     int64_t refused_connections = 0;  // over max_connections
+    int64_t evicted_connections = 0;  // slow or idle ones closed for a new one at the limit
+    int64_t refused_bodies = 0;       // 503s for max_body_bytes_in_flight
     int64_t requests = 0;             // handed to the handler
     int64_t cancelled = 0;            // exchanges cancelled before their response was complete
   };

@@ -13,6 +13,7 @@
 #include "boost/asio.hpp"
 #include "boost/beast/core.hpp"
 #include "boost/beast/http.hpp"
+#include "connex/base/access_log.h"
 #include "connex/base/logging.h"
 #include "connex/base/mutex.h"
 #include "connex/base/status.h"
@@ -165,6 +166,16 @@ absl::StatusOr<UpstreamEvent> ParseUpstreamEvent(std::string_view data) {
   return event;
 }
 
+// The message of an OpenAI error envelope, else the body's start.
+std::string ErrorMessageOf(const std::string& body) {
+  Json envelope = Json::parse(body, nullptr, false);
+  if (envelope.is_object() && envelope.contains("error") && envelope["error"].is_object() &&
+      envelope["error"].contains("message") && envelope["error"]["message"].is_string()) {
+    return envelope["error"]["message"].get<std::string>();
+  }
+  return body.substr(0, 200);
+}
+
 }  // namespace
 
 absl::Status ProxyOptions::Validate() const {
@@ -242,9 +253,15 @@ class ResumeProxy::Impl {
                     .AddCounter("connex_proxy_resumes_total",
                                 "Retries that continued a response already under way")
                     .Get();
+    cancelled_ = &metrics_
+                      .AddCounter("connex_proxy_cancelled_total",
+                                  "Requests whose client went away before the answer was whole "
+                                  "(their upstream attempt is closed, which cancels them there)")
+                      .Get();
   }
 
   absl::Status Start() {
+    requests_.AddVllmAliases(options_.model);
     for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
       router_.Add("POST", std::string(EndpointPath(endpoint)),
                   [this, endpoint](std::shared_ptr<HttpExchange> x) { Accept(endpoint, x); });
@@ -417,7 +434,7 @@ class ResumeProxy::Impl {
     p->header =
         ResponseHeader{endpoint, MakeResponseId(endpoint, p->id), UnixSeconds(), options_.model};
     if (p->request.stream) p->chunks.emplace(p->header, p->request.include_usage);
-    requests_.running.Increment();
+    requests_.Accepted();
     asio::post(io_, [this, p] {
       live_.insert(p);
       StartAttempt(p);
@@ -630,6 +647,7 @@ class ResumeProxy::Impl {
     const int64_t now = NowUs();
     for (size_t i = 0; i < event->token_ids.size(); ++i) {
       if (p->tokens.empty() && i == 0) {
+        requests_.FirstToken();
         requests_.ttft.Observe(static_cast<double>(now - p->start_us) / 1e6);
       } else {
         requests_.itl.Observe(static_cast<double>(now - p->last_token_us) / 1e6 /
@@ -648,7 +666,10 @@ class ResumeProxy::Impl {
     if (p->chunks) {
       if (!p->stream_started) {
         p->stream_started = true;
-        if (!p->exchange->StartStream()) {
+        // Which replica began the answer (a resume may end it on another): for tools that
+        // attribute a fault's cost to the requests of the faulted replica (connex-chaos).
+        if (!p->exchange->StartStream(200, "text/event-stream",
+                                      {{std::string(kReplicaHeader), a->replica.name}})) {
           Cancel(p);
           return false;
         }
@@ -677,12 +698,7 @@ class ResumeProxy::Impl {
     }
     std::string body = std::move(a->parser.get().body());
     if (status >= 500 || status == 429) {
-      Json envelope = Json::parse(body, nullptr, false);
-      std::string message = body.substr(0, 200);
-      if (envelope.is_object() && envelope.contains("error") && envelope["error"].is_object() &&
-          envelope["error"].contains("message") && envelope["error"]["message"].is_string()) {
-        message = envelope["error"]["message"].get<std::string>();
-      }
+      std::string message = ErrorMessageOf(body);
       return AttemptFailed(p, a, StrCat("HTTP ", status, ": ", message));
     }
     // The replica refused the request itself: that is the client's answer.
@@ -781,21 +797,31 @@ class ResumeProxy::Impl {
                                           "); last: ", p->last_error)));
   }
 
-  // Ends `p` (once): the running gauge, the latency, the live set.
-  bool End(const ProxiedPtr& p) {
+  // Ends `p` (once): the gauges, the latency, the access line (`status`, and the finish reason
+  // or the error in `outcome`), the live set.
+  bool End(const ProxiedPtr& p, int status, std::string_view outcome) {
     if (p->ended) return false;
     p->ended = true;
     if (p->attempt) CloseAttempt(p, p->attempt);
     p->wait.cancel();
-    requests_.running.Decrement();
-    requests_.e2e.Observe(static_cast<double>(NowUs() - p->start_us) / 1e6);
+    requests_.Ended(/*got_token=*/!p->tokens.empty());
+    const int64_t latency_us = NowUs() - p->start_us;
+    requests_.e2e.Observe(static_cast<double>(latency_us) / 1e6);
     live_.erase(p);
+    LogAccess({{"id", p->header.id},
+               {"endpoint", EndpointPath(p->request.endpoint)},
+               {"status", status},
+               {"prompt_tokens", static_cast<int64_t>(p->prompt.size())},
+               {"completion_tokens", static_cast<int64_t>(p->tokens.size())},
+               {"latency_s", static_cast<double>(latency_us) / 1e6},
+               {"attempts", p->attempts},
+               {status == 200 ? "finish_reason" : "error", outcome}});
     return true;
   }
 
   void Complete(const ProxiedPtr& p) {
-    if (!End(p)) return;
     const FinishReason finish = p->finish.value_or(FinishReason::kLength);
+    if (!End(p, 200, FinishReasonName(finish))) return;
     requests_.success.WithLabels({std::string(FinishReasonName(finish))}).Increment();
     requests_.prompt_tokens.Increment(static_cast<double>(p->prompt.size()));
     {
@@ -835,7 +861,7 @@ class ResumeProxy::Impl {
 
   // Ends `p` with an error whose envelope (JSON) is `body`.
   void FailWith(const ProxiedPtr& p, int status, std::string body) {
-    if (!End(p)) return;
+    if (!End(p, status, ErrorMessageOf(body))) return;
     {
       MutexLock lock(&mu_);
       ++stats_.failed;
@@ -854,7 +880,9 @@ class ResumeProxy::Impl {
   }
 
   void Cancel(const ProxiedPtr& p) {
-    if (!End(p)) return;
+    // nginx's 499: the client closed the connection before the answer was whole.
+    if (!End(p, 499, "the client went away")) return;
+    cancelled_->Increment();
     MutexLock lock(&mu_);
     ++stats_.cancelled;
   }
@@ -883,6 +911,7 @@ class ResumeProxy::Impl {
   Counter* failures_ = nullptr;
   Counter* retries_ = nullptr;
   Counter* resumes_ = nullptr;
+  Counter* cancelled_ = nullptr;
 };
 
 ResumeProxy::ResumeProxy(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

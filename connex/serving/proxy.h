@@ -47,6 +47,9 @@ struct ProxyOptions {
   absl::Status Validate() const;  // InvalidArgument naming the bad option
 };
 
+// The response header of a streamed answer that names the replica it began on (Replica::name).
+inline constexpr std::string_view kReplicaHeader = "X-Connex-Replica";
+
 // One stage-0 replica as the proxy sees it.
 struct Replica {
   std::string name;          // for logs and errors, e.g. "tiny/g0/s0/r1@3" (LID and epoch)

@@ -334,6 +334,7 @@ TEST_F(ResumeProxyTest, StreamsAnUndisturbedAnswerFromOneReplica) {
   auto r = Post("/v1/completions", kStreamRequest);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->result_int(), 200);
+  EXPECT_EQ((*r)[std::string(kReplicaHeader)], "a") << "the replica the answer began on";
   Streamed s = Collect(Events(r->body()));
   EXPECT_EQ(s.tokens, Expected(6, 12, 5));
   EXPECT_EQ(s.text, Text(s.tokens));

@@ -1,7 +1,10 @@
 #include "connex/serving/internal/http_connection.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <deque>
 #include <exception>
 #include <optional>
@@ -30,11 +33,14 @@ std::string_view View(boost::beast::string_view s) { return std::string_view(s.d
 
 HttpExchange::HttpExchange(Passkey, std::shared_ptr<internal::ServerCore> core,
                            std::weak_ptr<internal::Connection> connection, HttpRequest request,
-                           size_t max_pending_write_bytes)
+                           size_t max_pending_write_bytes, size_t body_charge)
     : core_(std::move(core)),
       connection_(std::move(connection)),
       request_(std::move(request)),
-      max_pending_write_bytes_(max_pending_write_bytes) {}
+      max_pending_write_bytes_(max_pending_write_bytes),
+      body_charge_(body_charge) {}
+
+HttpExchange::~HttpExchange() { core_->ReleaseBody(body_charge_); }
 
 bool HttpExchange::Post(std::function<void(internal::Connection&)> op) {
   // The connection is locked on the I/O thread, so it is only ever destroyed there.
@@ -78,6 +84,30 @@ void HttpExchange::Written(size_t bytes) {
 
 namespace internal {
 
+int64_t SteadyNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool ServerCore::ChargeBody(size_t bytes, size_t limit) {
+  if (bytes == 0) return true;
+  int64_t now = body_bytes.load();
+  do {
+    if (static_cast<size_t>(now) + bytes > limit) return false;
+  } while (!body_bytes.compare_exchange_weak(now, now + static_cast<int64_t>(bytes)));
+  if (now + static_cast<int64_t>(bytes) >= kTrimAfterBodyBytes) trim_due.store(true);
+  return true;
+}
+
+void ServerCore::ReleaseBody(size_t bytes) {
+  if (bytes == 0) return;
+  if (body_bytes.fetch_sub(static_cast<int64_t>(bytes)) == static_cast<int64_t>(bytes) &&
+      trim_due.exchange(false)) {
+    malloc_trim(0);
+  }
+}
+
 // One client connection. Every member is used on the I/O thread only.
 class Connection final : public ConnectionHandle, public std::enable_shared_from_this<Connection> {
  public:
@@ -89,6 +119,7 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   ~Connection() override {
     // Every end of a connection ends its request (the handler may hold the exchange for long).
     if (exchange_ != nullptr) exchange_->Cancel();
+    server_.core->ReleaseBody(std::exchange(body_charge_, 0));
     server_.forget(this);
   }
 
@@ -107,6 +138,24 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
 
   void Abort() override { ClientGone(); }
 
+  int64_t WaitingSinceMs() const override {
+    return phase_ == Phase::kReadingHead || phase_ == Phase::kReadingBody ? waiting_since_ms_ : -1;
+  }
+
+  void Evict() override {
+    if (phase_ != Phase::kReadingHead && phase_ != Phase::kReadingBody) return;
+    keep_alive_ = false;
+    DisarmReadDeadline();
+    if (!ReceivedSome()) return Close();
+    // Its reads are cancelled; the 408 goes out meanwhile.
+    ErrorCode ignored;
+    socket_.cancel(ignored);
+    WriteError(408,
+               StrCat("the server is at its limit of ", server_.options.max_connections,
+                      " connections and this request was the slowest to arrive"),
+               "request_timeout");
+  }
+
   // HttpExchange's requests, run on the I/O thread.
   void WriteResponse(HttpResponse response) {
     auto message = std::make_shared<http::response<http::string_body>>();
@@ -122,13 +171,15 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
     Queue(Write{Write::kMessage, std::move(message), {}, /*ends_response=*/true});
   }
 
-  void WriteStreamHead(int status, std::string content_type) {
+  void WriteStreamHead(int status, std::string content_type,
+                       const std::vector<std::pair<std::string, std::string>>& headers) {
     stream_head_ = {};
     stream_head_.result(static_cast<unsigned>(status));
     stream_head_.version(version_);
     stream_head_.set(http::field::server, "connex");
     stream_head_.set(http::field::content_type, content_type);
     stream_head_.set(http::field::cache_control, "no-cache");
+    for (const auto& [name, value] : headers) stream_head_.set(name, value);
     // HTTP/1.0 has no chunked encoding: the stream is the body as it comes, ended by the close.
     chunked_ = version_ >= 11;
     stream_head_.keep_alive(chunked_ && keep_alive_ && !server_.stopping());
@@ -188,6 +239,7 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
     if (phase_ == Phase::kClosed) return;
     if (server_.stopping()) keep_alive_ = false;
     phase_ = Phase::kReadingHead;
+    waiting_since_ms_ = SteadyNowMs();
     timed_out_ = false;
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(server_.options.max_header_bytes));
@@ -200,10 +252,23 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   }
 
   void OnHead(ErrorCode ec) {
-    if (phase_ == Phase::kClosed) return;
+    if (phase_ == Phase::kClosed || phase_ == Phase::kHandling) return;  // closed or evicted
     if (ec) return OnReadError(ec);
     phase_ = Phase::kReadingBody;
     if (parser_->is_done()) return OnRequest();
+    // The body counts against the server's budget while it is read and handled.
+    if (boost::optional<uint64_t> length = parser_->content_length(); length && *length > 0) {
+      if (!server_.core->ChargeBody(*length, server_.options.max_body_bytes_in_flight)) {
+        server_.core->refused_bodies.fetch_add(1);
+        DisarmReadDeadline();
+        return WriteError(503,
+                          StrCat("the server holds ", server_.options.max_body_bytes_in_flight,
+                                 " bytes of request bodies already "
+                                 "(CONNEX_HTTP_MAX_BODY_BYTES_IN_FLIGHT); retry later"),
+                          "server_overloaded");
+      }
+      body_charge_ = *length;
+    }
     auto expect = parser_->get().find(http::field::expect);
     if (expect != parser_->get().end() && beast::iequals(expect->value(), "100-continue")) {
       static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -220,7 +285,7 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
 
   void ReadBody() {
     http::async_read(socket_, buffer_, *parser_, [self = shared_from_this()](ErrorCode ec, size_t) {
-      if (self->phase_ == Phase::kClosed) return;
+      if (self->phase_ == Phase::kClosed || self->phase_ == Phase::kHandling) return;
       if (ec) return self->OnReadError(ec);
       self->OnRequest();
     });
@@ -228,6 +293,7 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
 
   void OnReadError(ErrorCode ec) {
     DisarmReadDeadline();
+    server_.core->ReleaseBody(std::exchange(body_charge_, 0));
     keep_alive_ = false;
     if (timed_out_) {
       if (!ReceivedSome()) return Close();
@@ -260,13 +326,29 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   void OnRequest() {
     DisarmReadDeadline();
     phase_ = Phase::kHandling;
+    waiting_since_ms_ = -1;
     http::request<http::string_body> message = parser_->release();
     parser_.reset();
+    // A body without a Content-Length (chunked) is charged now that its size is known; the
+    // exchange holds the charge from here on.
+    size_t charge = std::exchange(body_charge_, 0);
+    if (charge == 0 && !message.body().empty()) {
+      charge = message.body().size();
+      if (!server_.core->ChargeBody(charge, server_.options.max_body_bytes_in_flight)) {
+        server_.core->refused_bodies.fetch_add(1);
+        return WriteError(503,
+                          StrCat("the server holds ", server_.options.max_body_bytes_in_flight,
+                                 " bytes of request bodies already "
+                                 "(CONNEX_HTTP_MAX_BODY_BYTES_IN_FLIGHT); retry later"),
+                          "server_overloaded");
+      }
+    }
     version_ = message.version() >= 11 ? 11 : 10;
     keep_alive_ = keep_alive_ && message.keep_alive();
     if (auto coding = message.find(http::field::content_encoding);
         coding != message.end() && !beast::iequals(coding->value(), "identity")) {
       // Nothing here decodes a body: a compressed one parsed as JSON would be garbage.
+      server_.core->ReleaseBody(charge);
       return WriteError(415,
                         StrCat("Content-Encoding \"", View(coding->value()),
                                "\" is not supported; send the body uncompressed"),
@@ -284,9 +366,9 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
     }
     request.body = std::move(message.body());
     response_complete_ = false;
-    exchange_ =
-        std::make_shared<HttpExchange>(HttpExchange::Passkey(), server_.core, weak_from_this(),
-                                       std::move(request), server_.options.max_pending_write_bytes);
+    exchange_ = std::make_shared<HttpExchange>(HttpExchange::Passkey(), server_.core,
+                                               weak_from_this(), std::move(request),
+                                               server_.options.max_pending_write_bytes, charge);
     Monitor();
     net::post(server_.pool, [handler = &server_.handler, exchange = exchange_] {
       try {
@@ -457,6 +539,8 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   Phase phase_ = Phase::kReadingHead;
   bool timed_out_ = false;
   bool keep_alive_ = true;
+  int64_t waiting_since_ms_ = -1;  // WaitingSinceMs
+  size_t body_charge_ = 0;         // of the body being read (the exchange takes it over)
   unsigned version_ = 11;  // of the request being answered: 10 or 11
   bool chunked_ = true;    // the stream being written is chunked (not to HTTP/1.0)
   int64_t requests_ = 0;
@@ -488,14 +572,16 @@ bool HttpExchange::Respond(HttpResponse response) {
   });
 }
 
-bool HttpExchange::StartStream(int status, std::string content_type) {
+bool HttpExchange::StartStream(int status, std::string content_type,
+                               std::vector<std::pair<std::string, std::string>> headers) {
   {
     MutexLock lock(&mu_);
     if (state_ != State::kNew || cancelled_) return false;
     state_ = State::kStreaming;
   }
-  return Post([status, content_type = std::move(content_type)](internal::Connection& c) mutable {
-    c.WriteStreamHead(status, std::move(content_type));
+  return Post([status, content_type = std::move(content_type),
+               headers = std::move(headers)](internal::Connection& c) mutable {
+    c.WriteStreamHead(status, std::move(content_type), headers);
   });
 }
 

@@ -22,6 +22,14 @@ namespace connex::serving::internal {
 // How long a connection that is being closed keeps reading (and discarding) what its client
 // still sends, so that the client reads our last response instead of a reset.
 inline constexpr int64_t kMaxLingerMs = 1000;
+// At the connection limit, a connection that has waited at least this long for its request's
+// bytes may be closed to make room for a new one (HttpServerOptions::max_connections).
+inline constexpr int64_t kMinWaitBeforeEvictionMs = 500;
+// After the bodies held reach this much, the heap is given back to the system once they are all
+// released (glibc keeps freed memory otherwise: 500 held 1 MiB bodies kept 500 MB).
+inline constexpr int64_t kTrimAfterBodyBytes = 16 << 20;
+
+int64_t SteadyNowMs();
 
 // What exchanges share with the server: the I/O context to post to, as long as it exists.
 struct ServerCore {
@@ -35,10 +43,18 @@ struct ServerCore {
     return true;
   }
 
+  // Charges `bytes` of request bodies against `limit`; false (nothing charged) past it.
+  bool ChargeBody(size_t bytes, size_t limit);
+  // Releases a charge; gives the heap back once every body is released after a high mark.
+  void ReleaseBody(size_t bytes);
+
   Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
   boost::asio::io_context* const io;
   std::atomic<int64_t> cancelled{0};
+  std::atomic<int64_t> body_bytes{0};  // request bodies held now
+  std::atomic<bool> trim_due{false};   // body_bytes passed kTrimAfterBodyBytes since the last trim
+  std::atomic<int64_t> refused_bodies{0};
 };
 
 class ConnectionHandle;
@@ -66,6 +82,11 @@ class ConnectionHandle {
   virtual void OnStopping() = 0;
   // The server stops for good: cancel the request in flight, close.
   virtual void Abort() = 0;
+  // Since when (SteadyNowMs) it waits for a request's bytes — a head or body under way, or the
+  // next request on a kept-alive connection — or -1 while it handles or answers one.
+  virtual int64_t WaitingSinceMs() const = 0;
+  // At the connection limit, for a new connection: closes (a 408 if part of a request came).
+  virtual void Evict() = 0;
 };
 
 std::shared_ptr<ConnectionHandle> NewConnection(ConnectionContext context,
