@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <map>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "connex/base/curve.h"
 #include "connex/base/logging.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
@@ -52,11 +54,21 @@ class Worker {
     if (context_ != nullptr) ucp_cleanup(context_);
   }
 
-  absl::Status Init(int spin_us) {
+  // `host`: the address this endpoint listens on. UCX's own tcp transport listens on every
+  // network device unless told otherwise; an endpoint on loopback keeps it on `lo` (unless
+  // UCX_NET_DEVICES says which devices to use).
+  absl::Status Init(int spin_us, const std::string& host) {
     spin_us_ = spin_us;
     ucp_config_t* config = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
     if (st != UCS_OK) return UcsError("config", st);
+    if (IsLoopbackHost(host) && std::getenv("UCX_NET_DEVICES") == nullptr) {
+      st = ucp_config_modify(config, "NET_DEVICES", "lo");
+      if (st != UCS_OK) {
+        ucp_config_release(config);
+        return UcsError("config NET_DEVICES=lo", st);
+      }
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
@@ -146,7 +158,10 @@ class UcxEngine final : public internal::EngineBase {
   explicit UcxEngine(const TransportOptions& options) : EngineBase("ucx"), options_(options) {}
 
   absl::Status Start() {
-    CONNEX_RETURN_IF_ERROR(worker_.Init(options_.spin_us));
+    // Before UCX opens any listener of its own.
+    CONNEX_RETURN_IF_ERROR(CheckListenExposure("data plane (ucx)", options_.host,
+                                               /*authenticated=*/false));
+    CONNEX_RETURN_IF_ERROR(worker_.Init(options_.spin_us, options_.host));
     uint16_t port = 0;
     CONNEX_ASSIGN_OR_RETURN(Fd listen, internal::ListenTcp(options_.host, 0, &port));
     address_ = StrCat("ucx://", options_.host, ":", port);
