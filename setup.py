@@ -1,8 +1,12 @@
-"""Builds the `connex` Python package for `pip install --no-build-isolation .` (pyproject.toml).
+"""Builds the `connex-ai` distribution (import package `connex`) for
+`pip install --no-build-isolation .` (pyproject.toml).
 
 The extension connex._connex is built by CMake (target connex_python) for the interpreter that runs
-pip, in CONNEX_PIP_BUILD_DIR (default: build-pip/ in the checkout; ccache makes a rebuild cheap),
-and copied beside the pure-Python part, python/connex/. The version is the CMake project's.
+pip, in CONNEX_PIP_BUILD_DIR (default: $XDG_CACHE_HOME/connex/build-pip, else
+~/.cache/connex/build-pip — a cache kept between installs, so a second `pip install .` rebuilds
+only what changed, and ccache makes a fresh one cheap), and copied beside the pure-Python part,
+python/connex/. setuptools' own build and metadata files go there too: an install writes nothing
+into the checkout. The version is the CMake project's.
 """
 
 import os
@@ -18,6 +22,17 @@ from setuptools.command.build_ext import build_ext
 ROOT = pathlib.Path(__file__).resolve().parent
 
 
+def cache_dir():
+    explicit = os.environ.get("CONNEX_PIP_BUILD_DIR")
+    if explicit:
+        return pathlib.Path(explicit)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(cache) / "connex" / "build-pip"
+
+
+PIP_DIR = cache_dir()
+
+
 def cmake_version():
     text = (ROOT / "CMakeLists.txt").read_text()
     match = re.search(r"project\(connex VERSION (\d+\.\d+\.\d+)", text)
@@ -28,7 +43,7 @@ def cmake_version():
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
-        build_dir = pathlib.Path(os.environ.get("CONNEX_PIP_BUILD_DIR", ROOT / "build-pip"))
+        build_dir = PIP_DIR
         configure = ["cmake", "-S", str(ROOT), "-B", str(build_dir),
                      "-DCMAKE_BUILD_TYPE=" + os.environ.get("CONNEX_PIP_BUILD_TYPE", "Release"),
                      "-DCONNEX_PYTHON=ON", "-DPython3_EXECUTABLE=" + sys.executable]
@@ -47,16 +62,15 @@ class CMakeBuild(build_ext):
         shutil.copyfile(built[-1], target)
 
 
-# setuptools' own build and metadata directories go under build-pip/ too (its default, build/, is
-# the CMake build tree of the presets).
-PIP_DIR = ROOT / "build-pip"
-PIP_DIR.mkdir(exist_ok=True)
+# setuptools' own build and metadata directories go to the cache too (its defaults, build/ and
+# python/*.egg-info, are in the checkout; build/ is the CMake tree of the presets).
+PIP_DIR.mkdir(parents=True, exist_ok=True)
 
 setup(
     version=cmake_version(),
     options={"build": {"build_base": str(PIP_DIR / "setuptools")},
              "egg_info": {"egg_base": str(PIP_DIR)}},
-    packages=["connex"],
+    packages=["connex", "connex.pp"],
     package_dir={"": "python"},
     package_data={"connex": ["*.pyi", "py.typed"]},
     ext_modules=[Extension("connex._connex", sources=[])],

@@ -26,6 +26,13 @@ std::string WithScheme(const std::string& address) {
 
 namespace {
 
+// The CURVE settings of a key file written by `connexctl keygen` (a deployment's shared key pair:
+// it admits peers with the same key); off for "".
+CurveSettings CurveFromKeyFile(const std::string& path) {
+  if (path.empty()) return {};
+  return CurveSettings::Shared(ValueOrThrow(LoadCurveKeyFile(path)));
+}
+
 std::string ListAddresses(const std::vector<std::string>& addresses) {
   std::string out = "[";
   for (size_t i = 0; i < addresses.size(); ++i) out += (i ? ", " : "") + addresses[i];
@@ -302,8 +309,9 @@ void RegisterDirectory(py::module_& m) {
       "idempotent. A context manager.")
       .def(py::init([](const std::string& bind, const std::string& pub, int64_t lease_ttl_ms,
                        int64_t heartbeat_ms, std::string token, std::string admin_token,
-                       int64_t tick_ms, std::string state_dir) {
+                       int64_t tick_ms, std::string state_dir, const std::string& curve_key_file) {
              directory::DirectoryServerOptions o;
+             o.curve = CurveFromKeyFile(curve_key_file);
              o.bind = WithScheme(bind);
              o.pub = WithScheme(pub);
              o.lease_ttl_ms = lease_ttl_ms;
@@ -316,7 +324,8 @@ void RegisterDirectory(py::module_& m) {
            }),
            py::arg("bind") = "127.0.0.1:0", py::arg("pub") = "127.0.0.1:0", py::kw_only(),
            py::arg("lease_ttl_ms") = 3000, py::arg("heartbeat_ms") = 1000, py::arg("token") = "",
-           py::arg("admin_token") = "", py::arg("tick_ms") = 250, py::arg("state_dir") = "")
+           py::arg("admin_token") = "", py::arg("tick_ms") = 250, py::arg("state_dir") = "",
+           py::arg("curve_key_file") = "")
       .def("start", &PyDirectoryServer::Start,
            "Binds both sockets and starts serving. connex.Unavailable when an address is taken, "
            "connex.InvalidArgument for a malformed address or setting.")
@@ -376,8 +385,10 @@ void RegisterDirectory(py::module_& m) {
                        uint32_t stage_idx, uint32_t shard_idx, uint32_t replica_idx,
                        std::vector<std::string> local_addresses, std::string token,
                        std::string admin_token, int64_t heartbeat_ms, int64_t request_timeout_ms,
-                       bool rejoin_after_eviction, bool join_waits_for_lease) {
+                       bool rejoin_after_eviction, bool join_waits_for_lease,
+                       const std::string& curve_key_file) {
              directory::DirectoryClientOptions o;
+             o.curve = CurveFromKeyFile(curve_key_file);
              o.directory = WithScheme(directory);
              o.token = std::move(token);
              o.admin_token = std::move(admin_token);
@@ -398,7 +409,7 @@ void RegisterDirectory(py::module_& m) {
            py::arg("local_addresses") = std::vector<std::string>{}, py::kw_only(),
            py::arg("token") = "", py::arg("admin_token") = "", py::arg("heartbeat_ms") = 0,
            py::arg("request_timeout_ms") = 3000, py::arg("rejoin_after_eviction") = true,
-           py::arg("join_waits_for_lease") = true)
+           py::arg("join_waits_for_lease") = true, py::arg("curve_key_file") = "")
       .def("start", &PyDirectoryClient::Start,
            "Connects and says HELLO. connex.Unavailable / connex.DeadlineExceeded when no "
            "directory answers. Idempotent.")

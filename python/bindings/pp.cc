@@ -357,7 +357,9 @@ class PyStageNode {
  public:
   PyStageNode(PyDirectoryClient& directory, py::object engine, StageNodeOptions options,
               py::object transport, const std::string& signal_host)
-      : client_(directory.Get()), engine_(std::make_unique<PythonEngine>(engine)) {
+      : client_(directory.Get()),
+        engine_(std::make_unique<PythonEngine>(engine)),
+        curve_(directory.options().curve) {
     Lid lid{options.model, options.stage, 0, options.replica};
     ThrowIfError(Lid::ValidateModel(options.model));
     transport::TransferEnginePtr transfer;
@@ -384,7 +386,7 @@ class PyStageNode {
                  TypeName(transport)));
     }
     std::unique_ptr<pp::SignalTransport> signals = ValueOrThrow(Blocking(
-        [&] { return pp::CreateZmqSignalTransport(signal_host, directory.options().curve); }));
+        [&] { return pp::CreateZmqSignalTransport(signal_host, curve_); }));
     pp::Engine& e = *engine_;
     node_ = OwnWithoutGil(ValueOrThrow(Blocking([&] {
       return StageNode::Start(std::move(options), e, std::move(transfer), std::move(signals),
@@ -401,6 +403,7 @@ class PyStageNode {
     if (node_ == nullptr) throw std::runtime_error("StageNode is closed");
     return node_;
   }
+  const CurveSettings& curve() const { return curve_; }
 
   py::object Submit(uint64_t request_id, std::vector<int32_t> prompt, int max_new_tokens,
                     py::object done, py::object on_token, int64_t timeout_ms,
@@ -524,6 +527,8 @@ class PyStageNode {
 
   std::shared_ptr<directory::DirectoryClient> client_;
   std::unique_ptr<PythonEngine> engine_;
+  // The CURVE settings of the node's signals (the directory client's): a migration keeps them.
+  const CurveSettings curve_;
   std::shared_ptr<StageNode> node_;
   std::map<uint64_t, PendingRequest> pending_;  // by serial; GIL
   uint64_t next_serial_ = 1;                    // GIL
@@ -668,14 +673,14 @@ void RegisterPp(py::module_& m) {
             auto node = self.Get();
             ThrowIfError(Blocking([&] {
               absl::StatusOr<std::unique_ptr<pp::SignalTransport>> signals =
-                  pp::CreateZmqSignalTransport(signal_host);
+                  pp::CreateZmqSignalTransport(signal_host, self.curve());
               if (!signals.ok()) return signals.status();
               return node->Migrate(*std::move(signals));
             }));
           },
           py::arg("signal_host") = "127.0.0.1",
-          "Moves this endpoint's signals to a new address under the same LID (MIGRATED); the "
-          "engine's state stays.")
+          "Moves this endpoint's signals to a new address under the same LID (MIGRATED), with "
+          "the CURVE keys it had; the engine's state stays.")
       .def(
           "health",
           [](PyStageNode& self) {

@@ -213,6 +213,41 @@ def test_migrate_moves_the_signals_under_the_same_lid(pipeline, client):
     assert n0.submit(2, [3], 6).result(timeout=30) == reference_tokens([3], 6, 2)
 
 
+def test_migrate_keeps_curve(tmp_path):
+    # A deployment with one CURVE key pair (connexctl keygen): the directory, the clients and the
+    # nodes' signals use it; a migrated node's new signal address must be a CURVE one too (it
+    # used to come back in clear, which its CURVE peers refuse to talk to).
+    import os
+    import subprocess
+
+    from connex.directory_server import DirectoryServer
+
+    bin_dir = os.environ.get("CONNEX_BIN_DIR")
+    if not bin_dir or not os.path.exists(os.path.join(bin_dir, "connexctl")):
+        pytest.skip("connexctl (CONNEX_BIN_DIR) is needed to make the key pair")
+    prefix = str(tmp_path / "deploy")
+    subprocess.run([os.path.join(bin_dir, "connexctl"), "keygen", "--out", prefix], check=True,
+                   capture_output=True)
+    key = prefix + ".key"
+    with DirectoryServer(curve_key_file=key) as server:
+        c = DirectoryClient(server.bind_addr, curve_key_file=key)
+        c.start()
+        n1 = StageNode(c, ToyEngine(1, 2), model="cm", stage=1, stages=2, transport="tcp")
+        n0 = StageNode(c, ToyEngine(0, 2), model="cm", stage=0, stages=2, transport="tcp")
+        try:
+            assert n0.submit(1, [1, 2], 6).result(timeout=30) == reference_tokens([1, 2], 6, 2)
+            signal = [a for a in c.resolve(n1.lid).addresses if a.startswith("pp+")]
+            assert signal and "?curve=" in signal[0]
+            n1.migrate()
+            moved = [a for a in c.resolve(n1.lid).addresses if a.startswith("pp+")]
+            assert moved and moved != signal and "?curve=" in moved[0]
+            assert n0.submit(2, [3], 6).result(timeout=30) == reference_tokens([3], 6, 2)
+        finally:
+            n0.close()
+            n1.close()
+            c.close()
+
+
 @pytest.mark.parametrize("bad,message", [
     (lambda t: {"hidden": np.zeros((len(t["tokens"]), 4), np.float64)}, "dtype float64"),
     (lambda t: [1, 2, 3], "not a dict|expected a dict"),

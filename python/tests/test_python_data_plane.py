@@ -45,6 +45,23 @@ def test_a_read_through_python_lands_in_the_callers_array(planes):
         reader.transfer_sync_read((("d", 1, 0, 0), owner.local_addresses), dst, addr)
 
 
+def test_the_seven_method_protocol_is_connex_pp_transports():
+    # What the reference's README documents: the TransferEngine protocol in connex/pp/transports.py.
+    from connex.pp.transports import TransferEngine
+
+    plane = TcpDataPlane()
+    try:
+        assert isinstance(plane, TransferEngine)
+        assert not isinstance(object(), TransferEngine)
+        methods = [m for m in vars(TransferEngine) if not m.startswith("_")]
+        assert sorted(methods) == sorted([
+            "register_memory", "unregister_memory", "transfer_sync_read",
+            "allocate_managed_buffer", "free_managed_buffer", "write_bytes_to_buffer",
+            "read_bytes_from_buffer"])
+    finally:
+        plane.close()
+
+
 def test_managed_buffers_and_copies_go_through_the_python_object(planes):
     plane, engine = planes(("d", 1, 0, 0))
     buf = engine.allocate_managed_buffer(64)
