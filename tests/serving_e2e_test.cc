@@ -143,7 +143,7 @@ class ServingE2eTest : public ::testing::Test {
     return held;
   }
 
-  void StartStage(int stage, int replica) {
+  void StartStage(int stage, int replica, std::vector<std::string> extra_env = {}) {
     std::vector<std::string> argv = {BinDir() + "/connex-stage",
                                      "--directory",
                                      bind_,
@@ -166,9 +166,11 @@ class ServingE2eTest : public ::testing::Test {
     }
     // Short step and probe timeouts, so that a killed stage is found within a second.
     // A short HTTP read timeout, so that the slow-client test sees its 408 soon.
-    auto p = Subprocess::Start(
-        argv, {"CONNEX_ENGINE_THREADS=1", "CONNEX_PP_STEP_TIMEOUT_MS=1000",
-               "CONNEX_PP_PROBE_TIMEOUT_MS=300", "CONNEX_HTTP_READ_TIMEOUT_MS=2000"});
+    std::vector<std::string> env = {"CONNEX_ENGINE_THREADS=1", "CONNEX_PP_STEP_TIMEOUT_MS=1000",
+                                    "CONNEX_PP_PROBE_TIMEOUT_MS=300",
+                                    "CONNEX_HTTP_READ_TIMEOUT_MS=2000"};
+    env.insert(env.end(), extra_env.begin(), extra_env.end());
+    auto p = Subprocess::Start(argv, env);
     ASSERT_TRUE(p.has_value());
     if (stage == 0) {
       auto line = p->WaitForLine("listening http=", 20000);
@@ -838,6 +840,82 @@ TEST_F(ServingE2eTest, ADrainedStageHandsOverItsWorkAndExitsZero) {
     StartStage(victim.first, victim.second);
     ASSERT_TRUE(WaitUntil([&] { return ProxyReplicas() == 2; }, 20000));
   }
+}
+
+// Issue 23: the only cap was 512 connections, and Submit held the HTTP threads behind a long
+// prefill so that /health and /metrics stalled. Stage 0 admits what fits its KV budget, queues a
+// bounded number more (they start as room frees, with exactly their tokens), answers 429 with
+// Retry-After past that, and /health answers throughout.
+TEST_F(ServingE2eTest, StageZeroAdmitsWhatFitsItsKvBudgetQueuesABoundedNumberAndRefusesTheRest) {
+  // 1 MiB of KV: two requests of 2,000 tokens on this model (256 bytes a token on a stage).
+  stages_.at({0, 0}).Signal(SIGKILL);
+  stages_.at({0, 0}).Wait(10000);
+  StartStage(0, 0, {"CONNEX_STAGE_KV_BUDGET_BYTES=1M", "CONNEX_STAGE_QUEUE_MAX=2"});
+  ASSERT_TRUE(WaitUntil([&] { return Get(0, "/health").first == 200; }, 20000));
+  constexpr int kMaxTokens = 2000;
+  struct Stream {
+    std::string prompt;
+    std::unique_ptr<TestConnection> c;
+    int status = 0;
+  };
+  std::vector<Stream> streams;
+  for (int i = 0; i < 6; ++i) {
+    Stream s{"admit " + std::to_string(i), std::make_unique<TestConnection>(http_port_.at(0), 60000)};
+    ASSERT_TRUE(s.c->Send("POST", "/v1/completions",
+                          R"({"model": "tiny", "prompt": ")" + s.prompt + R"(", "max_tokens": )" +
+                              std::to_string(kMaxTokens) + R"(, "stream": true})"));
+    ASSERT_TRUE(s.c->ReadHead());
+    s.status = static_cast<int>(s.c->parser().get().result_int());
+    streams.push_back(std::move(s));
+  }
+  // Two run, two wait (their streams are open), two are refused with Retry-After.
+  int refused = 0;
+  for (auto& s : streams) {
+    if (s.status != 429) continue;
+    ++refused;
+    EXPECT_EQ(s.c->parser().get()["Retry-After"], "1");
+    ASSERT_TRUE(s.c->ReadToEnd());
+    EXPECT_THAT(s.c->parser().get().body(), HasSubstr("rate_limit_exceeded"));
+  }
+  EXPECT_EQ(refused, 2);
+  EXPECT_EQ(streams[0].status, 200);
+  EXPECT_EQ(streams[3].status, 200);
+  ASSERT_TRUE(streams[0].c->ReadUntil("token_ids"));
+  ASSERT_TRUE(streams[1].c->ReadUntil("token_ids"));
+  // /health and /metrics answer at once while the budget is full.
+  for (int i = 0; i < 20; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(Get(0, "/health").first, 200);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+    if (i == 19) std::printf("/health under a full KV budget: %lld ms\n", static_cast<long long>(ms));
+  }
+  EXPECT_EQ(MetricSum(http_port_.at(0), "connex_requests_queued"), 2);
+  EXPECT_EQ(MetricSum(http_port_.at(0), "connex_requests_refused_total"), 2);
+  // The running two leave: the queued two start, with exactly their tokens.
+  streams[0].c->Close();
+  streams[1].c->Close();
+  for (int i : {2, 3}) {
+    ASSERT_TRUE(streams[i].c->ReadUntil("token_ids")) << streams[i].prompt;
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          std::string finish;
+          bool done = false;
+          if (!streams[i].c->ReadSome()) return true;  // ended: checked below
+          return StreamedTokens(streams[i].c->parser().get().body(), &finish, &done).size() >= 8;
+        },
+        20000));
+    std::string finish;
+    bool done = false;
+    std::vector<int32_t> tokens = StreamedTokens(streams[i].c->parser().get().body(), &finish, &done);
+    tokens.resize(8);
+    EXPECT_EQ(tokens, Reference(streams[i].prompt, 8)) << streams[i].prompt;
+    streams[i].c->Close();
+  }
+  EXPECT_TRUE(WaitUntil([&] { return MetricSum(http_port_.at(0), "connex_requests_running") == 0; },
+                        20000));
+  EXPECT_EQ(MetricSum(http_port_.at(0), "connex_stage_kv_budget_used_bytes"), 0);
 }
 
 // Every /metrics (stage 0, a later stage, the proxy) passes `promtool check metrics` (but for

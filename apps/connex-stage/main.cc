@@ -11,6 +11,7 @@
 
 #include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
+#include "connex/base/config.h"
 #include "connex/base/logging.h"
 #include "connex/base/signals.h"
 #include "connex/serving/listen_address.h"
@@ -67,11 +68,26 @@ int main(int argc, char** argv) {
       ->envname("CONNEX_DEFAULT_MAX_TOKENS")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
+  std::string kv_budget = "1G";
+  app.add_option("--kv-budget", kv_budget,
+                 "stage 0: KV cache (bytes, 4K/1M/1G) each stage may hold for the requests "
+                 "admitted here; past it requests wait in the queue, then get 429")
+      ->envname("CONNEX_STAGE_KV_BUDGET_BYTES")
+      ->check(connex::SizeRange(uint64_t{1} << 20, uint64_t{1} << 44))
+      ->capture_default_str();
+  int64_t queue_max = 64;
+  app.add_option("--queue-max", queue_max,
+                 "stage 0: requests that may wait for KV budget; past it a request gets 429")
+      ->envname("CONNEX_STAGE_QUEUE_MAX")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
   connex::AddLogLevelFlag(app);
   connex::AddInsecureFlag(app);
   if (std::optional<int> exit = connex::ParseFlags(app, argc, argv)) return *exit;
   connex::serving::OpenAiServerOptions api;
   api.default_max_tokens = default_max_tokens;
+  api.kv_budget_bytes = static_cast<int64_t>(*connex::ParseSize(kv_budget));
+  api.queue_max = queue_max;
   if (!http.empty()) {
     auto http_options = connex::serving::HttpServerOptions::FromEnv();
     if (!http_options.ok()) {

@@ -83,9 +83,11 @@ namespace {
 // Every member but the counters is used on the I/O thread only, unless stated.
 class BeastHttpServer final : public HttpServer {
  public:
-  BeastHttpServer(const HttpServerOptions& options, HttpHandler handler)
+  BeastHttpServer(const HttpServerOptions& options, HttpHandler handler,
+                  InlinePredicate run_inline)
       : options_(options),
         handler_(std::move(handler)),
+        run_inline_(std::move(run_inline)),
         io_(std::make_unique<net::io_context>()),
         core_(std::make_shared<internal::ServerCore>(io_.get())),
         pool_(static_cast<size_t>(std::max(1, options.handler_threads))),
@@ -193,6 +195,7 @@ class BeastHttpServer final : public HttpServer {
   internal::ConnectionContext Context() {
     return internal::ConnectionContext{options_,
                                        handler_,
+                                       run_inline_,
                                        core_,
                                        pool_,
                                        requests_,
@@ -275,6 +278,7 @@ class BeastHttpServer final : public HttpServer {
 
   const HttpServerOptions options_;
   const HttpHandler handler_;
+  const InlinePredicate run_inline_;
   std::unique_ptr<net::io_context> io_;
   std::shared_ptr<internal::ServerCore> core_;
   net::thread_pool pool_;
@@ -301,14 +305,16 @@ class BeastHttpServer final : public HttpServer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpServer(const HttpServerOptions& options,
-                                                            HttpHandler handler) {
+                                                            HttpHandler handler,
+                                                            InlinePredicate run_inline) {
   if (!handler) return absl::InvalidArgumentError("http: a handler is required");
   if (options.max_connections < 1 || options.handler_threads < 1 || options.read_timeout_ms < 1 ||
       options.write_timeout_ms < 1) {
     return absl::InvalidArgumentError(
         "http: max_connections, handler_threads and the timeouts must be positive");
   }
-  auto server = std::make_unique<BeastHttpServer>(options, std::move(handler));
+  auto server =
+      std::make_unique<BeastHttpServer>(options, std::move(handler), std::move(run_inline));
   CONNEX_RETURN_IF_ERROR(server->Bind());
   server->Run();
   return std::unique_ptr<HttpServer>(std::move(server));

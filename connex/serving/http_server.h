@@ -143,6 +143,10 @@ class HttpExchange {
 
 // Called on a handler thread for every request. It may answer at once or keep the exchange.
 using HttpHandler = std::function<void(std::shared_ptr<HttpExchange>)>;
+// Whether a request is handled on the server's I/O thread instead (its handler answers at once
+// and never blocks: /health and /metrics, which then answer in milliseconds however long the
+// handler threads are busy).
+using InlinePredicate = std::function<bool(const HttpRequest&)>;
 
 class HttpServer {
  public:
@@ -169,7 +173,8 @@ class HttpServer {
 // Binds options.host:options.port and starts serving. Unavailable when the address cannot be
 // bound (naming it), InvalidArgument for bad options.
 absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpServer(const HttpServerOptions& options,
-                                                            HttpHandler handler);
+                                                            HttpHandler handler,
+                                                            InlinePredicate run_inline = nullptr);
 
 }  // namespace connex::serving
 

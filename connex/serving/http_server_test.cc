@@ -10,6 +10,7 @@
 
 #include "connex/base/mutex.h"
 #include "connex/base/wait.h"
+#include "connex/serving/router.h"
 #include "connex/serving/testing/http_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -30,8 +31,10 @@ void Echo(std::shared_ptr<HttpExchange> exchange) {
   exchange->Respond(HttpResponse{200, "text/plain", r.method + " " + r.path + " " + r.body, {}});
 }
 
-std::unique_ptr<HttpServer> Start(HttpServerOptions options, HttpHandler handler) {
-  absl::StatusOr<std::unique_ptr<HttpServer>> server = StartHttpServer(options, std::move(handler));
+std::unique_ptr<HttpServer> Start(HttpServerOptions options, HttpHandler handler,
+                                  InlinePredicate run_inline = nullptr) {
+  absl::StatusOr<std::unique_ptr<HttpServer>> server =
+      StartHttpServer(options, std::move(handler), std::move(run_inline));
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? std::move(*server) : nullptr;
 }
@@ -499,6 +502,37 @@ TEST(HttpServerTest, RequestBodiesHeldAtOnceAreBounded) {
   r = b.Read();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->result_int(), 200u);
+}
+
+// Issue 23: Submit blocked the handler threads behind a long prefill, and /health and /metrics
+// waited behind them. Inline routes run on the I/O thread: they answer while every handler
+// thread is held.
+TEST(HttpServerTest, InlineRoutesAnswerWhileEveryHandlerThreadIsBusy) {
+  HttpServerOptions options;
+  options.handler_threads = 1;
+  std::atomic<bool> release{false};
+  Router router;
+  router.Add("POST", "/slow", [&](std::shared_ptr<HttpExchange> x) {
+    WaitUntil([&] { return release.load(); }, kDeadlineMs);  // holds the only handler thread
+    x->Respond(HttpResponse{200, "text/plain", "slow", {}});
+  });
+  router.AddInline("GET", "/health", [](std::shared_ptr<HttpExchange> x) {
+    x->Respond(HttpResponse{200, "text/plain", "ok", {}});
+  });
+  std::unique_ptr<HttpServer> server =
+      Start(options, router.AsHandler(), router.AsInlinePredicate());
+  TestConnection slow(server->port());
+  ASSERT_TRUE(slow.Send("POST", "/slow", "{}"));
+  ASSERT_TRUE(WaitUntil([&] { return server->stats().requests == 1; }, kDeadlineMs));
+  TestConnection health(server->port(), 2000);
+  ASSERT_TRUE(health.Send("GET", "/health"));
+  std::optional<Response> r = health.Read();
+  ASSERT_TRUE(r.has_value()) << "/health waited behind the busy handler thread";
+  EXPECT_EQ(r->body(), "ok");
+  release = true;
+  r = slow.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->body(), "slow");
 }
 
 TEST(HttpServerTest, TwoHundredConcurrentRequestsAreServed) {

@@ -83,20 +83,21 @@ absl::StatusOr<std::unique_ptr<StageMetricsServer>> StageMetricsServer::Listen(
     HttpServerOptions options) {
   std::unique_ptr<StageMetricsServer> s(new StageMetricsServer());
   StageMetricsServer* self = s.get();
-  s->router_.Add("GET", "/metrics", [self](std::shared_ptr<HttpExchange> x) {
+  s->router_.AddInline("GET", "/metrics", [self](std::shared_ptr<HttpExchange> x) {
     StageProcess* stage = self->stage_.load();
     HttpResponse r;
     r.content_type = std::string(kPrometheusContentType);
     if (stage != nullptr) r.body = RenderNodeStats(stage->node().stats());
     x->Respond(std::move(r));
   });
-  s->router_.Add("GET", "/health", [self](std::shared_ptr<HttpExchange> x) {
+  s->router_.AddInline("GET", "/health", [self](std::shared_ptr<HttpExchange> x) {
     StageProcess* stage = self->stage_.load();
     absl::Status ok =
         stage == nullptr ? absl::UnavailableError("the stage is starting") : stage->node().health();
     x->Respond(JsonResponse(ok.ok() ? 200 : 503, HealthResponse(ok.ok(), AsStd(ok.message()))));
   });
-  CONNEX_ASSIGN_OR_RETURN(s->http_, StartHttpServer(options, s->router_.AsHandler()));
+  CONNEX_ASSIGN_OR_RETURN(s->http_, StartHttpServer(options, s->router_.AsHandler(),
+                                                    s->router_.AsInlinePredicate()));
   return s;
 }
 

@@ -1,5 +1,6 @@
 #include "connex/serving/openai_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -53,6 +54,8 @@ struct OpenAiServer::Generation {
   std::deque<std::pair<int32_t, size_t>> unsent;  // tokens not in a chunk yet, with their bytes
   bool first_chunk = true;
   bool stopped_by_string = false;
+  pp::SubmitOptions submit;  // sampling; on_token is set when it starts
+  int64_t kv_cost = 0;       // its charge against the KV budget while admitted
   int64_t start_us = 0;
   int64_t last_token_us = 0;
 
@@ -70,10 +73,32 @@ struct OpenAiServer::Generation {
   std::vector<int32_t> TakeAllTokens() { return TakeTokens(SIZE_MAX); }
 };
 
+int64_t KvBytesPerToken(const engine::ModelConfig& config, uint32_t stages) {
+  const int64_t layers = (config.num_hidden_layers + stages - 1) / std::max<uint32_t>(stages, 1);
+  return 2 * config.kv_dim() * layers * static_cast<int64_t>(sizeof(float));
+}
+
 OpenAiServer::OpenAiServer(OpenAiServerOptions options)
     : options_(std::move(options)), created_(UnixSeconds()), requests_(metrics_) {
   std::random_device rd;
   next_id_.store((static_cast<uint64_t>(rd()) << 24) | 1);
+  kv_used_ = &metrics_
+                  .AddGauge("connex_stage_kv_budget_used_bytes",
+                            "KV cache of the requests admitted here, on the largest stage "
+                            "(CONNEX_STAGE_KV_BUDGET_BYTES bounds it)")
+                  .Get();
+  metrics_.AddGauge("connex_stage_kv_budget_bytes", "The KV budget of a stage (bytes)")
+      .Get()
+      .Set(static_cast<double>(options_.kv_budget_bytes));
+  queued_gauge_ = &metrics_
+                       .AddGauge("connex_requests_queued",
+                                 "Requests waiting for KV budget (CONNEX_STAGE_QUEUE_MAX bounds it)")
+                       .Get();
+  refused_ = &metrics_
+                  .AddCounter("connex_requests_refused_total",
+                              "Requests answered 429: no KV budget and the queue full")
+                  .Get();
+  admitter_ = std::thread([this] { AdmitQueued(); });
   failovers_ = &metrics_
                     .AddCounter("connex_failovers_total",
                                 "Steps of this owner's requests that moved to another replica")
@@ -108,20 +133,21 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Listen(OpenAiServerO
     std::vector<std::string> models = {stage->model_name()};
     x->Respond(JsonResponse(200, ModelsResponse(models, self->created_)));
   });
-  s->router_.Add("GET", "/health", [self](std::shared_ptr<HttpExchange> x) {
+  s->router_.AddInline("GET", "/health", [self](std::shared_ptr<HttpExchange> x) {
     StageProcess* stage = self->stage();
     absl::Status ready =
         stage == nullptr ? absl::UnavailableError("the stage is starting") : stage->ChainReady();
     x->Respond(
         JsonResponse(ready.ok() ? 200 : 503, HealthResponse(ready.ok(), AsStd(ready.message()))));
   });
-  s->router_.Add("GET", "/metrics", [self](std::shared_ptr<HttpExchange> x) {
+  s->router_.AddInline("GET", "/metrics", [self](std::shared_ptr<HttpExchange> x) {
     HttpResponse r;
     r.content_type = std::string(kPrometheusContentType);
     r.body = self->RenderMetrics();
     x->Respond(std::move(r));
   });
-  CONNEX_ASSIGN_OR_RETURN(s->http_, StartHttpServer(options.http, s->router_.AsHandler()));
+  CONNEX_ASSIGN_OR_RETURN(s->http_, StartHttpServer(options.http, s->router_.AsHandler(),
+                                                    s->router_.AsInlinePredicate()));
   return s;
 }
 
@@ -148,7 +174,46 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(StageProcess& 
 OpenAiServer::~OpenAiServer() { Stop(); }
 
 void OpenAiServer::Stop() {
-  if (http_) http_->Stop();
+  if (http_) http_->Stop();  // cancels what is still queued: those exchanges are gone
+  {
+    MutexLock lock(&admission_mu_);
+    stopping_ = true;
+  }
+  if (admitter_.joinable()) admitter_.join();
+}
+
+void OpenAiServer::ReleaseBudget(int64_t bytes) {
+  MutexLock lock(&admission_mu_);
+  kv_in_use_ -= bytes;
+  kv_used_->Set(static_cast<double>(kv_in_use_));
+}
+
+void OpenAiServer::AdmitQueued() {
+  while (true) {
+    std::shared_ptr<Generation> g;
+    {
+      MutexLock lock(&admission_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_) {
+        return stopping_ || (!queue_.empty() &&
+                             kv_in_use_ + queue_.front()->kv_cost <= options_.kv_budget_bytes);
+      };
+      admission_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100));
+      if (stopping_) return;
+      if (!ready()) continue;
+      g = std::move(queue_.front());
+      queue_.pop_front();
+      queued_gauge_->Set(static_cast<double>(queue_.size()));
+      kv_in_use_ += g->kv_cost;
+      kv_used_->Set(static_cast<double>(kv_in_use_));
+    }
+    StageProcess* stage = this->stage();
+    if (g->exchange->cancelled() || stage == nullptr) {  // its client left while it waited
+      ReleaseBudget(g->kv_cost);
+      requests_.Ended(/*got_token=*/false);
+      continue;
+    }
+    StartGeneration(*stage, g);
+  }
 }
 
 std::string OpenAiServer::RenderMetrics() {
@@ -244,12 +309,84 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
       ResponseHeader{endpoint, MakeResponseId(endpoint, g->id), UnixSeconds(), stage.model_name()};
   g->stop.emplace(req.stop);
   g->start_us = arrived_us;
+  g->submit = std::move(submit);
+  // Admission: the request's whole context of KV on the largest stage, now or after a wait in a
+  // bounded queue; past both, a 429 the client (or connex-proxy, on another replica) retries.
+  g->kv_cost = (static_cast<int64_t>(g->prompt.size()) + req.max_tokens) *
+               KvBytesPerToken(config, stage.stages());
+  if (g->kv_cost > options_.kv_budget_bytes) {
+    exchange->Respond(ErrorResponse(InvalidRequest(
+        "max_tokens", "context_length_exceeded",
+        StrCat("the prompt and max_tokens need ", g->kv_cost,
+               " bytes of KV cache per stage, more than a stage's budget of ",
+               options_.kv_budget_bytes, " (CONNEX_STAGE_KV_BUDGET_BYTES)"))));
+    return;
+  }
+  bool admitted = false;
+  {
+    MutexLock lock(&admission_mu_);
+    if (queue_.empty() && queue_reserved_ == 0 &&
+        kv_in_use_ + g->kv_cost <= options_.kv_budget_bytes) {
+      admitted = true;
+      kv_in_use_ += g->kv_cost;
+      kv_used_->Set(static_cast<double>(kv_in_use_));
+    } else if (static_cast<int64_t>(queue_.size()) + queue_reserved_ < options_.queue_max) {
+      ++queue_reserved_;
+    } else {
+      refused_->Increment();
+      HttpResponse busy = ErrorResponse(WithApiDetails(
+          absl::ResourceExhaustedError(
+              StrCat("stage 0 of ", stage.model_name(), " is at its KV budget (",
+                     options_.kv_budget_bytes, " bytes) with ", queue_.size(),
+                     " requests waiting; retry later or on another replica")),
+          "", "rate_limit_exceeded"));
+      busy.headers.emplace_back("Retry-After", "1");
+      exchange->Respond(std::move(busy));
+      return;
+    }
+  }
+  requests_.Accepted();
   if (req.stream) {
     g->chunks.emplace(g->header, req.include_usage);
-    if (!exchange->StartStream()) return;  // the client is gone already
+    if (!exchange->StartStream()) {  // the client is gone already
+      requests_.Ended(/*got_token=*/false);
+      MutexLock lock(&admission_mu_);
+      if (admitted) {
+        kv_in_use_ -= g->kv_cost;
+        kv_used_->Set(static_cast<double>(kv_in_use_));
+      } else {
+        --queue_reserved_;
+      }
+      return;
+    }
   }
+  if (admitted) return StartGeneration(stage, g);
+  std::weak_ptr<Generation> weak = g;
+  {
+    MutexLock lock(&admission_mu_);
+    --queue_reserved_;
+    queue_.push_back(g);
+    queued_gauge_->Set(static_cast<double>(queue_.size()));
+  }
+  // A client that leaves while its request waits takes it out of the queue.
+  exchange->OnCancel([this, weak] {
+    std::shared_ptr<Generation> gone = weak.lock();
+    if (gone == nullptr) return;
+    MutexLock lock(&admission_mu_);
+    auto it = std::find(queue_.begin(), queue_.end(), gone);
+    if (it == queue_.end()) return;  // started meanwhile: its own OnCancel cancels it
+    queue_.erase(it);
+    queued_gauge_->Set(static_cast<double>(queue_.size()));
+    requests_.Ended(/*got_token=*/false);
+  });
+}
+
+void OpenAiServer::StartGeneration(StageProcess& stage, const std::shared_ptr<Generation>& g) {
+  const CompletionRequest& req = g->request;
+  const Endpoint endpoint = req.endpoint;
+  HttpExchange* exchange = g->exchange.get();
+  pp::SubmitOptions submit = g->submit;
   submit.on_token = [this, g](uint64_t, int32_t token) { OnToken(g, token); };
-  requests_.Accepted();
   requests_.prompt_tokens.Increment(static_cast<double>(g->prompt.size()));
   const uint64_t id = g->id;
   absl::Status submitted = stage.node().Submit(
@@ -260,13 +397,14 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
       std::move(submit));
   submitted = ServerSide(submitted);
   if (!submitted.ok()) {
+    ReleaseBudget(g->kv_cost);
     requests_.Ended(/*got_token=*/false);
     LogAccess({{"id", g->header.id},
                {"endpoint", EndpointPath(endpoint)},
                {"status", HttpStatusOf(submitted)},
                {"prompt_tokens", static_cast<int64_t>(g->prompt.size())},
                {"completion_tokens", int64_t{0}},
-               {"latency_s", static_cast<double>(NowUs() - arrived_us) / 1e6},
+               {"latency_s", static_cast<double>(NowUs() - g->start_us) / 1e6},
                {"error", AsStd(submitted.message())}});
     if (req.stream) {
       exchange->Send(ChunkBuilder::ErrorEvent(submitted));
@@ -312,6 +450,7 @@ void OpenAiServer::OnToken(const std::shared_ptr<Generation>& g, int32_t token) 
 
 void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
                           absl::StatusOr<std::vector<int32_t>> result) {
+  ReleaseBudget(g->kv_cost);
   requests_.Ended(/*got_token=*/!g->tokens.empty());
   const int64_t latency_us = NowUs() - g->start_us;
   requests_.e2e.Observe(static_cast<double>(latency_us) / 1e6);

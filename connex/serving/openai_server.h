@@ -10,10 +10,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
+#include "connex/base/mutex.h"
+#include "connex/engine/model_config.h"
 #include "connex/serving/http_server.h"
 #include "connex/serving/metrics.h"
 #include "connex/serving/openai_api.h"
@@ -25,7 +29,17 @@ namespace connex::serving {
 struct OpenAiServerOptions {
   HttpServerOptions http;
   int64_t default_max_tokens = 16;  // CONNEX_DEFAULT_MAX_TOKENS: `max_tokens` when none is given
+  // Admission: the KV cache each stage may hold for the requests admitted here, in bytes (a
+  // request costs (prompt + max_tokens) x the KV bytes per token of the pipeline's largest stage,
+  // its whole context, from admission to its end), and how many requests past it wait for room.
+  // Past both a request is answered 429 with Retry-After (connex-proxy tries another replica).
+  int64_t kv_budget_bytes = int64_t{1} << 30;  // CONNEX_STAGE_KV_BUDGET_BYTES
+  int64_t queue_max = 64;                      // CONNEX_STAGE_QUEUE_MAX
 };
+
+// The KV bytes one token costs on the pipeline's largest stage (its share of the layers, K and V
+// in f32): what admission charges each position of a request.
+int64_t KvBytesPerToken(const engine::ModelConfig& config, uint32_t stages);
 
 class OpenAiServer {
  public:
@@ -49,6 +63,12 @@ class OpenAiServer {
  private:
   struct Generation;
   explicit OpenAiServer(OpenAiServerOptions options);
+  // Submits an admitted generation to the node (any thread but the node's).
+  void StartGeneration(StageProcess& stage, const std::shared_ptr<Generation>& g);
+  // Returns a finished generation's KV charge; queued ones may start now.
+  void ReleaseBudget(int64_t bytes);
+  // The admission thread: starts queued generations as the budget frees.
+  void AdmitQueued();
   StageProcess* stage() const { return stage_.load(); }
   void Complete(StageProcess& stage, Endpoint endpoint, std::shared_ptr<HttpExchange> exchange);
   void OnToken(const std::shared_ptr<Generation>& g, int32_t token);
@@ -64,6 +84,17 @@ class OpenAiServer {
 
   MetricsRegistry metrics_;
   RequestMetrics requests_;
+  Gauge* kv_used_ = nullptr;
+  Gauge* queued_gauge_ = nullptr;
+  Counter* refused_ = nullptr;
+
+  // Admission (KV budget and queue).
+  Mutex admission_mu_;
+  int64_t kv_in_use_ ABSL_GUARDED_BY(admission_mu_) = 0;
+  int64_t queue_reserved_ ABSL_GUARDED_BY(admission_mu_) = 0;  // admitted to the queue, not in yet
+  std::deque<std::shared_ptr<Generation>> queue_ ABSL_GUARDED_BY(admission_mu_);
+  bool stopping_ ABSL_GUARDED_BY(admission_mu_) = false;
+  std::thread admitter_;
   Counter* failovers_ = nullptr;  // the node's counters, brought up to date at each scrape
   Counter* reprefills_ = nullptr;
   Mutex scrape_mu_;

@@ -270,7 +270,7 @@ class ResumeProxy::Impl {
       std::vector<std::string> models = {options_.model};
       x->Respond(JsonResponse(200, ModelsResponse(models, created_)));
     });
-    router_.Add("GET", "/health", [this](std::shared_ptr<HttpExchange> x) {
+    router_.AddInline("GET", "/health", [this](std::shared_ptr<HttpExchange> x) {
       std::string problem;
       {
         MutexLock lock(&mu_);
@@ -284,7 +284,7 @@ class ResumeProxy::Impl {
       const bool ok = problem.empty();
       x->Respond(JsonResponse(ok ? 200 : 503, HealthResponse(ok, problem)));
     });
-    router_.Add("GET", "/metrics", [this](std::shared_ptr<HttpExchange> x) {
+    router_.AddInline("GET", "/metrics", [this](std::shared_ptr<HttpExchange> x) {
       HttpResponse r;
       r.content_type = std::string(kPrometheusContentType);
       r.body = metrics_.Render();
@@ -292,7 +292,7 @@ class ResumeProxy::Impl {
     });
     io_thread_ = std::thread([this] { io_.run(); });
     absl::StatusOr<std::unique_ptr<HttpServer>> http =
-        StartHttpServer(options_.http, router_.AsHandler());
+        StartHttpServer(options_.http, router_.AsHandler(), router_.AsInlinePredicate());
     if (!http.ok()) {
       StopIo();
       return http.status();

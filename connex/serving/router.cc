@@ -6,7 +6,17 @@
 namespace connex::serving {
 
 void Router::Add(std::string method, std::string path, HttpHandler handler) {
+  inline_.erase({method, path});
   routes_[std::move(path)][std::move(method)] = std::move(handler);
+}
+
+void Router::AddInline(std::string method, std::string path, HttpHandler handler) {
+  inline_.insert({method, path});
+  routes_[std::move(path)][std::move(method)] = std::move(handler);
+}
+
+bool Router::IsInline(const HttpRequest& request) const {
+  return inline_.count({request.method, request.path}) > 0;
 }
 
 void Router::Handle(std::shared_ptr<HttpExchange> exchange) const {

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -20,6 +21,11 @@ class Router {
   // Adds `handler` for `method` (e.g. "GET") on `path` (e.g. "/v1/models"), replacing an earlier
   // one for the same pair.
   void Add(std::string method, std::string path, HttpHandler handler);
+  // The same for a handler that answers at once and never blocks: the server runs it on its I/O
+  // thread (InlinePredicate), so that it answers however busy the handler threads are.
+  void AddInline(std::string method, std::string path, HttpHandler handler);
+  // Whether `request` goes to an AddInline handler.
+  bool IsInline(const HttpRequest& request) const;
 
   void Handle(std::shared_ptr<HttpExchange> exchange) const;
 
@@ -27,9 +33,14 @@ class Router {
   HttpHandler AsHandler() const {
     return [this](std::shared_ptr<HttpExchange> exchange) { Handle(std::move(exchange)); };
   }
+  // IsInline as the server's InlinePredicate; this router must outlive the server.
+  InlinePredicate AsInlinePredicate() const {
+    return [this](const HttpRequest& request) { return IsInline(request); };
+  }
 
  private:
   std::map<std::string, std::map<std::string, HttpHandler>> routes_;  // path -> method -> handler
+  std::set<std::pair<std::string, std::string>> inline_;              // (method, path)
 };
 
 // A JSON response with `status`.

@@ -59,6 +59,7 @@ class StageProcess {
   const engine::ModelConfig& config() const { return engine_->config(); }
   const Lid& lid() const { return node_->lid(); }
   const std::string& model_name() const { return options_.model_name; }
+  uint32_t stages() const { return options_.stages; }
   // Whether every stage of this replica's pipeline has a live replica in the directory now (the
   // chain can serve), with what is missing when it cannot.
   absl::Status ChainReady() const;

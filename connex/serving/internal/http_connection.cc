@@ -370,7 +370,7 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
                                                weak_from_this(), std::move(request),
                                                server_.options.max_pending_write_bytes, charge);
     Monitor();
-    net::post(server_.pool, [handler = &server_.handler, exchange = exchange_] {
+    auto run = [handler = &server_.handler, exchange = exchange_] {
       try {
         (*handler)(exchange);
       } catch (const std::exception& e) {
@@ -381,7 +381,10 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
                                        ErrorEnvelope(500, "internal error", "", "internal_error"),
                                        {}});
       }
-    });
+    };
+    // Cheap, non-blocking handlers (health, metrics) run here: never behind busy handler threads.
+    if (server_.run_inline && server_.run_inline(exchange_->request())) return run();
+    net::post(server_.pool, std::move(run));
   }
 
   // While the handler works, a read notices a client that closes the connection. Bytes that a

@@ -63,6 +63,7 @@ class ConnectionHandle;
 struct ConnectionContext {
   const HttpServerOptions& options;
   const HttpHandler& handler;
+  const InlinePredicate& run_inline;  // may be empty
   std::shared_ptr<ServerCore> core;
   boost::asio::thread_pool& pool;  // runs the handler
   std::atomic<int64_t>& requests;  // counts requests handed to the handler

@@ -69,6 +69,12 @@ class TestConnection {
     }
     return true;
   }
+  // Reads whatever comes next of a streamed body (at least one byte); false when it ended or broke.
+  bool ReadSome() {
+    if (parser_.is_done()) return false;
+    return !Bounded(
+        [&](auto done) { http::async_read_some(socket_, buffer_, parser_, std::move(done)); });
+  }
   // Reads the rest of a streamed response.
   bool ReadToEnd() {
     return !Bounded(
