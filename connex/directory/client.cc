@@ -816,16 +816,24 @@ class ZmqClientBackend final : public internal::ClientBackend {
 
   // A fresh snapshot of scope `name` ("" = every model).
   void RequestSnapshot(const std::string& name) {
+    uint64_t request = 0;
     {
       connex::MutexLock lock(&mu_);
       auto it = scopes_.find(name);
       if (it == scopes_.end() || it->second.in_flight) return;
       it->second.in_flight = true;
       it->second.want_snapshot = false;
+      request = ++it->second.request;
+      it->second.requested_under = tick_incarnation_;
     }
     wire::MapBuilder body;
     if (!name.empty()) body.Str("model", name);
-    Send(kSnapshot, body, [this, name](absl::StatusOr<wire::Frame> reply) {
+    Send(kSnapshot, body, [this, name, request](absl::StatusOr<wire::Frame> reply) {
+      {
+        connex::MutexLock lock(&mu_);
+        auto it = scopes_.find(name);
+        if (it == scopes_.end() || it->second.request != request) return;  // abandoned
+      }
       absl::StatusOr<Snapshot> snapshot =
           reply.ok() ? DecodeSnapshot(reply->body) : absl::StatusOr<Snapshot>(reply.status());
       if (!snapshot.ok()) {
@@ -951,7 +959,20 @@ class ZmqClientBackend final : public internal::ClientBackend {
     std::vector<std::string> stale;
     {
       connex::MutexLock lock(&mu_);
+      tick_incarnation_ = incarnation;
       for (auto& [name, sc] : scopes_) {
+        // A snapshot asked of an earlier incarnation of the directory may never be answered (the
+        // request died with it): abandoned for one asked of this one, at once rather than after
+        // the request timeout, during which the watcher would be blind (campaign seed 33).
+        if (sc.in_flight && sc.requested_under != 0 && sc.requested_under != incarnation) {
+          CONNEX_LOG_DEBUG("directory client: the directory restarted while the snapshot of '{}' "
+                           "was asked; asking again",
+                           name);
+          sc.in_flight = false;
+          ++sc.request;
+          stale.push_back(name);
+          continue;
+        }
         uint64_t seen = 0;
         if (model->empty()) {
           if (name.empty()) sc.live = true;
@@ -1098,6 +1119,8 @@ class ZmqClientBackend final : public internal::ClientBackend {
     int failures = 0;          // snapshots refused or lost in a row
     int64_t retry_at_ms = 0;   // after a failure: no new request before (backoff)
     uint64_t incarnation = 0;  // of the directory its snapshot came from
+    uint64_t request = 0;          // the snapshot request in flight (a later one abandons it)
+    uint64_t requested_under = 0;  // the directory incarnation of the last tick when it was asked
     uint64_t revision = 0;     // "": the directory's revision; else the model's latest event
     std::vector<std::pair<Event, uint64_t>> buffered;  // (event, its incarnation), to apply
   };
@@ -1105,6 +1128,7 @@ class ZmqClientBackend final : public internal::ClientBackend {
   std::vector<std::string> to_subscribe_ ABSL_GUARDED_BY(mu_);  // topics for the loop thread
   std::map<Lid, Record> view_ ABSL_GUARDED_BY(mu_);
   uint64_t resnapshots_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t tick_incarnation_ ABSL_GUARDED_BY(mu_) = 0;  // the directory's, from its last tick
 };
 
 }  // namespace

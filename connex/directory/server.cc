@@ -214,6 +214,10 @@ class DirectoryServer::Loop {
       if (!id.ok()) {
         server_->requests_rejected_.fetch_add(1);
         reply = EncodeError(0, Annotate(id.status(), "directory: malformed request"));
+      } else if (frame->type == kSnapshot && server_->drop_snapshots_.load() > 0) {
+        server_->drop_snapshots_.fetch_sub(1);
+        server_->snapshots_dropped_.fetch_add(1);
+        return;
       } else if (frame->type == kSnapshot) {
         // Checked now, served after this turn's cheap requests (ServeSnapshots).
         absl::StatusOr<PendingSnapshot> pending = ParseSnapshot(frame->body);

@@ -73,6 +73,10 @@ class DirectoryServer {
   // The next `n` events are assigned revisions but not published, as if a subscriber missed
   // them. For gap-recovery tests.
   void DropEventsForTest(int n) { drop_events_.fetch_add(n); }
+  // The next `n` SNAPSHOT requests go unanswered, as if lost with a directory that died; how many
+  // were. For tests of a watcher's recovery.
+  void DropSnapshotsForTest(int n) { drop_snapshots_.fetch_add(n); }
+  int snapshots_dropped_for_test() const { return snapshots_dropped_.load(); }
 
   // Requests served and malformed requests seen so far.
   uint64_t requests_served() const { return requests_served_.load(); }
@@ -96,6 +100,8 @@ class DirectoryServer {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<int> drop_events_{0};
+  std::atomic<int> drop_snapshots_{0};
+  std::atomic<int> snapshots_dropped_{0};
   std::atomic<uint64_t> requests_served_{0};
   std::atomic<uint64_t> requests_rejected_{0};
   std::atomic<uint64_t> snapshots_refused_{0};

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 
 #include "connex/base/mutex.h"
@@ -441,6 +443,49 @@ TEST_F(DirectoryTest, RestartWithAStateDirIsInvisible) {
   std::vector<Record> view = watcher->View("demo", 1);
   ASSERT_EQ(view.size(), 2u);
   EXPECT_EQ(view[0].epoch, *epoch);
+  server_.reset();
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 23 (seed 33 of the step-protocol campaign): a SNAPSHOT lost across a directory restart
+// left a watcher blind for its request timeout. A tick of a new directory incarnation abandons a
+// snapshot asked of the old one and asks again at once.
+TEST_F(DirectoryTest, ASnapshotLostAcrossARestartIsAskedAgainAtOnce) {
+  std::string dir = ::testing::TempDir() + "/server-test-lost-snapshot-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  DirectoryServerOptions options;
+  options.state_dir = dir;
+  StartServer(options);
+  EventLog log;
+  DirectoryClientOptions wo;
+  wo.directory = bind_;
+  wo.request_timeout_ms = 30'000;  // the blind spot it used to cost
+  auto watcher = *DirectoryClient::Connect(wo);
+  watcher->Subscribe([&log](const Event& e) { log.Add(e); });
+  ASSERT_TRUE(watcher->Watch("demo").ok());
+  auto holder = Client();
+  // The watcher misses an event, asks for a snapshot, and the directory loses the request ...
+  server_->DropSnapshotsForTest(1);
+  watcher->DropEventsForTest(1);
+  ASSERT_TRUE(holder->Join(a_, {"tcp://127.0.0.1:1"}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return server_->snapshots_dropped_for_test() == 1; }, 5000));
+  // ... then dies and comes back (another incarnation, the same table).
+  const auto restarted = std::chrono::steady_clock::now();
+  server_.reset();
+  StartServer(options);
+  auto marker = Client();
+  ASSERT_TRUE(marker->Join(b_, {"tcp://127.0.0.1:2"}).ok());
+  EXPECT_TRUE(watcher->AwaitView(
+      "demo", [](const std::vector<Record>& v) { return v.size() == 2; }, 10'000))
+      << "the watcher waited for the lost snapshot's timeout";
+  std::printf("the watcher saw both LIDs %lld ms after the restart\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::steady_clock::now() - restarted)
+                                         .count()));
+  // Subscribers hear of both (the missed JOIN as a difference of the fresh snapshot).
+  EXPECT_TRUE(WaitUntil(
+      [&] { return log.Has(EventKind::kJoined, a_) && log.Has(EventKind::kJoined, b_); }, 5000));
+  watcher.reset();
   server_.reset();
   std::filesystem::remove_all(dir);
 }

@@ -953,6 +953,8 @@ class StageNode::Impl {
         CONNEX_LOG_INFO("pp {}: {} suspected ({})", lid_.ToString(), lid.ToString(), c.reason);
         break;  // only a suspicion: the step timeout and the probe decide
       case elastic::PeerChange::Kind::kJoined:
+        if (owner) receiver_->OwnerJoined(lid, c.record.epoch);
+        break;
       case elastic::PeerChange::Kind::kMigrated:
         // A migrated hop keeps its state: steps fenced at the old epoch come back as
         // HOP_FAILED and are re-sent along the refreshed route.

@@ -76,6 +76,12 @@ class StepReceiver {
   // The owner incarnation (lid, epoch) FAILED: its requests' state goes now, its late steps are
   // refused. LEFT: it drains and releases what it finishes; what is left goes after `grace_ms`.
   void OwnerFailed(const Lid& lid, uint64_t epoch) { DropOwner(lid, epoch, "FAILED"); }
+  // The owner LID JOINED under `epoch`: a new process holds it, so every incarnation before it is
+  // gone, whether or not its FAILED reached this stage (a catch-up after a directory restart
+  // reports only the epoch it had seen; campaign seed 33).
+  void OwnerJoined(const Lid& lid, uint64_t epoch) {
+    if (epoch > 1) DropOwner(lid, epoch - 1, "superseded by a JOIN");
+  }
   void OwnerLeft(const Lid& lid, uint64_t epoch, int64_t drop_at_ms);
   // Drops the state of owners that left once their grace ran out.
   void Tick(int64_t now_ms);

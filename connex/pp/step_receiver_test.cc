@@ -165,6 +165,23 @@ TEST_F(StepReceiverTest, AnOwnersFailureDropsTheStateItLeftUnderEarlierEpochs) {
   EXPECT_THAT(Sent<AckSignal>().back().message, HasSubstr("is gone"));
 }
 
+// Issue 23 (seed 33, the cause): a watcher's catch-up after a lost snapshot reported only the
+// epoch it had seen as FAILED (1); the owner's intermediate incarnation (2) had left state here,
+// which that FAILED keeps (it is later). The owner's JOINED under epoch 3 drops every earlier one.
+TEST_F(StepReceiverTest, AnOwnersJoinDropsTheStateOfEveryEarlierIncarnation) {
+  receiver_->OnStep(Step(10, 1, 5, 0, 3, /*owner_epoch=*/1));
+  receiver_->OnStep(Step(11, 1, 6, 0, 2, /*owner_epoch=*/2));
+  ASSERT_EQ(engine_.held_requests(), 2u);
+  receiver_->OwnerFailed(owner_lid_, 1);  // all the catch-up said: the owner was last seen at 2
+  EXPECT_EQ(engine_.held_requests(), 2u);
+  receiver_->OwnerJoined(owner_lid_, 3);
+  EXPECT_EQ(engine_.held_requests(), 0u);
+  EXPECT_EQ(receiver_->held_requests(), 0u);
+  // The new incarnation's steps run.
+  receiver_->OnStep(Step(12, 1, 7, 0, 1, /*owner_epoch=*/3));
+  EXPECT_EQ(engine_.held_requests(), 1u);
+}
+
 TEST_F(StepReceiverTest, AnOwnersFailureKeepsTheStateOfALaterIncarnation) {
   receiver_->OnStep(Step(10, 1, 5, 0, 3, /*owner_epoch=*/4));
   receiver_->OwnerFailed(owner_lid_, 3);  // a late FAILED of an earlier epoch
