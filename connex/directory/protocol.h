@@ -58,8 +58,10 @@ inline constexpr int64_t kMaxUnreadBytes = 256 << 20;
 // time budget, so that no flood of them delays a heartbeat); more are refused (Unavailable).
 inline constexpr size_t kMaxPendingSnapshots = 16384;
 
-// Largest request the server accepts (ZMQ_MAXMSGSIZE on its ROUTER socket).
+// Largest request the server accepts (ZMQ_MAXMSGSIZE on its ROUTER socket): the smaller of this
+// and the largest valid JOIN, a record of max_record_bytes plus kRequestEnvelopeBytes.
 inline constexpr int64_t kMaxRequestBytes = 1 << 20;
+inline constexpr int64_t kRequestEnvelopeBytes = 16 << 10;  // token, credential, names, ids
 // Limits on fields of a record.
 inline constexpr size_t kMaxAddresses = 16;
 inline constexpr size_t kMaxAddressLength = 512;
