@@ -83,6 +83,21 @@ TEST(ChaosTest, KillOfEveryStageKeepsEveryTokenExact) {
   EXPECT_GT(run.record["totals"]["fault_to_next_token_ms"]["n"].get<int64_t>(), 0);
 }
 
+// Issue 23: the drain campaign. `connexctl drain` of every stage, stage 0 included (through the
+// proxy): every completion exact, nothing failed, and each drained process exits 0 by itself.
+TEST(ChaosTest, DrainOfEveryStageExitsZeroAndKeepsEveryTokenExact) {
+  ChaosRun run = Chaos(With({"failover", "--runs", "4", "--fault", "drain", "--batch", "4"}));
+  ExpectCorrect(run);
+  ASSERT_EQ(run.record["runs"].size(), 4u) << run.output;
+  std::set<int> stages;
+  for (const auto& r : run.record["runs"]) {
+    stages.insert(r["stage"].get<int>());
+    EXPECT_EQ(r["exit_code"], 0) << r.dump();
+  }
+  EXPECT_EQ(stages, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(run.record["totals"]["goodput"].get<double>(), 1.0) << run.output;
+}
+
 // A hung stage (SIGSTOP) is suspected, probed and replaced; once it runs again (SIGCONT) it must
 // not execute a single step under the epoch it lost.
 TEST(ChaosTest, StoppedStageIsReplacedAndFencedWhenItComesBack) {

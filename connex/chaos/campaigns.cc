@@ -283,7 +283,9 @@ absl::StatusOr<Fault> ParseFault(const std::string& name) {
   if (name == "kill") return Fault::kKill;
   if (name == "stop") return Fault::kStop;
   if (name == "partition") return Fault::kPartition;
-  return absl::InvalidArgumentError("--fault " + name + ": expected kill, stop or partition");
+  if (name == "drain") return Fault::kDrain;
+  return absl::InvalidArgumentError("--fault " + name +
+                                    ": expected kill, stop, partition or drain");
 }
 
 std::string FaultName(Fault fault) {
@@ -294,6 +296,8 @@ std::string FaultName(Fault fault) {
       return "stop";
     case Fault::kPartition:
       return "partition";
+    case Fault::kDrain:
+      return "drain";
   }
   return "?";
 }
@@ -368,9 +372,24 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
       case Fault::kPartition:
         injected = c->Partition(stage, replica);
         break;
+      case Fault::kDrain: {
+        // connexctl drain: the stage finishes or hands over what it has and exits 0 by itself.
+        absl::StatusOr<int> code = c->Drain(stage, replica);
+        if (!code.ok()) {
+          problems.push_back(StrCat("run ", run, ": ", code.status().message()));
+        } else {
+          r["exit_code"] = *code;
+          r["exited_ms"] = Ms(MonotonicNowNs() - t_fault);
+          if (*code != 0) {
+            problems.push_back(StrCat("run ", run, ": the drained stage ", stage, "/r", replica,
+                                      " exited ", *code));
+          }
+        }
+        break;
+      }
     }
     if (!injected.ok()) return injected;
-    if (f.fault != Fault::kKill) {
+    if (f.fault != Fault::kKill && f.fault != Fault::kDrain) {
       // Hung or cut off until the others have replaced it, then back.
       const bool replaced =
           WaitUntil([&] { return c->DirectoryEpoch(stage, replica) != epoch; }, 60'000, 5);
@@ -403,7 +422,7 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
     r["fault_to_next_token_ms"] = Dist(next_token);
     r["fault_to_next_token_values_ms"] = next_token;
     // Back to full strength for the next run.
-    if (f.fault == Fault::kKill) {
+    if (f.fault == Fault::kKill || f.fault == Fault::kDrain) {
       if (absl::Status s = c->Restart(stage, replica); !s.ok()) return s;
     } else {
       const bool rejoined = WaitUntil(
@@ -436,7 +455,9 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
     if (absl::Status s = c->WaitAllHealthy(60'000); !s.ok()) return s;
     double reprefills_after = 0;
     for (uint32_t rr = 0; rr < o.replicas; ++rr) {
-      if (stage == 0 && rr == replica && f.fault == Fault::kKill) continue;
+      if (stage == 0 && rr == replica && (f.fault == Fault::kKill || f.fault == Fault::kDrain)) {
+        continue;
+      }
       if (auto m = c->Metrics(0, rr); m.ok())
         reprefills_after += (*m)["connex_stage_reprefills_total"];
     }
@@ -470,12 +491,14 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
     runs[i]["mismatched_tokens"] = mismatched;
   }
   json totals = Totals(all);
+  totals["goodput"] = all.empty() ? 0.0
+                                  : totals["correct"].get<double>() / static_cast<double>(all.size());
   totals["fault_to_next_token_ms"] = Dist(next_token_all);
   totals["worst_fault_to_next_token_ms"] = Dist(next_token_worst);
   double reprefills = 0;
   for (const auto& r : runs) reprefills += r["reprefills"].get<double>();
   totals["reprefills"] = reprefills;
-  if (f.fault != Fault::kKill) {
+  if (f.fault == Fault::kStop || f.fault == Fault::kPartition) {
     totals["fence_checks"] = fence_checked;
     totals["steps_executed_by_fenced_processes"] = fence_violations;
   }

@@ -33,8 +33,8 @@ struct CommonOptions {
   std::string model_name = "tiny";
 };
 
-enum class Fault { kKill, kStop, kPartition };
-absl::StatusOr<Fault> ParseFault(const std::string& name);  // kill, stop, partition
+enum class Fault { kKill, kStop, kPartition, kDrain };
+absl::StatusOr<Fault> ParseFault(const std::string& name);  // kill, stop, partition, drain
 std::string FaultName(Fault fault);
 
 struct FailoverOptions {

@@ -12,6 +12,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/base/wait.h"
+#include "connex/directory/secret.h"
 
 namespace connex::chaos {
 namespace {
@@ -216,6 +217,9 @@ absl::Status Cluster::StartAll() {
     so.stderr_path = o.work_dir + "/directory.log";
     // The bridge's addresses are not loopback ones: a test network of this tool's own.
     if (o.netns) so.env.push_back("CONNEX_INSECURE=1");
+    // The operator's secret, for drains (never in argv).
+    admin_token_ = directory::NewCredential();
+    so.env.push_back("CONNEX_DIRECTORY_ADMIN_TOKEN=" + admin_token_);
     std::string error;
     directory_process_ = Subprocess::Start(
         {o.bin_dir + "/connex-directory", "--bind", "tcp://" + host_ + ":0", "--pub",
@@ -231,6 +235,7 @@ absl::Status Cluster::StartAll() {
   CONNEX_ASSIGN_OR_RETURN(directory::DirectoryClientOptions dco,
                           directory::DirectoryClientOptions::FromEnv());
   dco.directory = directory_;
+  if (!admin_token_.empty()) dco.admin_token = admin_token_;
   CONNEX_ASSIGN_OR_RETURN(watcher_, directory::DirectoryClient::Connect(dco));
   CONNEX_RETURN_IF_ERROR(watcher_->Watch(o.model_name));
   // Stages, last first, so that a chain is whole as soon as its stage 0 is up.
@@ -460,6 +465,24 @@ absl::Status Cluster::Leave(uint32_t stage, uint32_t replica, int64_t timeout_ms
   }
   s.process.reset();
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> Cluster::Drain(uint32_t stage, uint32_t replica, int64_t timeout_ms) {
+  if (attached_) return absl::FailedPreconditionError("faults need processes this tool started");
+  StageProc& s = at(stage, replica);
+  if (!s.process) return absl::FailedPreconditionError("not running");
+  CONNEX_RETURN_IF_ERROR(watcher_->Evict(lid(stage, replica)));
+  std::optional<int> code = s.process->Wait(timeout_ms);
+  if (!code) {
+    s.process->Signal(SIGKILL);
+    s.process->Wait(10'000);
+    s.process.reset();
+    return absl::DeadlineExceededError(StrCat("stage ", stage, "/r", replica,
+                                              " did not exit within ", timeout_ms,
+                                              " ms of its drain"));
+  }
+  s.process.reset();
+  return *code;
 }
 
 absl::Status Cluster::Restart(uint32_t stage, uint32_t replica) {

@@ -91,6 +91,9 @@ class Cluster {
   absl::Status Partition(uint32_t stage, uint32_t replica);
   absl::Status Heal(uint32_t stage, uint32_t replica);
   absl::Status Leave(uint32_t stage, uint32_t replica, int64_t timeout_ms = 30'000);
+  // An operator's drain (`connexctl drain`: its LID LEFT with the admin token of the directory
+  // this tool started), then waits for the process to exit by itself; its exit code.
+  absl::StatusOr<int> Drain(uint32_t stage, uint32_t replica, int64_t timeout_ms = 30'000);
   // Starts a stage that is not running again, under the same LID, and waits for its ready line.
   absl::Status Restart(uint32_t stage, uint32_t replica);
   // Waits until stage 0 of `replica` says healthy (the whole chain is in the directory).
@@ -135,6 +138,7 @@ class Cluster {
   std::optional<HostPort> proxy_;
   std::map<std::pair<uint32_t, uint32_t>, StageProc> stages_;
   std::unique_ptr<directory::DirectoryClient> watcher_;
+  std::string admin_token_;  // of the directory this tool started (for Drain)
   // netns mode
   std::string net_prefix_;  // names of the namespaces, links and bridge start with it
   int subnet_ = 0;          // 10.231.<subnet>.0/24
