@@ -98,6 +98,19 @@ TEST(ChaosTest, DrainOfEveryStageExitsZeroAndKeepsEveryTokenExact) {
   EXPECT_EQ(run.record["totals"]["goodput"].get<double>(), 1.0) << run.output;
 }
 
+// Issue 23: load past stage 0's KV budget. Every refusal is a 429 with Retry-After, every
+// admitted request exact, and /health answers throughout (its latency printed in the report).
+TEST(ChaosTest, OverloadIsRefusedWith429sAndWhatIsAdmittedIsExact) {
+  ChaosRun run = Chaos(With({"overload", "--qps", "24", "--duration", "6", "--kv-budget", "1M",
+                             "--queue-max", "1"}));
+  ExpectCorrect(run);
+  const nlohmann::json& t = run.record["totals"];
+  EXPECT_GT(t["refused_429"].get<int64_t>(), 0) << run.output;
+  EXPECT_EQ(t["refused_without_retry_after"].get<int64_t>(), 0) << run.output;
+  EXPECT_EQ(t["health_failed"].get<int64_t>(), 0) << run.output;
+  EXPECT_GT(t["health"]["n"].get<int64_t>(), 0) << run.output;
+}
+
 // A hung stage (SIGSTOP) is suspected, probed and replaced; once it runs again (SIGCONT) it must
 // not execute a single step under the epoch it lost.
 TEST(ChaosTest, StoppedStageIsReplacedAndFencedWhenItComesBack) {

@@ -160,6 +160,7 @@ const std::vector<std::vector<std::string>>& HelpCommands() {
       {"connex-chaos", "churn", "--help"},
       {"connex-chaos", "steady", "--help"},
       {"connex-chaos", "proxy-cost", "--help"},
+      {"connex-chaos", "overload", "--help"},
       {"connex-directory", "--help"},
       {"connex-generate", "--help"},
       {"connex-mkmodel", "--help"},

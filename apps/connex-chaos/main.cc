@@ -100,7 +100,7 @@ std::vector<int> ParseInts(const std::string& what, const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"connex-chaos: failover, churn, steady-state and proxy-cost campaigns"};
+  CLI::App app{"connex-chaos: failover, churn, steady-state, overload and proxy-cost campaigns"};
   app.require_subcommand(1);
   app.fallthrough();  // --log-level also after the campaign
   connex::AddLogLevelFlag(app, "warn");
@@ -161,6 +161,23 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   s->add_option("--clients", steady.closed_loop_clients, "closed-loop clients")
       ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+
+  connex::chaos::OverloadOptions overload;
+  CLI::App* ov = app.add_subcommand(
+      "overload", "open-loop load past stage 0's KV budget: 429s with Retry-After, /health");
+  AddCommon(ov, &common, &json_path, &work_dir, &keep, &quiet);
+  ov->add_option("--qps", overload.qps, "requests per second (Poisson arrivals)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  ov->add_option("--duration", overload.duration_s, "seconds of load")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  ov->add_option("--kv-budget", overload.kv_budget, "each stage 0's --kv-budget (1M at least)")
+      ->check(connex::SizeRange(uint64_t{1} << 20, uint64_t{1} << 44))
+      ->capture_default_str();
+  ov->add_option("--queue-max", overload.queue_max, "each stage 0's --queue-max")
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
 
   connex::chaos::ProxyCostOptions proxy_cost;
@@ -233,6 +250,9 @@ int main(int argc, char** argv) {
     } else if (p->parsed()) {
       proxy_cost.common = common;
       record = connex::chaos::RunProxyCost(proxy_cost);
+    } else if (ov->parsed()) {
+      overload.common = common;
+      record = connex::chaos::RunOverload(overload);
     }
     if (!record.ok()) {
       std::cerr << "connex-chaos: " << record.status().message() << " (logs in " << work_dir

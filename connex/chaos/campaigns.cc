@@ -88,7 +88,8 @@ json CommonJson(const CommonOptions& o) {
 }
 
 absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const CommonOptions& o, bool proxy,
-                                                      int inflight, bool netns) {
+                                                      int inflight, bool netns,
+                                                      std::vector<std::string> stage_env = {}) {
   if (!o.directory.empty()) {
     ClusterOptions c;
     c.model_path = o.model_path;
@@ -107,6 +108,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const CommonOptions& o, bo
   c.proxy = proxy;
   c.netns = netns;
   c.inflight = inflight;
+  c.stage_env = std::move(stage_env);
   Progress(o, StrCat("starting ", o.replicas, " replicas of ", o.stages, " stages",
                      proxy ? " and the proxy" : "", netns ? ", each stage in its own netns" : "",
                      inflight > 0 ? StrCat(", K=", inflight) : ""));
@@ -795,6 +797,95 @@ absl::StatusOr<json> RunSteady(const SteadyOptions& st) {
   return record;
 }
 
+absl::StatusOr<json> RunOverload(const OverloadOptions& ov) {
+  const CommonOptions& o = ov.common;
+  json record = {{"campaign", "overload"}, {"machine", Machine()}};
+  record["options"] = CommonJson(o);
+  record["options"].update({{"qps", ov.qps},
+                            {"duration_s", ov.duration_s},
+                            {"kv_budget", ov.kv_budget},
+                            {"queue_max", ov.queue_max}});
+  if (!o.directory.empty()) {
+    return absl::InvalidArgumentError("overload --directory: it sets the stages' budgets itself");
+  }
+  CONNEX_ASSIGN_OR_RETURN(
+      std::unique_ptr<Cluster> c,
+      StartCluster(o, /*proxy=*/false, 0, false,
+                   {"CONNEX_STAGE_KV_BUDGET_BYTES=" + ov.kv_budget,
+                    StrCat("CONNEX_STAGE_QUEUE_MAX=", ov.queue_max)}));
+  // /health of every stage 0, every health_every_ms, while the load runs.
+  std::atomic<bool> probing{true};
+  std::vector<double> health_ms;
+  int64_t health_failed = 0;
+  std::thread prober([&] {
+    while (probing.load()) {
+      for (uint32_t r = 0; r < c->options().replicas; ++r) {
+        const int64_t t0 = MonotonicNowNs();
+        absl::StatusOr<HttpReply> reply = HttpGet(c->api(r), "/health", 5000);
+        if (!reply.ok() || reply->status != 200) {
+          ++health_failed;
+          continue;
+        }
+        health_ms.push_back(Ms(MonotonicNowNs() - t0));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(ov.health_every_ms));
+    }
+  });
+  Progress(o, StrCat("open loop at ", ov.qps, " QPS for ", ov.duration_s, " s, stage 0 budget ",
+                     ov.kv_budget, " and ", ov.queue_max, " queued"));
+  uint64_t next_index = 0;
+  std::vector<std::shared_ptr<Outcome>> outcomes = OpenLoop(*c, o, ov.qps, ov.duration_s, &next_index);
+  probing = false;
+  prober.join();
+  json rss = json::array();
+  for (uint32_t r = 0; r < c->options().replicas; ++r) {
+    for (uint32_t s = 0; s < c->options().stages; ++s) {
+      rss.push_back({{"stage", s}, {"replica", r}, {"peak_rss_mb", c->PeakRssBytes(s, r) / 1e6}});
+    }
+  }
+  const std::string model_path = c->model_path();
+  c.reset();
+  std::vector<std::shared_ptr<Outcome>> admitted;
+  int64_t refused = 0, refused_without_retry_after = 0;
+  std::vector<std::string> problems;
+  for (const auto& out : outcomes) {
+    if (out->result.http_status == 429) {
+      ++refused;
+      if (out->result.retry_after.empty()) ++refused_without_retry_after;
+      continue;
+    }
+    admitted.push_back(out);
+  }
+  if (absl::Status s = Check(o, model_path, admitted); !s.ok()) return s;
+  json totals = Totals(admitted);
+  totals["offered"] = outcomes.size();
+  totals["refused_429"] = refused;
+  totals["refused_without_retry_after"] = refused_without_retry_after;
+  totals["health"] = Dist(health_ms);
+  totals["health_failed"] = health_failed;
+  if (refused_without_retry_after > 0) {
+    problems.push_back(StrCat(refused_without_retry_after, " 429s without Retry-After"));
+  }
+  if (totals["failed"].get<int64_t>() > 0) {
+    problems.push_back(StrCat(totals["failed"].get<int64_t>(),
+                              " admitted requests failed (a refusal must be a 429)"));
+  }
+  if (totals["mismatched_tokens"].get<int64_t>() > 0) {
+    problems.push_back(StrCat(totals["mismatched_tokens"].get<int64_t>(), " mismatched tokens"));
+  }
+  if (health_failed > 0) problems.push_back(StrCat(health_failed, " /health probes failed"));
+  json failures = json::array();
+  for (const auto& out : admitted) {
+    if (!out->result.ok()) failures.push_back(Failure(*out));
+  }
+  record["totals"] = totals;
+  record["peak_rss"] = rss;
+  record["failures"] = failures;
+  record["problems"] = problems;
+  record["ok"] = problems.empty();
+  return record;
+}
+
 absl::StatusOr<json> RunProxyCost(const ProxyCostOptions& pc) {
   const CommonOptions& o = pc.common;
   json record = {{"campaign", "proxy-cost"}, {"machine", Machine()}};
@@ -911,6 +1002,21 @@ std::string Summary(const json& r) {
                       ? StrCat(", ", f1(row["speedup_vs_k1"].get<double>()), "x K=1")
                       : ""));
     }
+  } else if (campaign == "overload") {
+    const json& t = r["totals"];
+    line(StrCat("  offered ", t["offered"].get<int64_t>(), ", admitted ", t["issued"].get<int64_t>(),
+                " (", t["correct"].get<int64_t>(), " exact), refused 429 ",
+                t["refused_429"].get<int64_t>(), " (", t["refused_without_retry_after"].get<int64_t>(),
+                " without Retry-After)"));
+    line(StrCat("  /health (n=", t["health"]["n"].get<int64_t>(), "): p50 ", f1(t["health"]["p50"]),
+                " ms, p99 ", f1(t["health"]["p99"]), " ms, max ", f1(t["health"]["max"]),
+                " ms; failed ", t["health_failed"].get<int64_t>()));
+    std::string rss;
+    for (const auto& s : r["peak_rss"]) {
+      rss += StrCat(rss.empty() ? "" : ", ", "s", s["stage"].get<int>(), "/r",
+                    s["replica"].get<int>(), " ", f1(s["peak_rss_mb"]), " MB");
+    }
+    line("  peak RSS: " + rss);
   } else if (campaign == "proxy-cost") {
     line(StrCat("  e2e mean direct ", f1(r["direct"]["e2e_ms"]["mean"]), " ms, via proxy ",
                 f1(r["proxy"]["e2e_ms"]["mean"]), " ms: added ", f1(r["added_ms"]["e2e_mean"]),

@@ -67,6 +67,20 @@ struct SteadyOptions {
 };
 absl::StatusOr<nlohmann::json> RunSteady(const SteadyOptions& options);
 
+// Open-loop load past what stage 0 admits (CONNEX_STAGE_KV_BUDGET_BYTES and CONNEX_STAGE_QUEUE_MAX
+// of every stage 0 set small): every refusal must be a 429 with Retry-After and every admitted
+// request exact; /health is probed throughout (its latency printed) and each stage's peak RSS
+// reported.
+struct OverloadOptions {
+  CommonOptions common;
+  double qps = 8;
+  double duration_s = 20;
+  std::string kv_budget = "1M";  // each stage 0's --kv-budget
+  int queue_max = 4;             // each stage 0's --queue-max
+  int64_t health_every_ms = 20;  // the /health probe's period, on each stage 0
+};
+absl::StatusOr<nlohmann::json> RunOverload(const OverloadOptions& options);
+
 struct ProxyCostOptions {
   CommonOptions common;
   int requests = 40;  // per path (direct, proxy), one at a time, alternating

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <mutex>
 #include <regex>
 #include <set>
@@ -465,6 +467,20 @@ absl::Status Cluster::Leave(uint32_t stage, uint32_t replica, int64_t timeout_ms
   }
   s.process.reset();
   return absl::OkStatus();
+}
+
+int64_t Cluster::PeakRssBytes(uint32_t stage, uint32_t replica) const {
+  const StageProc& s = at(stage, replica);
+  if (!s.process) return 0;
+  std::ifstream status(StrCat("/proc/", s.process->pid(), "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) != 0) continue;
+    int64_t kib = 0;
+    std::istringstream(line.substr(6)) >> kib;
+    return kib * 1024;
+  }
+  return 0;
 }
 
 absl::StatusOr<int> Cluster::Drain(uint32_t stage, uint32_t replica, int64_t timeout_ms) {

@@ -94,6 +94,8 @@ class Cluster {
   // An operator's drain (`connexctl drain`: its LID LEFT with the admin token of the directory
   // this tool started), then waits for the process to exit by itself; its exit code.
   absl::StatusOr<int> Drain(uint32_t stage, uint32_t replica, int64_t timeout_ms = 30'000);
+  // The peak resident memory of a stage's process (VmHWM), in bytes; 0 when it cannot be read.
+  int64_t PeakRssBytes(uint32_t stage, uint32_t replica) const;
   // Starts a stage that is not running again, under the same LID, and waits for its ready line.
   absl::Status Restart(uint32_t stage, uint32_t replica);
   // Waits until stage 0 of `replica` says healthy (the whole chain is in the directory).

@@ -146,6 +146,9 @@ StreamResult StreamCompletion(const HostPort& at, const std::string& body, int64
   if (auto replica = parser.get().find("X-Connex-Replica"); replica != parser.get().end()) {
     out.began_on = std::string(replica->value());
   }
+  if (auto retry = parser.get().find(http::field::retry_after); retry != parser.get().end()) {
+    out.retry_after = std::string(retry->value());
+  }
   size_t taken = 0;
   bool done = false;
   while (!done) {
