@@ -273,6 +273,7 @@ class StageNode::Impl {
       int64_t timeout = options.timeout_ms > 0 ? options.timeout_ms : o_.request_timeout_ms;
       r.timeout_ms = timeout;
       r.deadline = timeout > 0 ? NowMs() + timeout : 0;
+      if (requests_.empty()) last_progress_ms_ = NowMs();  // the stall clock starts with work
       requests_.emplace(id, std::move(r));
       accepted->set_value(absl::OkStatus());
     };
@@ -784,6 +785,7 @@ class StageNode::Impl {
     stats_.ring_in_use = sender_ ? sender_->slots_in_use() : 0;
     stats_.backpressured = sender_ ? sender_->backpressured() : 0;
     stats_.requests_in_flight = requests_.size();
+    stats_.stalled_ms = requests_.empty() ? 0 : NowMs() - last_progress_ms_;
     stats_.steps_in_flight = steps_.size() + (sender_ ? sender_->queued() : 0);
     if (receiver_) {
       const StepReceiverStats& r = receiver_->stats();
@@ -1018,6 +1020,7 @@ class StageNode::Impl {
           lid_.ToString(), r.step, r.from.ToString(), r.from_epoch);
       return;
     }
+    last_progress_ms_ = NowMs();
     for (size_t i = 0; i < r.request_ids.size(); ++i) {
       uint64_t id = r.request_ids[i];
       if (!st.remaining.erase(id)) continue;
@@ -1531,6 +1534,7 @@ class StageNode::Impl {
   bool lost_ = false;
   int64_t last_prune_ms_ = 0;
   int64_t last_step_ms_ = 0;  // when the last STEP arrived (the drain gate)
+  int64_t last_progress_ms_ = 0;  // owner: the last RESULT, or when work began after none
   // Sender side.
   internal::RecentSet<std::pair<Lid, uint64_t>> gone_peers_;  // failed over already
   uint64_t owner_steps_executed_ = 0;                         // stage 0's own engine steps

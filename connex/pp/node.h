@@ -99,6 +99,9 @@ struct StageNodeStats {
   size_t releases_pending = 0;    // owner: RELEASEs not acknowledged yet
   size_t ring_in_use = 0;         // slots awaiting acknowledgement now
   size_t requests_in_flight = 0;  // owner: submitted, not finished
+  // Owner: how long no step of its requests came back while some were in flight (0 when none
+  // are): a chain that cannot make progress, whatever the directory shows.
+  int64_t stalled_ms = 0;
   size_t steps_in_flight = 0;     // owner: steps not yet answered, and sends waiting for a slot
   uint64_t epoch = 0;             // the epoch this node holds now (0: none, it lost its LID)
   uint64_t epoch_checks = 0;      // epochs confirmed with the directory after a stall

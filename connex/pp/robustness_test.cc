@@ -300,6 +300,28 @@ TEST_F(RobustnessTest, PingsAndReleasesAreAnsweredOnlyAtAMembersOwnAddress) {
   EXPECT_EQ(c->TotalStats().reprefills, 0u);
 }
 
+// Issue 23: a stage 0 whose steps could not get through (its sockets exhausted) completed 0 of 3
+// requests while /health said ok. The owner reports how long none of its steps came back while
+// requests are in flight (StageNodeStats::stalled_ms, which /health reads), and 0 once they do.
+TEST_F(RobustnessTest, AnOwnerReportsHowLongItsRequestsMadeNoProgress) {
+  StageNodeOptions o = Fast();
+  o.step_timeout_ms = 5000;  // no re-send while the steps are held back
+  auto c = Make(2, 1, o);
+  std::atomic<bool> hold{true};
+  c->signals().SetFilter([&](const std::string&, const std::string& frame) {
+    auto s = Decode(frame);
+    return !(hold.load() && s.ok() && std::holds_alternative<StepSignal>(*s));
+  });
+  EXPECT_EQ(c->node(0, 0)->stats().stalled_ms, 0);
+  ASSERT_TRUE(c->Submit(0, 1, PromptOf(1), 4).ok());
+  ASSERT_TRUE(WaitUntil([&] { return c->node(0, 0)->stats().stalled_ms >= 300; }, 5000))
+      << c->node(0, 0)->stats().stalled_ms;
+  hold = false;
+  c->signals().SetFilter(nullptr);
+  ASSERT_TRUE(c->AwaitAll(20000));
+  EXPECT_TRUE(WaitUntil([&] { return c->node(0, 0)->stats().stalled_ms == 0; }, 5000));
+}
+
 // Finding 7: a node that failed to start hung for ever in its destructor.
 // ---- self-fencing: a stage never runs a step under an epoch the directory evicted ----
 

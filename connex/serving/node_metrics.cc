@@ -50,6 +50,9 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
   gauge("held_requests", "Requests whose state this stage holds (downstream)", s.held_requests);
   gauge("replay_bytes", "Bytes of outputs kept to answer re-sent attempts", s.replay_bytes);
   gauge("releases_pending", "RELEASEs not acknowledged yet (owner)", s.releases_pending);
+  gauge("stalled_seconds",
+        "Owner: time since a step of its requests last came back, while some are in flight",
+        static_cast<double>(s.stalled_ms) / 1000.0);
   gauge("ring_in_use", "Ring slots awaiting acknowledgement", s.ring_in_use);
   gauge("requests_in_flight", "Requests submitted and not finished (owner)", s.requests_in_flight);
   gauge("steps_in_flight", "Steps not yet answered, and sends waiting for a slot (owner)",

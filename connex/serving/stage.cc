@@ -1,5 +1,6 @@
 #include "connex/serving/stage.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "connex/base/status.h"
@@ -84,6 +85,7 @@ absl::StatusOr<std::unique_ptr<StageProcess>> StageProcess::Start(
   node_defaults.replica = options.replica;
   node_defaults.eos_token = static_cast<int32_t>(p->engine_->config().eos_token_id);
   CONNEX_ASSIGN_OR_RETURN(pp::StageNodeOptions nopts, pp::StageNodeOptions::FromEnv(node_defaults));
+  p->stall_unhealthy_ms_ = std::max<int64_t>(15'000, 3 * nopts.step_timeout_ms);
   CONNEX_ASSIGN_OR_RETURN(p->node_, pp::StageNode::Start(nopts, *p->engine_, std::move(transfer),
                                                          std::move(signals), *p->directory_));
   return p;
@@ -103,7 +105,16 @@ absl::Status StageProcess::ChainReady() const {
     for (const directory::Record& r : view) live |= r.lid.group == g && r.lid.shard == 0;
     if (!live) missing += StrCat(missing.empty() ? "" : ", ", g);
   }
-  if (missing.empty()) return node_->health();
+  if (missing.empty()) {
+    CONNEX_RETURN_IF_ERROR(node_->health());
+    const pp::StageNodeStats stats = node_->stats();
+    if (stats.stalled_ms > stall_unhealthy_ms_) {
+      return absl::UnavailableError(StrCat("model ", options_.model_name, ": no step of the ",
+                                           stats.requests_in_flight, " requests in flight came back for ",
+                                           stats.stalled_ms, " ms"));
+    }
+    return absl::OkStatus();
+  }
   return absl::UnavailableError(
       StrCat("model ", options_.model_name, ": no live replica of stage ", missing));
 }

@@ -60,8 +60,9 @@ class StageProcess {
   const Lid& lid() const { return node_->lid(); }
   const std::string& model_name() const { return options_.model_name; }
   uint32_t stages() const { return options_.stages; }
-  // Whether every stage of this replica's pipeline has a live replica in the directory now (the
-  // chain can serve), with what is missing when it cannot.
+  // Whether every stage of this replica's pipeline has a live replica in the directory now and,
+  // on stage 0, its requests progress (no step came back for kStalledUnhealthyMs while some were
+  // in flight: unhealthy, whatever the directory shows), with what is wrong when not.
   absl::Status ChainReady() const;
 
   // Graceful (leave): LEFT, in-flight steps finish, then stop; otherwise as a crash would.
@@ -73,6 +74,9 @@ class StageProcess {
   std::unique_ptr<directory::DirectoryClient> directory_;
   std::unique_ptr<engine::StageEngine> engine_;
   std::unique_ptr<pp::StageNode> node_;
+  // ChainReady: a stage 0 with requests in flight and no step back for longer is unhealthy:
+  // 3 step timeouts, at least 15 s (a long prefill is not a stall).
+  int64_t stall_unhealthy_ms_ = 15'000;
 };
 
 }  // namespace connex::serving
