@@ -158,7 +158,6 @@ class DirectoryServer::Loop {
         absl::StatusOr<bool> got = RecvMultipart(router_, &parts);
         if (!got.ok() || !*got) break;
         HandleMessage(parts);
-        ++messages_since_trim_;
       }
       registry_.ExpireLeases();
       if (absl::Status saved = Persist(); !saved.ok()) {
@@ -176,12 +175,11 @@ class DirectoryServer::Loop {
         next_tick = now + options_.tick_ms;
       }
       // After a storm of requests (connections come and go, each with ZeroMQ's buffers), glibc
-      // keeps the freed memory: give it back, at most every kTrimEveryMs (a trim of a small heap
-      // takes microseconds). A storm of 500 connections kept 14 MB without it.
-      if (messages_since_trim_ >= kTrimAfterMessages && now - last_trim_ms_ >= kTrimEveryMs) {
-        malloc_trim(0);
-        messages_since_trim_ = 0;
-        last_trim_ms_ = now;
+      // keeps the freed memory: once a second, when more than kTrimFreeBytes of the heap are
+      // free, give them back (a storm of 500 connections kept 14 MB without it).
+      if (now - last_trim_check_ms_ >= kTrimCheckEveryMs) {
+        last_trim_check_ms_ = now;
+        if (mallinfo2().fordblks > kTrimFreeBytes) malloc_trim(0);
       }
     }
   }
@@ -572,10 +570,9 @@ class DirectoryServer::Loop {
   std::vector<Reply> replies_;             // answers of one batch, sent once its state is durable
   std::deque<PendingSnapshot> snapshots_;  // checked, waiting for ServeSnapshots
   static constexpr int64_t kSnapshotBudgetMs = 20;
-  static constexpr int64_t kTrimEveryMs = 5'000;
-  static constexpr int64_t kTrimAfterMessages = 1'000;
-  int64_t messages_since_trim_ = 0;
-  int64_t last_trim_ms_ = 0;
+  static constexpr int64_t kTrimCheckEveryMs = 1'000;
+  static constexpr size_t kTrimFreeBytes = 4 << 20;
+  int64_t last_trim_check_ms_ = 0;
   static constexpr int64_t kSnapshotCacheMs = 100;
   static constexpr size_t kMaxCachedSnapshots = 64;
   std::map<std::pair<std::optional<std::string>, std::optional<uint32_t>>,
