@@ -1,6 +1,7 @@
 #include "connex/directory/secret.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -82,7 +83,12 @@ absl::StatusOr<std::string> TokenFromEnv() { return SecretFromEnv("CONNEX_DIRECT
 absl::StatusOr<std::string> DefaultTokenPath() {
   std::string home = EnvString("CONNEX_HOME", "");
   if (home.empty()) {
-    const std::string user_home = EnvString("HOME", "");
+    std::string user_home = EnvString("HOME", "");
+    if (user_home.empty()) {  // a service without HOME: the user's home from the password file
+      if (const passwd* pw = getpwuid(getuid()); pw != nullptr && pw->pw_dir != nullptr) {
+        user_home = pw->pw_dir;
+      }
+    }
     if (user_home.empty()) {
       return absl::FailedPreconditionError(
           "no directory token is configured and neither CONNEX_HOME nor HOME is set to keep the "
