@@ -103,9 +103,9 @@ TEST(ChaosTest, DrainOfEveryStageExitsZeroAndKeepsEveryTokenExact) {
 TEST(ChaosTest, OverloadIsRefusedWith429sAndWhatIsAdmittedIsExact) {
   // 256 tokens cost 532 KiB of a stage's KV on this model: one request fits each stage 0's 1 MiB
   // and none may wait, so requests that arrive while one runs are refused, whatever the speed.
-  ChaosRun run = Chaos({"overload", "--qps", "24", "--duration", "6", "--kv-budget", "1M",
-                        "--queue-max", "0", "--replicas", "2", "--stages", "4", "--max-tokens",
-                        "256"});
+  ChaosRun run =
+      Chaos({"overload", "--qps", "24", "--duration", "6", "--kv-budget", "1M", "--queue-max", "0",
+             "--replicas", "2", "--stages", "4", "--max-tokens", "256"});
   ExpectCorrect(run);
   const nlohmann::json& t = run.record["totals"];
   EXPECT_GT(t["refused_429"].get<int64_t>(), 0) << run.output;

@@ -8,8 +8,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -910,8 +910,8 @@ TEST(SecureByDefaultTest, TheDefaultDirectoryRequiresTheTokenItMakesOnFirstStart
   std::filesystem::create_directories(root);
   const std::string home = root + "/home", stranger = root + "/stranger";
   auto start = [](std::vector<std::string> extra, const std::string& connex_home) {
-    std::vector<std::string> argv = {BinDir() + "/connex-directory", "--bind",
-                                     "tcp://127.0.0.1:0", "--pub", "tcp://127.0.0.1:0"};
+    std::vector<std::string> argv = {BinDir() + "/connex-directory", "--bind", "tcp://127.0.0.1:0",
+                                     "--pub", "tcp://127.0.0.1:0"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto p = Subprocess::Start(argv, {"CONNEX_HOME=" + connex_home});
     EXPECT_TRUE(p.has_value());
@@ -1008,9 +1008,10 @@ TEST_F(LimitedDirectoryTest, AConnectionStormsMemoryIsGivenBack) {
   const double peak = rss_mb();
   ASSERT_TRUE(WaitUntil([&] { return rss_mb() < before + 4; }, 20'000))
       << "kept " << rss_mb() << " MB after the storm (" << before << " MB before)";
-  std::printf("a storm of 500 connections x 20 junk requests of 16 KB: RSS %.1f -> %.1f MB, "
-              "%.1f MB after\n",
-              before, peak, rss_mb());
+  std::printf(
+      "a storm of 500 connections x 20 junk requests of 16 KB: RSS %.1f -> %.1f MB, "
+      "%.1f MB after\n",
+      before, peak, rss_mb());
 }
 
 // Issue 23: 100 connections of invalid 1 MiB JOINs (each refused, but after parsing) pushed a new
@@ -1025,7 +1026,8 @@ TEST_F(LimitedDirectoryTest, AFloodOfOversizedJunkDelaysNobody) {
     flood.emplace_back(context, zmq::socket_type::dealer);
     flood.back().set(zmq::sockopt::linger, 0);
     flood.back().connect(bind_);
-    for (int k = 0; k < 3; ++k) (void)flood.back().send(zmq::buffer(junk), zmq::send_flags::dontwait);
+    for (int k = 0; k < 3; ++k)
+      (void)flood.back().send(zmq::buffer(junk), zmq::send_flags::dontwait);
   }
   std::vector<int64_t> ms;
   for (int i = 0; i < 5; ++i) {
@@ -1036,11 +1038,11 @@ TEST_F(LimitedDirectoryTest, AFloodOfOversizedJunkDelaysNobody) {
                      .count());
     EXPECT_EQ(code, 0) << out;
   }
-  std::printf("connexctl status (connect, HELLO, SNAPSHOT) while 100 connections send 3 MiB of "
-              "junk each: %lld, %lld, %lld, %lld, %lld ms\n",
-              static_cast<long long>(ms[0]), static_cast<long long>(ms[1]),
-              static_cast<long long>(ms[2]), static_cast<long long>(ms[3]),
-              static_cast<long long>(ms[4]));
+  std::printf(
+      "connexctl status (connect, HELLO, SNAPSHOT) while 100 connections send 3 MiB of "
+      "junk each: %lld, %lld, %lld, %lld, %lld ms\n",
+      static_cast<long long>(ms[0]), static_cast<long long>(ms[1]), static_cast<long long>(ms[2]),
+      static_cast<long long>(ms[3]), static_cast<long long>(ms[4]));
 }
 
 // A directory that requires a token, read from a file (as connexctl may read it too).

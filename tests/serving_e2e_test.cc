@@ -760,13 +760,14 @@ TEST_F(ServingE2eTest, AConnectionThatEndsAfterExtraBytesCancelsItsRequestOnEver
         60000))
         << HeldAnywhere();
     const double generated = StageZeroSum("connex_generation_tokens_total") - generated_before;
-    std::printf("%s: %d requests whose clients left after 20 KiB more: all ended within %lld ms, "
-                "%.0f of %d tokens generated\n",
-                where.c_str(), kOrphans,
-                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                           std::chrono::steady_clock::now() - start)
-                                           .count()),
-                generated, kOrphans * kMaxTokens);
+    std::printf(
+        "%s: %d requests whose clients left after 20 KiB more: all ended within %lld ms, "
+        "%.0f of %d tokens generated\n",
+        where.c_str(), kOrphans,
+        static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::steady_clock::now() - start)
+                                   .count()),
+        generated, kOrphans * kMaxTokens);
     EXPECT_EQ(StageZeroSum("connex_request_success_total"), completed_before)
         << "a request whose client had gone ran to its end";
     EXPECT_LT(generated, kOrphans * kMaxTokens / 2);
@@ -797,10 +798,10 @@ TEST_F(ServingE2eTest, ADrainedStageHandsOverItsWorkAndExitsZero) {
     std::vector<std::unique_ptr<TestConnection>> streams;
     for (const std::string& prompt : prompts) {
       streams.push_back(std::make_unique<TestConnection>(proxy_port_, 60000));
-      ASSERT_TRUE(streams.back()->Send(
-          "POST", "/v1/completions",
-          R"({"model": "tiny", "prompt": ")" + prompt + R"(", "max_tokens": )" +
-              std::to_string(kTokens) + R"(, "stream": true})"));
+      ASSERT_TRUE(streams.back()->Send("POST", "/v1/completions",
+                                       R"({"model": "tiny", "prompt": ")" + prompt +
+                                           R"(", "max_tokens": )" + std::to_string(kTokens) +
+                                           R"(, "stream": true})"));
     }
     for (auto& c : streams) {
       ASSERT_TRUE(c->ReadHead());
@@ -808,9 +809,9 @@ TEST_F(ServingE2eTest, ADrainedStageHandsOverItsWorkAndExitsZero) {
     }
     const std::string lid = std::string(kModelName) + "/g" + std::to_string(victim.first) +
                             "/s0/r" + std::to_string(victim.second);
-    auto drain = Subprocess::Start({BinDir() + "/connexctl", "--directory", bind_, "drain", lid},
-                                   {std::string("CONNEX_DIRECTORY_ADMIN_TOKEN=") + kAdminToken},
-                                   true);
+    auto drain =
+        Subprocess::Start({BinDir() + "/connexctl", "--directory", bind_, "drain", lid},
+                          {std::string("CONNEX_DIRECTORY_ADMIN_TOKEN=") + kAdminToken}, true);
     ASSERT_TRUE(drain.has_value());
     while (drain->ReadLine(20000)) {
     }
@@ -860,7 +861,8 @@ TEST_F(ServingE2eTest, StageZeroAdmitsWhatFitsItsKvBudgetQueuesABoundedNumberAnd
   };
   std::vector<Stream> streams;
   for (int i = 0; i < 6; ++i) {
-    Stream s{"admit " + std::to_string(i), std::make_unique<TestConnection>(http_port_.at(0), 60000)};
+    Stream s{"admit " + std::to_string(i),
+             std::make_unique<TestConnection>(http_port_.at(0), 60000)};
     ASSERT_TRUE(s.c->Send("POST", "/v1/completions",
                           R"({"model": "tiny", "prompt": ")" + s.prompt + R"(", "max_tokens": )" +
                               std::to_string(kMaxTokens) + R"(, "stream": true})"));
@@ -889,7 +891,8 @@ TEST_F(ServingE2eTest, StageZeroAdmitsWhatFitsItsKvBudgetQueuesABoundedNumberAnd
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                         std::chrono::steady_clock::now() - start)
                         .count();
-    if (i == 19) std::printf("/health under a full KV budget: %lld ms\n", static_cast<long long>(ms));
+    if (i == 19)
+      std::printf("/health under a full KV budget: %lld ms\n", static_cast<long long>(ms));
   }
   EXPECT_EQ(MetricSum(http_port_.at(0), "connex_requests_queued"), 2);
   EXPECT_EQ(MetricSum(http_port_.at(0), "connex_requests_refused_total"), 2);
@@ -908,7 +911,8 @@ TEST_F(ServingE2eTest, StageZeroAdmitsWhatFitsItsKvBudgetQueuesABoundedNumberAnd
         20000));
     std::string finish;
     bool done = false;
-    std::vector<int32_t> tokens = StreamedTokens(streams[i].c->parser().get().body(), &finish, &done);
+    std::vector<int32_t> tokens =
+        StreamedTokens(streams[i].c->parser().get().body(), &finish, &done);
     tokens.resize(8);
     EXPECT_EQ(tokens, Reference(streams[i].prompt, 8)) << streams[i].prompt;
     streams[i].c->Close();
@@ -948,8 +952,8 @@ TEST_F(ServingE2eTest, MetricsAreLintCleanAndCarryVllmNames) {
     }
     const std::string file = *dir_ + "/metrics-" + std::to_string(port) + ".txt";
     std::ofstream(file) << own;
-    auto check = Subprocess::Start(
-        {"/bin/sh", "-c", "/usr/bin/promtool check metrics < " + file}, {}, true);
+    auto check =
+        Subprocess::Start({"/bin/sh", "-c", "/usr/bin/promtool check metrics < " + file}, {}, true);
     ASSERT_TRUE(check.has_value());
     while (check->ReadLine(30000)) {
     }

@@ -118,8 +118,8 @@ int main(int argc, char** argv) {
   f->add_option("--kill-stage", kill_stage, "the stage faulted: any (every stage in turn) or S")
       ->capture_default_str();
   f->add_option("--fault", fault,
-                 "kill (SIGKILL), stop (SIGSTOP, later SIGCONT), partition, or drain (connexctl "
-                 "drain: the stage must exit 0 by itself)")
+                "kill (SIGKILL), stop (SIGSTOP, later SIGCONT), partition, or drain (connexctl "
+                "drain: the stage must exit 0 by itself)")
       ->check(CLI::IsMember({"kill", "stop", "partition", "drain"}))
       ->capture_default_str();
   f->add_option("--batch", failover.batch, "requests in flight at each fault")

@@ -101,8 +101,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (options.token.empty() && !*insecure) {
-    absl::StatusOr<std::string> token =
-        connex::directory::EnsureDefaultToken(&default_token_path);
+    absl::StatusOr<std::string> token = connex::directory::EnsureDefaultToken(&default_token_path);
     if (!token.ok()) {
       std::cerr << "connex-directory: " << token.status().message() << "\n";
       return 1;

@@ -42,10 +42,11 @@ CLI::Validator SizeRange(uint64_t min, uint64_t max, bool list = false);
 // PROJECT_VERSION), as every binary's --version prints it.
 std::string VersionText(std::string_view program);
 
-// Parses `argv` into `app` (adding --version unless `app` has a version flag already); `also` (optional) runs right after, for checks across flags that
-// throw a CLI::ParseError. Returns nullopt to go on, otherwise the exit code with CLI11's message
-// printed: 0 after --help, kUsageExitCode for any parse or validation error. (CLI11's own
-// `app.exit(e)` returns 105..114 for errors, which scripts cannot tell from a crash.)
+// Parses `argv` into `app` (adding --version unless `app` has a version flag already); `also`
+// (optional) runs right after, for checks across flags that throw a CLI::ParseError. Returns
+// nullopt to go on, otherwise the exit code with CLI11's message printed: 0 after --help,
+// kUsageExitCode for any parse or validation error. (CLI11's own `app.exit(e)` returns 105..114 for
+// errors, which scripts cannot tell from a crash.)
 std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv,
                               const std::function<void()>& also = {});
 

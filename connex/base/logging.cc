@@ -22,11 +22,21 @@ void AppendJsonString(std::string* out, std::string_view text) {
   *out += '"';
   for (unsigned char c : text) {
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char escaped[8];
@@ -47,7 +57,8 @@ class JsonFormatter final : public spdlog::formatter {
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
     std::string line = "{\"time\":\"";
     const auto since_epoch = msg.time.time_since_epoch();
-    const std::time_t seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch).count();
+    const std::time_t seconds =
+        std::chrono::duration_cast<std::chrono::seconds>(since_epoch).count();
     const int64_t millis =
         std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count() % 1000;
     std::tm local{};
@@ -117,7 +128,8 @@ spdlog::logger& Log() {
     l->set_level(level.ok() ? *level : spdlog::level::info);
     if (!level.ok()) l->warn("CONNEX_LOG_LEVEL: {}; logging at info", level.status().message());
     if (format != "text" && format != "json") {
-      l->warn("CONNEX_LOG_FORMAT: '{}' is not a log format (text or json); logging as text", format);
+      l->warn("CONNEX_LOG_FORMAT: '{}' is not a log format (text or json); logging as text",
+              format);
     }
     return l;
   }();
@@ -159,8 +171,8 @@ void LogAccess(std::initializer_list<LogField> fields) {
   // The access lines share the process log's sink and level; only the JSON formatter tells them
   // apart (by the logger's name).
   static spdlog::logger* access = [] {
-    auto* l = new spdlog::logger(std::string(kAccessLogger), Log().sinks().begin(),
-                                 Log().sinks().end());
+    auto* l =
+        new spdlog::logger(std::string(kAccessLogger), Log().sinks().begin(), Log().sinks().end());
     Configure(*l);
     return l;
   }();

@@ -1,10 +1,9 @@
 #include "connex/base/logging.h"
 
 #include "connex/base/access_log.h"
-#include "nlohmann/json.hpp"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace connex {
 namespace {
@@ -34,9 +33,9 @@ TEST(AccessLogTest, ALineIsKeyValuesInTextAndMembersInJson) {
       {{"id", "cmpl-7"}, {"status", 200}, {"latency_s", 0.25}, {"error", "bad \"x\" here"}},
       /*json=*/false);
   EXPECT_EQ(text, R"(access id=cmpl-7 status=200 latency_s=0.25 error="bad \"x\" here")");
-  const std::string json = AccessLine(
-      {{"id", "cmpl-7"}, {"status", 200}, {"latency_s", 0.25}, {"error", "line\nbreak"}},
-      /*json=*/true);
+  const std::string json =
+      AccessLine({{"id", "cmpl-7"}, {"status", 200}, {"latency_s", 0.25}, {"error", "line\nbreak"}},
+                 /*json=*/true);
   nlohmann::json parsed = nlohmann::json::parse("{" + json + "}");
   EXPECT_EQ(parsed["id"], "cmpl-7");
   EXPECT_EQ(parsed["status"], 200);

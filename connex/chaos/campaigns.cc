@@ -493,8 +493,8 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
     runs[i]["mismatched_tokens"] = mismatched;
   }
   json totals = Totals(all);
-  totals["goodput"] = all.empty() ? 0.0
-                                  : totals["correct"].get<double>() / static_cast<double>(all.size());
+  totals["goodput"] =
+      all.empty() ? 0.0 : totals["correct"].get<double>() / static_cast<double>(all.size());
   totals["fault_to_next_token_ms"] = Dist(next_token_all);
   totals["worst_fault_to_next_token_ms"] = Dist(next_token_worst);
   double reprefills = 0;
@@ -808,11 +808,10 @@ absl::StatusOr<json> RunOverload(const OverloadOptions& ov) {
   if (!o.directory.empty()) {
     return absl::InvalidArgumentError("overload --directory: it sets the stages' budgets itself");
   }
-  CONNEX_ASSIGN_OR_RETURN(
-      std::unique_ptr<Cluster> c,
-      StartCluster(o, /*proxy=*/false, 0, false,
-                   {"CONNEX_STAGE_KV_BUDGET_BYTES=" + ov.kv_budget,
-                    StrCat("CONNEX_STAGE_QUEUE_MAX=", ov.queue_max)}));
+  CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<Cluster> c,
+                          StartCluster(o, /*proxy=*/false, 0, false,
+                                       {"CONNEX_STAGE_KV_BUDGET_BYTES=" + ov.kv_budget,
+                                        StrCat("CONNEX_STAGE_QUEUE_MAX=", ov.queue_max)}));
   // /health of every stage 0, every health_every_ms, while the load runs.
   std::atomic<bool> probing{true};
   std::vector<double> health_ms;
@@ -834,7 +833,8 @@ absl::StatusOr<json> RunOverload(const OverloadOptions& ov) {
   Progress(o, StrCat("open loop at ", ov.qps, " QPS for ", ov.duration_s, " s, stage 0 budget ",
                      ov.kv_budget, " and ", ov.queue_max, " queued"));
   uint64_t next_index = 0;
-  std::vector<std::shared_ptr<Outcome>> outcomes = OpenLoop(*c, o, ov.qps, ov.duration_s, &next_index);
+  std::vector<std::shared_ptr<Outcome>> outcomes =
+      OpenLoop(*c, o, ov.qps, ov.duration_s, &next_index);
   probing = false;
   prober.join();
   json rss = json::array();
@@ -1004,10 +1004,10 @@ std::string Summary(const json& r) {
     }
   } else if (campaign == "overload") {
     const json& t = r["totals"];
-    line(StrCat("  offered ", t["offered"].get<int64_t>(), ", admitted ", t["issued"].get<int64_t>(),
-                " (", t["correct"].get<int64_t>(), " exact), refused 429 ",
-                t["refused_429"].get<int64_t>(), " (", t["refused_without_retry_after"].get<int64_t>(),
-                " without Retry-After)"));
+    line(StrCat("  offered ", t["offered"].get<int64_t>(), ", admitted ",
+                t["issued"].get<int64_t>(), " (", t["correct"].get<int64_t>(),
+                " exact), refused 429 ", t["refused_429"].get<int64_t>(), " (",
+                t["refused_without_retry_after"].get<int64_t>(), " without Retry-After)"));
     line(StrCat("  /health (n=", t["health"]["n"].get<int64_t>(), "): p50 ", f1(t["health"]["p50"]),
                 " ms, p99 ", f1(t["health"]["p99"]), " ms, max ", f1(t["health"]["max"]),
                 " ms; failed ", t["health_failed"].get<int64_t>()));

@@ -5,10 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <mutex>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "connex/base/status.h"
@@ -493,9 +493,8 @@ absl::StatusOr<int> Cluster::Drain(uint32_t stage, uint32_t replica, int64_t tim
     s.process->Signal(SIGKILL);
     s.process->Wait(10'000);
     s.process.reset();
-    return absl::DeadlineExceededError(StrCat("stage ", stage, "/r", replica,
-                                              " did not exit within ", timeout_ms,
-                                              " ms of its drain"));
+    return absl::DeadlineExceededError(StrCat(
+        "stage ", stage, "/r", replica, " did not exit within ", timeout_ms, " ms of its drain"));
   }
   s.process.reset();
   return *code;

@@ -42,8 +42,8 @@ struct StreamResult {
   // "model/g0/s0/r1@7"); empty from a stage 0 itself.
   std::string began_on;
   std::string retry_after;  // the Retry-After header of a refusal (429, 503)
-  int64_t start_ns = 0;  // request about to be sent
-  int64_t end_ns = 0;    // stream over
+  int64_t start_ns = 0;     // request about to be sent
+  int64_t end_ns = 0;       // stream over
   bool ok() const { return error.empty(); }
 };
 

@@ -965,9 +965,10 @@ class ZmqClientBackend final : public internal::ClientBackend {
         // request died with it): abandoned for one asked of this one, at once rather than after
         // the request timeout, during which the watcher would be blind (campaign seed 33).
         if (sc.in_flight && sc.requested_under != 0 && sc.requested_under != incarnation) {
-          CONNEX_LOG_DEBUG("directory client: the directory restarted while the snapshot of '{}' "
-                           "was asked; asking again",
-                           name);
+          CONNEX_LOG_DEBUG(
+              "directory client: the directory restarted while the snapshot of '{}' "
+              "was asked; asking again",
+              name);
           sc.in_flight = false;
           ++sc.request;
           stale.push_back(name);
@@ -1114,14 +1115,14 @@ class ZmqClientBackend final : public internal::ClientBackend {
     bool want_snapshot = true;
     bool in_flight = false;  // its SNAPSHOT request is out
     bool have_snapshot = false;
-    bool synthesize = false;   // its first snapshot reports differences (it replaced scopes)
-    bool live = false;         // a message of its topic came: the subscription is up
-    int failures = 0;          // snapshots refused or lost in a row
-    int64_t retry_at_ms = 0;   // after a failure: no new request before (backoff)
-    uint64_t incarnation = 0;  // of the directory its snapshot came from
+    bool synthesize = false;       // its first snapshot reports differences (it replaced scopes)
+    bool live = false;             // a message of its topic came: the subscription is up
+    int failures = 0;              // snapshots refused or lost in a row
+    int64_t retry_at_ms = 0;       // after a failure: no new request before (backoff)
+    uint64_t incarnation = 0;      // of the directory its snapshot came from
     uint64_t request = 0;          // the snapshot request in flight (a later one abandons it)
     uint64_t requested_under = 0;  // the directory incarnation of the last tick when it was asked
-    uint64_t revision = 0;     // "": the directory's revision; else the model's latest event
+    uint64_t revision = 0;         // "": the directory's revision; else the model's latest event
     std::vector<std::pair<Event, uint64_t>> buffered;  // (event, its incarnation), to apply
   };
   std::map<std::string, Scope> scopes_ ABSL_GUARDED_BY(mu_);

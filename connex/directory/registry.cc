@@ -294,15 +294,15 @@ absl::StatusOr<bool> Registry::ReportFailed(const Lid& lid, uint64_t epoch, cons
     const int64_t now = clock_->NowMs();
     ReportBudget& budget = report_budgets_[*caller.member];
     if (budget.at_ms >= 0) {
-      budget.tokens = std::min(kReportBurst, budget.tokens + static_cast<double>(now - budget.at_ms) *
-                                                                 kReportsPerSecond / 1000.0);
+      budget.tokens =
+          std::min(kReportBurst, budget.tokens + static_cast<double>(now - budget.at_ms) *
+                                                     kReportsPerSecond / 1000.0);
     }
     budget.at_ms = now;
     if (budget.tokens < 1) {
-      return absl::ResourceExhaustedError(
-          StrCat(who, " reports too often (more than ", kReportBurst, " at once, ",
-                 kReportsPerSecond, " a second after that): its report about ", lid.ToString(),
-                 " is refused; retry later"));
+      return absl::ResourceExhaustedError(StrCat(
+          who, " reports too often (more than ", kReportBurst, " at once, ", kReportsPerSecond,
+          " a second after that): its report about ", lid.ToString(), " is refused; retry later"));
     }
     budget.tokens -= 1;
   }

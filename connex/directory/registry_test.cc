@@ -265,7 +265,8 @@ TEST_F(RegistryTest, AMembersReportsAreScopedToItsPeerGroupsAndRateLimited) {
   EXPECT_THAT(std::string(scoped.message()), HasSubstr("deals with groups 0,2"));
   // A burst of 8, then one more per 500 ms.
   int taken = 0;
-  for (int i = 0; i < 20; ++i) taken += registry_.ReportFailed(stage2[i], 0, Member(reporter, r)).ok();
+  for (int i = 0; i < 20; ++i)
+    taken += registry_.ReportFailed(stage2[i], 0, Member(reporter, r)).ok();
   EXPECT_EQ(taken, static_cast<int>(kReportBurst));
   absl::Status limited = registry_.ReportFailed(stage2[19], 0, Member(reporter, r)).status();
   EXPECT_EQ(limited.code(), absl::StatusCode::kResourceExhausted);

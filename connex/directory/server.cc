@@ -619,9 +619,10 @@ absl::StatusOr<std::unique_ptr<DirectoryServer>> DirectoryServer::Start(
   // Size first: a request larger than any valid one (a record of max_record_bytes and its
   // envelope) is dropped by ZeroMQ, which disconnects its sender, before this loop reads or parses
   // a byte of it (100 connections of 1 MiB junk JOINs used to delay every HELLO by ~17 s).
-  ConfigureZmqSocket(router, std::min<int64_t>(kMaxRequestBytes,
-                                               static_cast<int64_t>(server->options_.max_record_bytes) +
-                                                   kRequestEnvelopeBytes));
+  ConfigureZmqSocket(
+      router,
+      std::min<int64_t>(kMaxRequestBytes, static_cast<int64_t>(server->options_.max_record_bytes) +
+                                              kRequestEnvelopeBytes));
   ConfigureZmqSocket(pub, kMaxRequestBytes);
   MakeCurveServer(router, server->options_.curve);
   MakeCurveServer(pub, server->options_.curve);

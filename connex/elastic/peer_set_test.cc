@@ -377,9 +377,9 @@ TEST_F(PeerSetTest, MarkFailedDoesNotWaitForAnUnreachableDirectory) {
   EXPECT_EQ(peers.Pick().status().code(), absl::StatusCode::kUnavailable);
   // Still pending: MarkFailed returned before the report's first attempt (2 s) was over.
   EXPECT_EQ(peers.pending_reports(), 1u);
-  std::printf("MarkFailed with the directory gone returned in %lld us\n",
-              static_cast<long long>(
-                  std::chrono::duration_cast<std::chrono::microseconds>(took).count()));
+  std::printf(
+      "MarkFailed with the directory gone returned in %lld us\n",
+      static_cast<long long>(std::chrono::duration_cast<std::chrono::microseconds>(took).count()));
   ASSERT_TRUE(WaitUntil([&] { return peers.stats().reports_failed == 1; }, 15000));
   EXPECT_EQ(peers.pending_reports(), 0u);
   EXPECT_EQ(peers.MarkFailed(r1_, b.epoch).code(), absl::StatusCode::kNotFound);

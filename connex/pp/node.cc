@@ -460,7 +460,7 @@ class StageNode::Impl {
     // The directory evicted `e`: if it is the epoch held now, its steps are refused until the
     // client's rejoin brings a new one.
     std::atomic<uint64_t> revoked{0};
-    std::atomic<bool> leaving{false};  // our own LEAVE: its LEFT is not an eviction
+    std::atomic<bool> leaving{false};         // our own LEAVE: its LEFT is not an eviction
     std::atomic<bool> operator_drain{false};  // a LEFT of our epoch that was not our LEAVE
     std::string revoked_why ABSL_GUARDED_BY(mu);
     void Revoke(uint64_t e, std::string why) {
@@ -630,8 +630,8 @@ class StageNode::Impl {
       }
       // The drain gate opens once nothing of ours is in flight and no step arrived for a short
       // while (owners that had not yet seen our LEFT may still have routed one here).
-      const bool idle = steps_.empty() && sender_->queued() == 0 &&
-                        sender_->awaiting_ack() == 0 && now - last_step_ms_ >= kDrainQuietMs;
+      const bool idle = steps_.empty() && sender_->queued() == 0 && sender_->awaiting_ack() == 0 &&
+                        now - last_step_ms_ >= kDrainQuietMs;
       if (drained_ && idle) {
         drained_->set_value();
         drained_.reset();
@@ -647,9 +647,10 @@ class StageNode::Impl {
     operator_draining_ = true;
     draining_ = true;
     draining_flag_.store(true);
-    CONNEX_LOG_WARN("pp {}: drained by the operator: no new work; finishing the steps in flight "
-                    "({} requests owned here)",
-                    lid_.ToString(), requests_.size());
+    CONNEX_LOG_WARN(
+        "pp {}: drained by the operator: no new work; finishing the steps in flight "
+        "({} requests owned here)",
+        lid_.ToString(), requests_.size());
   }
 
   // Nothing of ours is in flight any more: an owner's requests that did not end hand over (a
@@ -1533,7 +1534,7 @@ class StageNode::Impl {
   uint64_t next_step_ = 1;
   bool lost_ = false;
   int64_t last_prune_ms_ = 0;
-  int64_t last_step_ms_ = 0;  // when the last STEP arrived (the drain gate)
+  int64_t last_step_ms_ = 0;      // when the last STEP arrived (the drain gate)
   int64_t last_progress_ms_ = 0;  // owner: the last RESULT, or when work began after none
   // Sender side.
   internal::RecentSet<std::pair<Lid, uint64_t>> gone_peers_;  // failed over already
@@ -1555,9 +1556,9 @@ class StageNode::Impl {
   std::unique_ptr<ReleaseQueue> releases_;
   uint64_t measured_bytes_per_token_ = 0;
   bool draining_ = false;
-  std::atomic<bool> draining_flag_{false};       // draining_, for health() from any thread
-  bool operator_draining_ = false;               // an operator's drain began (StartOperatorDrain)
-  bool operator_drained_ = false;                // ... and ended (FinishOperatorDrain)
+  std::atomic<bool> draining_flag_{false};  // draining_, for health() from any thread
+  bool operator_draining_ = false;          // an operator's drain began (StartOperatorDrain)
+  bool operator_drained_ = false;           // ... and ended (FinishOperatorDrain)
   connex::Mutex drained_mu_;
   std::function<void()> on_drained_ ABSL_GUARDED_BY(drained_mu_);
   std::shared_ptr<std::promise<void>> drained_;  // opened once nothing is in flight
@@ -1614,9 +1615,7 @@ absl::Status StageNode::Migrate(std::unique_ptr<SignalTransport> signals) {
 const Lid& StageNode::lid() const { return impl_->lid(); }
 uint64_t StageNode::epoch() const { return impl_->epoch(); }
 absl::Status StageNode::health() const { return impl_->PublicHealth(); }
-void StageNode::OnDrained(std::function<void()> callback) {
-  impl_->OnDrained(std::move(callback));
-}
+void StageNode::OnDrained(std::function<void()> callback) { impl_->OnDrained(std::move(callback)); }
 StageNodeStats StageNode::stats() const { return impl_->Stats(); }
 
 }  // namespace connex::pp

@@ -81,14 +81,14 @@ struct StageNodeStats {
   uint64_t duplicates_dropped = 0;
   uint64_t fenced = 0;  // signals refused for a wrong epoch
   uint64_t missing_reported = 0;
-  uint64_t late_dropped = 0;      // results of superseded attempts (owner)
-  uint64_t resends = 0;           // steps re-sent (owner)
-  uint64_t failovers = 0;         // requests moved to another replica (owner)
-  uint64_t reprefills = 0;        // requests recomputed (owner)
-  uint64_t aborted = 0;           // requests aborted (owner)
-  uint64_t completed = 0;         // requests finished (owner)
-  uint64_t backpressured = 0;     // sends that waited for a ring slot
-  uint64_t forged_dropped = 0;    // answers not from the hop (or owner) they claim: dropped
+  uint64_t late_dropped = 0;    // results of superseded attempts (owner)
+  uint64_t resends = 0;         // steps re-sent (owner)
+  uint64_t failovers = 0;       // requests moved to another replica (owner)
+  uint64_t reprefills = 0;      // requests recomputed (owner)
+  uint64_t aborted = 0;         // requests aborted (owner)
+  uint64_t completed = 0;       // requests finished (owner)
+  uint64_t backpressured = 0;   // sends that waited for a ring slot
+  uint64_t forged_dropped = 0;  // answers not from the hop (or owner) they claim: dropped
   // PINGs and RELEASEs whose `from` is no member whose signal address is their `reply_to`:
   // neither answered nor acted on (a stranger could name any address to be answered at).
   uint64_t strangers_ignored = 0;
@@ -102,9 +102,9 @@ struct StageNodeStats {
   // Owner: how long no step of its requests came back while some were in flight (0 when none
   // are): a chain that cannot make progress, whatever the directory shows.
   int64_t stalled_ms = 0;
-  size_t steps_in_flight = 0;     // owner: steps not yet answered, and sends waiting for a slot
-  uint64_t epoch = 0;             // the epoch this node holds now (0: none, it lost its LID)
-  uint64_t epoch_checks = 0;      // epochs confirmed with the directory after a stall
+  size_t steps_in_flight = 0;  // owner: steps not yet answered, and sends waiting for a slot
+  uint64_t epoch = 0;          // the epoch this node holds now (0: none, it lost its LID)
+  uint64_t epoch_checks = 0;   // epochs confirmed with the directory after a stall
   // The last EpochLedger::kEpochsKept epochs this process held, oldest first: steps executed
   // under each, and the CLOCK_MONOTONIC time of the last one's admission (for checks from
   // outside the process: nothing runs under an epoch after its eviction was seen).

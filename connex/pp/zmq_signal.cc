@@ -206,9 +206,9 @@ class ZmqSignalTransport : public SignalTransport {
 
   const CurveSettings curve_;
   zmq::context_t context_;
-  std::unique_ptr<ZapHandler> zap_;               // with CURVE: which client keys get in
-  std::set<std::string> refused_;                 // I/O thread: addresses we cannot talk to
-  zmq::socket_t router_;                          // I/O thread
+  std::unique_ptr<ZapHandler> zap_;  // with CURVE: which client keys get in
+  std::set<std::string> refused_;    // I/O thread: addresses we cannot talk to
+  zmq::socket_t router_;             // I/O thread
   struct Dealer {
     zmq::socket_t socket;
     uint64_t last_use = 0;

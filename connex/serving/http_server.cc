@@ -55,8 +55,8 @@ absl::StatusOr<HttpServerOptions> HttpServerOptions::FromEnv() {
                           EnvInt("CONNEX_HTTP_MAX_CONNECTIONS", o.max_connections, 1, 1'000'000));
   o.max_connections = static_cast<int>(connections);
   CONNEX_ASSIGN_OR_RETURN(o.max_body_bytes_in_flight,
-                          EnvSize("CONNEX_HTTP_MAX_BODY_BYTES_IN_FLIGHT", o.max_body_bytes_in_flight,
-                                  1024, size_t{1} << 40));
+                          EnvSize("CONNEX_HTTP_MAX_BODY_BYTES_IN_FLIGHT",
+                                  o.max_body_bytes_in_flight, 1024, size_t{1} << 40));
   CONNEX_ASSIGN_OR_RETURN(int64_t threads,
                           EnvInt("CONNEX_HTTP_THREADS", o.handler_threads, 1, 256));
   o.handler_threads = static_cast<int>(threads);
@@ -83,8 +83,7 @@ namespace {
 // Every member but the counters is used on the I/O thread only, unless stated.
 class BeastHttpServer final : public HttpServer {
  public:
-  BeastHttpServer(const HttpServerOptions& options, HttpHandler handler,
-                  InlinePredicate run_inline)
+  BeastHttpServer(const HttpServerOptions& options, HttpHandler handler, InlinePredicate run_inline)
       : options_(options),
         handler_(std::move(handler)),
         run_inline_(std::move(run_inline)),

@@ -450,12 +450,13 @@ TEST(HttpServerTest, SlowClientsCannotHoldEverySlot) {
       },
       kDeadlineMs, 50);
   ASSERT_TRUE(served) << "a normal request never got a slot from the slow ones";
-  std::printf("4 slow clients held every slot: a normal request was served after %lld ms (%d 503s "
-              "before)\n",
-              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                         std::chrono::steady_clock::now() - start)
-                                         .count()),
-              refused);
+  std::printf(
+      "4 slow clients held every slot: a normal request was served after %lld ms (%d 503s "
+      "before)\n",
+      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::steady_clock::now() - start)
+                                 .count()),
+      refused);
   EXPECT_GE(server->stats().evicted_connections, 1);
   // An evicted slow client got a 408 (part of its request had come).
   int timed_out = 0;
@@ -473,8 +474,9 @@ TEST(HttpServerTest, RequestBodiesHeldAtOnceAreBounded) {
   options.max_body_bytes_in_flight = 1 << 20;
   std::unique_ptr<HttpServer> server = Start(options, Echo);
   const std::string body(700 * 1024, 'b');
-  const std::string head = "POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-                           std::to_string(body.size()) + "\r\n\r\n";
+  const std::string head =
+      "POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\n\r\n";
   TestConnection a(server->port());
   ASSERT_TRUE(a.SendRaw(head + body.substr(0, 1000)));  // holds 700 KiB of the budget
   ASSERT_TRUE(WaitUntil([&] { return server->stats().open_connections == 1; }, kDeadlineMs));

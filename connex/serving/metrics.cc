@@ -268,8 +268,7 @@ void Family<Series>::RenderAs(std::string* out, std::string_view name,
       for (size_t i = 0; i < snap.cumulative.size(); ++i) {
         std::string le =
             StrCat("le=\"", i < bounds_.size() ? FormatValue(bounds_[i]) : "+Inf", "\"");
-        *out += StrCat(name, "_bucket", LabelSet(values, first, le), " ", snap.cumulative[i],
-                       "\n");
+        *out += StrCat(name, "_bucket", LabelSet(values, first, le), " ", snap.cumulative[i], "\n");
       }
       *out += StrCat(name, "_sum", LabelSet(values, first), " ", FormatValue(snap.sum), "\n");
       *out += StrCat(name, "_count", LabelSet(values, first), " ", snap.count, "\n");

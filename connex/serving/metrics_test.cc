@@ -159,9 +159,8 @@ TEST(MetricsTest, RequestMetricsCarryVllmAliasesWithTheModelName) {
                              "le=\"0.025\"} 1\n"));
   EXPECT_THAT(out, HasSubstr("vllm:request_success_total{model_name=\"tiny\\\"model\","
                              "finished_reason=\"stop\"} 1\n"));
-  for (const char* name :
-       {"vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
-        "vllm:prompt_tokens_total", "vllm:generation_tokens_total"}) {
+  for (const char* name : {"vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
+                           "vllm:prompt_tokens_total", "vllm:generation_tokens_total"}) {
     EXPECT_THAT(out, HasSubstr(std::string("# TYPE ") + name)) << name;
   }
 }

@@ -5,9 +5,9 @@
 
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
-#include "fmt/format.h"
 #include "connex/serving/metrics.h"
 #include "connex/serving/openai_response.h"
+#include "fmt/format.h"
 
 namespace connex::serving {
 namespace {
@@ -99,8 +99,8 @@ absl::StatusOr<std::unique_ptr<StageMetricsServer>> StageMetricsServer::Listen(
         stage == nullptr ? absl::UnavailableError("the stage is starting") : stage->node().health();
     x->Respond(JsonResponse(ok.ok() ? 200 : 503, HealthResponse(ok.ok(), AsStd(ok.message()))));
   });
-  CONNEX_ASSIGN_OR_RETURN(s->http_, StartHttpServer(options, s->router_.AsHandler(),
-                                                    s->router_.AsInlinePredicate()));
+  CONNEX_ASSIGN_OR_RETURN(
+      s->http_, StartHttpServer(options, s->router_.AsHandler(), s->router_.AsInlinePredicate()));
   return s;
 }
 

@@ -38,10 +38,10 @@ TEST(RenderNodeStatsTest, PerEpochFamiliesHaveOneSampleAnEpoch) {
   EXPECT_THAT(text, HasSubstr("# TYPE connex_stage_epoch_steps_executed_total counter\n"
                               "connex_stage_epoch_steps_executed_total{epoch=\"4\"} 120\n"
                               "connex_stage_epoch_steps_executed_total{epoch=\"9\"} 3\n"));
-  EXPECT_THAT(text,
-              HasSubstr("# TYPE connex_stage_epoch_last_step_monotonic_seconds gauge\n"
-                        "connex_stage_epoch_last_step_monotonic_seconds{epoch=\"4\"} 5.000000123\n"
-                        "connex_stage_epoch_last_step_monotonic_seconds{epoch=\"9\"} 0.000000000\n"));
+  EXPECT_THAT(
+      text, HasSubstr("# TYPE connex_stage_epoch_last_step_monotonic_seconds gauge\n"
+                      "connex_stage_epoch_last_step_monotonic_seconds{epoch=\"4\"} 5.000000123\n"
+                      "connex_stage_epoch_last_step_monotonic_seconds{epoch=\"9\"} 0.000000000\n"));
 }
 
 }  // namespace

@@ -90,10 +90,11 @@ OpenAiServer::OpenAiServer(OpenAiServerOptions options)
   metrics_.AddGauge("connex_stage_kv_budget_bytes", "The KV budget of a stage (bytes)")
       .Get()
       .Set(static_cast<double>(options_.kv_budget_bytes));
-  queued_gauge_ = &metrics_
-                       .AddGauge("connex_requests_queued",
-                                 "Requests waiting for KV budget (CONNEX_STAGE_QUEUE_MAX bounds it)")
-                       .Get();
+  queued_gauge_ =
+      &metrics_
+           .AddGauge("connex_requests_queued",
+                     "Requests waiting for KV budget (CONNEX_STAGE_QUEUE_MAX bounds it)")
+           .Get();
   refused_ = &metrics_
                   .AddCounter("connex_requests_refused_total",
                               "Requests answered 429: no KV budget and the queue full")
@@ -315,11 +316,11 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
   g->kv_cost = (static_cast<int64_t>(g->prompt.size()) + req.max_tokens) *
                KvBytesPerToken(config, stage.stages());
   if (g->kv_cost > options_.kv_budget_bytes) {
-    exchange->Respond(ErrorResponse(InvalidRequest(
-        "max_tokens", "context_length_exceeded",
-        StrCat("the prompt and max_tokens need ", g->kv_cost,
-               " bytes of KV cache per stage, more than a stage's budget of ",
-               options_.kv_budget_bytes, " (CONNEX_STAGE_KV_BUDGET_BYTES)"))));
+    exchange->Respond(ErrorResponse(
+        InvalidRequest("max_tokens", "context_length_exceeded",
+                       StrCat("the prompt and max_tokens need ", g->kv_cost,
+                              " bytes of KV cache per stage, more than a stage's budget of ",
+                              options_.kv_budget_bytes, " (CONNEX_STAGE_KV_BUDGET_BYTES)"))));
     return;
   }
   bool admitted = false;
@@ -334,12 +335,12 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
       ++queue_reserved_;
     } else {
       refused_->Increment();
-      HttpResponse busy = ErrorResponse(WithApiDetails(
-          absl::ResourceExhaustedError(
-              StrCat("stage 0 of ", stage.model_name(), " is at its KV budget (",
-                     options_.kv_budget_bytes, " bytes) with ", queue_.size(),
-                     " requests waiting; retry later or on another replica")),
-          "", "rate_limit_exceeded"));
+      HttpResponse busy = ErrorResponse(
+          WithApiDetails(absl::ResourceExhaustedError(
+                             StrCat("stage 0 of ", stage.model_name(), " is at its KV budget (",
+                                    options_.kv_budget_bytes, " bytes) with ", queue_.size(),
+                                    " requests waiting; retry later or on another replica")),
+                         "", "rate_limit_exceeded"));
       busy.headers.emplace_back("Retry-After", "1");
       exchange->Respond(std::move(busy));
       return;

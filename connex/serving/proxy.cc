@@ -275,8 +275,8 @@ class ResumeProxy::Impl {
       {
         MutexLock lock(&mu_);
         if (replicas_.empty()) {
-          problem = StrCat("no stage-0 replica of ", options_.model,
-                           " is registered in the directory");
+          problem =
+              StrCat("no stage-0 replica of ", options_.model, " is registered in the directory");
         } else if (!chain_problem_.empty()) {
           problem = StrCat("model ", options_.model, " cannot serve: ", chain_problem_);
         }

@@ -109,9 +109,9 @@ absl::Status StageProcess::ChainReady() const {
     CONNEX_RETURN_IF_ERROR(node_->health());
     const pp::StageNodeStats stats = node_->stats();
     if (stats.stalled_ms > stall_unhealthy_ms_) {
-      return absl::UnavailableError(StrCat("model ", options_.model_name, ": no step of the ",
-                                           stats.requests_in_flight, " requests in flight came back for ",
-                                           stats.stalled_ms, " ms"));
+      return absl::UnavailableError(
+          StrCat("model ", options_.model_name, ": no step of the ", stats.requests_in_flight,
+                 " requests in flight came back for ", stats.stalled_ms, " ms"));
     }
     return absl::OkStatus();
   }

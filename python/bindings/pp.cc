@@ -385,8 +385,8 @@ class PyStageNode {
                  "connex.transport.from_python), not ",
                  TypeName(transport)));
     }
-    std::unique_ptr<pp::SignalTransport> signals = ValueOrThrow(Blocking(
-        [&] { return pp::CreateZmqSignalTransport(signal_host, curve_); }));
+    std::unique_ptr<pp::SignalTransport> signals =
+        ValueOrThrow(Blocking([&] { return pp::CreateZmqSignalTransport(signal_host, curve_); }));
     pp::Engine& e = *engine_;
     node_ = OwnWithoutGil(ValueOrThrow(Blocking([&] {
       return StageNode::Start(std::move(options), e, std::move(transfer), std::move(signals),

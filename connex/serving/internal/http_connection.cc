@@ -397,10 +397,9 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
     monitor_pending_ = true;
     if (buffer_.size() >= server_.options.max_header_bytes) {
       keep_alive_ = false;
-      socket_.async_read_some(net::buffer(discard_), [self = shared_from_this()](
-                                                         ErrorCode ec, size_t) {
-        self->OnMonitor(ec, 0);
-      });
+      socket_.async_read_some(
+          net::buffer(discard_),
+          [self = shared_from_this()](ErrorCode ec, size_t) { self->OnMonitor(ec, 0); });
       return;
     }
     socket_.async_read_some(
@@ -461,9 +460,8 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
         break;
       case Write::kLast:
         if (!chunked_) {  // nothing to write: the close ends an HTTP/1.0 stream
-          net::post(socket_.get_executor(), [done = std::move(done)]() mutable {
-            done(ErrorCode{}, 0);
-          });
+          net::post(socket_.get_executor(),
+                    [done = std::move(done)]() mutable { done(ErrorCode{}, 0); });
           break;
         }
         net::async_write(socket_, http::make_chunk_last(), std::move(done));
@@ -544,8 +542,8 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   bool keep_alive_ = true;
   int64_t waiting_since_ms_ = -1;  // WaitingSinceMs
   size_t body_charge_ = 0;         // of the body being read (the exchange takes it over)
-  unsigned version_ = 11;  // of the request being answered: 10 or 11
-  bool chunked_ = true;    // the stream being written is chunked (not to HTTP/1.0)
+  unsigned version_ = 11;          // of the request being answered: 10 or 11
+  bool chunked_ = true;            // the stream being written is chunked (not to HTTP/1.0)
   int64_t requests_ = 0;
   std::shared_ptr<HttpExchange> exchange_;
   bool response_complete_ = true;
