@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "connex/base/access_log.h"
 #include "connex/base/logging.h"
 #include "connex/base/strings.h"
 
@@ -178,6 +179,29 @@ void RequestMetrics::AddVllmAliases(std::string_view model) {
     const FamilyBase* family = registry.Find(source);
     CheckOrDie(family != nullptr, StrCat("no metric '", source, "' to alias"));
     registry.AddAlias(*family, alias, "model_name", model);
+  }
+}
+
+void LogRequestAccess(const RequestAccess& a) {
+  const std::string_view outcome_key = a.status == 200 ? "finish_reason" : "error";
+  const double latency_s = static_cast<double>(a.latency_us) / 1e6;
+  if (a.attempts >= 0) {
+    LogAccess({{"id", a.id},
+               {"endpoint", a.endpoint},
+               {"status", a.status},
+               {"prompt_tokens", a.prompt_tokens},
+               {"completion_tokens", a.completion_tokens},
+               {"latency_s", latency_s},
+               {"attempts", a.attempts},
+               {outcome_key, a.outcome}});
+  } else {
+    LogAccess({{"id", a.id},
+               {"endpoint", a.endpoint},
+               {"status", a.status},
+               {"prompt_tokens", a.prompt_tokens},
+               {"completion_tokens", a.completion_tokens},
+               {"latency_s", latency_s},
+               {outcome_key, a.outcome}});
   }
 }
 

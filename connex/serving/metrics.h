@@ -191,6 +191,21 @@ struct RequestMetrics {
   CounterFamily& success;      // connex_request_success_total{finished_reason}
 };
 
+// The access line of an OpenAI-compatible front (stage 0's API, the proxy) for a request that
+// ended: its status, tokens and latency, and the finish reason (200) or the error as `outcome`;
+// `attempts` unless negative (the proxy's upstream attempts). connex/base/access_log.h.
+struct RequestAccess {
+  std::string_view id;
+  std::string_view endpoint;
+  int status = 0;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t latency_us = 0;
+  std::string_view outcome;
+  int attempts = -1;
+};
+void LogRequestAccess(const RequestAccess& a);
+
 inline constexpr std::string_view kPrometheusContentType =
     "text/plain; version=0.0.4; charset=utf-8";
 

@@ -6,7 +6,6 @@
 #include <optional>
 #include <random>
 
-#include "connex/base/access_log.h"
 #include "connex/base/logging.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
@@ -400,13 +399,9 @@ void OpenAiServer::StartGeneration(StageProcess& stage, const std::shared_ptr<Ge
   if (!submitted.ok()) {
     ReleaseBudget(g->kv_cost);
     requests_.Ended(/*got_token=*/false);
-    LogAccess({{"id", g->header.id},
-               {"endpoint", EndpointPath(endpoint)},
-               {"status", HttpStatusOf(submitted)},
-               {"prompt_tokens", static_cast<int64_t>(g->prompt.size())},
-               {"completion_tokens", int64_t{0}},
-               {"latency_s", static_cast<double>(NowUs() - g->start_us) / 1e6},
-               {"error", AsStd(submitted.message())}});
+    LogRequestAccess({g->header.id, EndpointPath(endpoint), HttpStatusOf(submitted),
+                      static_cast<int64_t>(g->prompt.size()), 0, NowUs() - g->start_us,
+                      AsStd(submitted.message())});
     if (req.stream) {
       exchange->Send(ChunkBuilder::ErrorEvent(submitted));
       exchange->Send(std::string(kSseDone));
@@ -458,13 +453,9 @@ void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
   const CompletionRequest& req = g->request;
   HttpExchange& x = *g->exchange;
   auto access = [&](int status, std::string_view outcome) {
-    LogAccess({{"id", g->header.id},
-               {"endpoint", EndpointPath(g->request.endpoint)},
-               {"status", status},
-               {"prompt_tokens", static_cast<int64_t>(g->prompt.size())},
-               {"completion_tokens", static_cast<int64_t>(g->tokens.size())},
-               {"latency_s", static_cast<double>(latency_us) / 1e6},
-               {status == 200 ? "finish_reason" : "error", outcome}});
+    LogRequestAccess({g->header.id, EndpointPath(g->request.endpoint), status,
+                      static_cast<int64_t>(g->prompt.size()),
+                      static_cast<int64_t>(g->tokens.size()), latency_us, outcome});
   };
   if (!result.ok() && !g->stopped_by_string) result = ServerSide(result.status());
   if (!result.ok() && !g->stopped_by_string) {

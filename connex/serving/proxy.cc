@@ -13,7 +13,6 @@
 #include "boost/asio.hpp"
 #include "boost/beast/core.hpp"
 #include "boost/beast/http.hpp"
-#include "connex/base/access_log.h"
 #include "connex/base/logging.h"
 #include "connex/base/mutex.h"
 #include "connex/base/status.h"
@@ -808,14 +807,9 @@ class ResumeProxy::Impl {
     const int64_t latency_us = NowUs() - p->start_us;
     requests_.e2e.Observe(static_cast<double>(latency_us) / 1e6);
     live_.erase(p);
-    LogAccess({{"id", p->header.id},
-               {"endpoint", EndpointPath(p->request.endpoint)},
-               {"status", status},
-               {"prompt_tokens", static_cast<int64_t>(p->prompt.size())},
-               {"completion_tokens", static_cast<int64_t>(p->tokens.size())},
-               {"latency_s", static_cast<double>(latency_us) / 1e6},
-               {"attempts", p->attempts},
-               {status == 200 ? "finish_reason" : "error", outcome}});
+    LogRequestAccess({p->header.id, EndpointPath(p->request.endpoint), status,
+                      static_cast<int64_t>(p->prompt.size()),
+                      static_cast<int64_t>(p->tokens.size()), latency_us, outcome, p->attempts});
     return true;
   }
 
