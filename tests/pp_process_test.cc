@@ -109,7 +109,7 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
                                      "--pub",
                                      pub_,
                                      "--lease-ttl-ms",
-                                     "3000",
+                                     std::to_string(restart_lease_ttl_ms_),
                                      "--heartbeat-ms",
                                      "500"};
     if (!state_dir.empty()) {
@@ -183,6 +183,7 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::optional<Subprocess> directory_;
+  int64_t restart_lease_ttl_ms_ = 3000;  // of the directory StartRestartableDirectory starts
   std::string bind_;
   std::string pub_;
   std::vector<std::string> node_env_;  // added to every node's environment
@@ -390,6 +391,83 @@ TEST_P(PpProcessTest, DirectoryKilledAndRestartedWithItsStateChangesNothing) {
 // are then recomputed); every request still ends with exactly the reference tokens.
 TEST_P(PpProcessTest, DirectoryRestartedWithoutItsStateStillEndsEveryRequestExactly) {
   RunThroughADirectoryRestart(/*keep_state=*/false);
+}
+
+// Issue 23: the data path does not wait on the directory. The directory is SIGKILLed
+// mid-generation and stays down for 3 s (its lease TTL is 6 s), then starts again with its state:
+// the streams go on while it is down. Before, every stage stopped admitting steps once its lease
+// had gone unrenewed for a heartbeat plus the stall bound (1.5 s here), until the directory came
+// back; the last second of the outage saw no token at all.
+TEST_P(PpProcessTest, StepsFlowWhileTheDirectoryIsDown) {
+  const std::string dir =
+      ::testing::TempDir() + "/pp-outage-" + GetParam() + "-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  node_env_ = {"CONNEX_PP_STEP_TIMEOUT_MS=5000", "CONNEX_PP_PROBE_TIMEOUT_MS=2000"};
+  restart_lease_ttl_ms_ = 6000;
+  ASSERT_TRUE(StartRestartableDirectory(dir));
+  StartStages();
+  // Long enough to outlast the outage on a fast machine (about 2,000 tokens a second here).
+  constexpr int kRequests = 4;
+  constexpr int kMaxNew = 6000;
+  Subprocess owner = Node(0, 0,
+                          {"--requests", std::to_string(kRequests), "--max-new-tokens",
+                           std::to_string(kMaxNew), "--stream"});
+  // Streamed tokens, each with the owner's CLOCK_MONOTONIC time (the same clock as ours).
+  std::vector<int64_t> token_us;
+  std::map<uint64_t, std::vector<int32_t>> finished;
+  std::string done;
+  auto read_line = [&](int64_t timeout_ms) {
+    std::optional<std::string> line = owner.ReadLine(timeout_ms);
+    if (!line) return false;
+    if (line->rfind("done", 0) == 0) done = *line;
+    if (line->empty() || (*line)[0] != '{') return true;
+    nlohmann::json j = nlohmann::json::parse(*line);
+    EXPECT_FALSE(j.contains("error")) << *line;
+    if (j.contains("t_us")) token_us.push_back(j["t_us"].get<int64_t>());
+    if (j.contains("tokens"))
+      finished[j["id"].get<uint64_t>()] = j["tokens"].get<std::vector<int32_t>>();
+    return true;
+  };
+  // Reads the owner's output until `condition` holds or `timeout_ms` passed.
+  auto read_until = [&](auto condition, int64_t timeout_ms) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!condition() && std::chrono::steady_clock::now() < deadline) read_line(100);
+    return condition();
+  };
+  ASSERT_TRUE(read_until([&] { return token_us.size() >= 200; }, 60000)) << owner.transcript();
+  auto now_us = [] {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  const int64_t killed_us = now_us();
+  directory_->Signal(SIGKILL);
+  ASSERT_TRUE(directory_->Wait(5000).has_value());
+  // The outage: its length is the fault injected, read the owner's output meanwhile.
+  while (now_us() - killed_us < 3'000'000) read_line(20);
+  const int64_t restarted_us = now_us();
+  ASSERT_TRUE(RestartDirectory(dir)) << "the directory did not start again at " << bind_;
+  ASSERT_TRUE(read_until([&] { return !done.empty(); }, 120000)) << owner.transcript();
+  EXPECT_THAT(done, HasSubstr("failovers=0 ")) << owner.transcript();
+  ASSERT_EQ(finished.size(), static_cast<size_t>(kRequests)) << owner.transcript();
+  for (const auto& [id, tokens] : finished) {
+    EXPECT_EQ(tokens, TestEngineReference(id, kMaxNew)) << "request " << id;
+  }
+  // Tokens in the outage's last second (from 2 s after the kill to the restart), and the
+  // longest gap between two tokens over the whole run.
+  int64_t late = 0;
+  int64_t longest_gap_us = 0;
+  std::sort(token_us.begin(), token_us.end());
+  for (size_t i = 0; i < token_us.size(); ++i) {
+    if (token_us[i] >= killed_us + 2'000'000 && token_us[i] < restarted_us) ++late;
+    if (i > 0) longest_gap_us = std::max(longest_gap_us, token_us[i] - token_us[i - 1]);
+  }
+  std::printf("directory down %.0f ms: %lld tokens in its last second, longest gap %.1f ms\n",
+              (restarted_us - killed_us) / 1000.0, static_cast<long long>(late),
+              longest_gap_us / 1000.0);
+  EXPECT_GT(late, 0) << "no token in the outage's last second: the streams waited on the directory";
+  directory_.reset();
+  std::filesystem::remove_all(dir);
 }
 
 // Issue 12's must-show with the reference Llama engine: the directory SIGKILLed mid-generation

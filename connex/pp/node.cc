@@ -727,7 +727,15 @@ class StageNode::Impl {
       // the peers heard from it): a heartbeat that should have renewed the lease by now did
       // not, so the peers may have replaced it meanwhile.
       std::optional<int64_t> age = dir_.RenewalAgeMs(lid_);
-      if (!age || *age <= dir_.heartbeat_ms() + stall_ms_) return absl::OkStatus();
+      if (!age || *age <= dir_.heartbeat_ms() + stall_ms_) {
+        if (on_lease_since_ms_ != 0) {
+          CONNEX_LOG_WARN("pp {}: the directory renewed epoch {} again; {} steps ran on the lease",
+                          lid_.ToString(), epoch, stats_.steps_on_lease - on_lease_steps_at_start_);
+          on_lease_since_ms_ = 0;
+        }
+        return absl::OkStatus();
+      }
+      if (OnTheLease(epoch, *age)) return absl::OkStatus();
       unconfirmed_epoch_ = epoch;
       stalled_ms_ = *age;
       next_confirm_ms_ = 0;
@@ -770,6 +778,35 @@ class StageNode::Impl {
     return absl::UnavailableError(
         StrCat("this stage stalled ", stalled_ms_,
                " ms and the directory could not confirm its epoch: ", held.status().message()));
+  }
+
+  // A step may run without asking the directory while its lease is unrenewed (the directory is
+  // down, restarting or slow, or unreachable from here) as long as both hold:
+  //  - the lease cannot have run out: the directory expires a lease a TTL after the renewal it
+  //    last acknowledged, and a restarted one gives every restored lease a whole TTL; a
+  //    heartbeat's worth of margin is kept for the round trip;
+  //  - a member this node deals with was heard from within the stall bound before this step:
+  //    a peer reports a stage only after a probe timeout without an answer, longer than that
+  //    bound, so a stage that was cut off from its peers too (a partition) confirms with the
+  //    directory as before (rule 2b of docs/design/step-protocol.md, "Zombies").
+  // What it leaves: a stage cut off from the directory and one peer but not another could run
+  // a step after the cut-off peer's report evicted it; the owner drops that attempt's answer.
+  bool OnTheLease(uint64_t epoch, int64_t age_ms) {
+    const int64_t now = NowMs();
+    const int64_t lease_left_ms = dir_.lease_ttl_ms() - dir_.heartbeat_ms() - age_ms;
+    if (lease_left_ms <= 0 || peer_heard_ms_ == 0 || now - peer_heard_ms_ > stall_ms_) {
+      return false;
+    }
+    ++stats_.steps_on_lease;
+    if (on_lease_since_ms_ == 0) {
+      on_lease_since_ms_ = now;
+      on_lease_steps_at_start_ = stats_.steps_on_lease - 1;
+      CONNEX_LOG_WARN(
+          "pp {}: the directory has not renewed epoch {} for {} ms; steps go on under its lease "
+          "(for at most {} ms more) while the peers answer",
+          lid_.ToString(), epoch, age_ms, lease_left_ms);
+    }
+    return true;
   }
 
   int64_t NextTimer(int64_t now) const {
@@ -819,6 +856,33 @@ class StageNode::Impl {
       return;
     }
     std::visit([this](auto& s) { On(s); }, *signal);
+    // After the frame was handled: a step that arrives after a silence is admitted (or not)
+    // before it counts as contact (Admit, "on the lease").
+    if (FromMember(*signal)) peer_heard_ms_ = NowMs();
+  }
+
+  // Whether `signal` came from a live member this node deals with: contact with the peers that
+  // would report this stage if they could not reach it. Signals without an epoch (ACK, PING,
+  // RELEASE) count when their sender is a known member at the address it names or (ACK) the
+  // ACK matched a send of ours.
+  bool FromMember(const Signal& signal) const {
+    if (const auto* s = std::get_if<StepSignal>(&signal)) {
+      return routes_.Usable(s->owner.lid, s->owner.epoch) || s->owner.lid == lid_;
+    }
+    if (const auto* r = std::get_if<ResultSignal>(&signal))
+      return routes_.Usable(r->from, r->from_epoch);
+    if (const auto* m = std::get_if<MissingSignal>(&signal))
+      return routes_.Usable(m->from, m->from_epoch);
+    if (const auto* f = std::get_if<HopFailedSignal>(&signal))
+      return routes_.Usable(f->from, f->from_epoch);
+    if (const auto* e = std::get_if<StepErrorSignal>(&signal))
+      return routes_.Usable(e->from, e->from_epoch);
+    if (const auto* p = std::get_if<PongSignal>(&signal)) return routes_.Usable(p->from, p->epoch);
+    if (const auto* p = std::get_if<PingSignal>(&signal)) return KnownMember(p->from, p->reply_to);
+    if (const auto* r = std::get_if<ReleaseSignal>(&signal))
+      return KnownMember(r->from, r->reply_to);
+    if (std::holds_alternative<AckSignal>(signal)) return last_ack_matched_;
+    return false;
   }
 
   // ---- the receiver ----
@@ -879,7 +943,8 @@ class StageNode::Impl {
   }
 
   void On(AckSignal& a) {
-    if (!sender_->OnAck(a)) ++owner_forged_dropped_;
+    last_ack_matched_ = sender_->OnAck(a);
+    if (!last_ack_matched_) ++owner_forged_dropped_;
   }
 
   // Tells the owner that hop `hop` of its step could not be reached (or handles it, if we are
@@ -1548,7 +1613,12 @@ class StageNode::Impl {
   uint64_t unconfirmed_epoch_ = 0;  // held across a stall, not confirmed since (0: none)
   int64_t stalled_ms_ = 0;
   int64_t next_confirm_ms_ = 0;  // after an unanswered confirmation
-  uint64_t subscription_ = 0;    // our own epoch's evictions
+  // Steps on the lease while the directory does not renew it (OnTheLease).
+  int64_t peer_heard_ms_ = 0;      // the last signal from a member (HandleFrame, FromMember)
+  bool last_ack_matched_ = false;  // the last ACK handled matched a send of ours
+  int64_t on_lease_since_ms_ = 0;  // the first step on the lease of this outage (0: none)
+  uint64_t on_lease_steps_at_start_ = 0;
+  uint64_t subscription_ = 0;  // our own epoch's evictions
   // Owner side.
   std::map<uint64_t, Request> requests_;
   std::map<uint64_t, Step> steps_;

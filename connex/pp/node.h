@@ -105,6 +105,9 @@ struct StageNodeStats {
   size_t steps_in_flight = 0;  // owner: steps not yet answered, and sends waiting for a slot
   uint64_t epoch = 0;          // the epoch this node holds now (0: none, it lost its LID)
   uint64_t epoch_checks = 0;   // epochs confirmed with the directory after a stall
+  // Steps run while the directory did not renew the lease, on the lease and the peers' answers
+  // (docs/design/step-protocol.md, "The directory down").
+  uint64_t steps_on_lease = 0;
   // The last EpochLedger::kEpochsKept epochs this process held, oldest first: steps executed
   // under each, and the CLOCK_MONOTONIC time of the last one's admission (for checks from
   // outside the process: nothing runs under an epoch after its eviction was seen).

@@ -59,6 +59,10 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
         s.steps_in_flight);
   gauge("epoch", "The epoch this stage holds now (0: none)", s.epoch);
   counter("epoch_checks", "Epochs confirmed with the directory after a stall", s.epoch_checks);
+  counter("steps_on_lease",
+          "Steps run while the directory did not renew the lease, on the lease and the peers' "
+          "answers",
+          s.steps_on_lease);
   // Per epoch of the last few this process held: what ran under it, and when the last of it was
   // admitted (CLOCK_MONOTONIC, comparable across the processes of a host).
   auto per_epoch = [&out, &s](std::string_view name, std::string_view type, std::string_view help,
