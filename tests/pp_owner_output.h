@@ -3,9 +3,12 @@
 #ifndef CONNEX_TESTS_PP_OWNER_OUTPUT_H_
 #define CONNEX_TESTS_PP_OWNER_OUTPUT_H_
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +51,74 @@ inline std::string CheckOwnerOutput(
   EXPECT_FALSE(done.empty()) << owner.transcript();
   return done;
 }
+
+// CLOCK_MONOTONIC in microseconds: the clock of pp_test_node's streamed `t_us` (comparable across
+// the processes of a host).
+inline int64_t MonotonicNowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The output of an owner started with `--stream`: a line per token with its time, a line per
+// finished request, then `done`.
+class StreamedOwnerOutput {
+ public:
+  explicit StreamedOwnerOutput(Subprocess& owner) : owner_(owner) {}
+
+  // Reads one line (false when none came within `timeout_ms`); a request that ended in an error
+  // fails the test.
+  bool ReadLine(int64_t timeout_ms) {
+    std::optional<std::string> line = owner_.ReadLine(timeout_ms);
+    if (!line) return false;
+    if (line->rfind("done", 0) == 0) done_ = *line;
+    if (line->empty() || (*line)[0] != '{') return true;
+    nlohmann::json j = nlohmann::json::parse(*line);
+    EXPECT_FALSE(j.contains("error")) << *line;
+    if (j.contains("t_us")) token_us_.push_back(j["t_us"].get<int64_t>());
+    if (j.contains("tokens")) {
+      finished_[j["id"].get<uint64_t>()] = j["tokens"].get<std::vector<int32_t>>();
+    }
+    return true;
+  }
+  // Reads until `condition` holds or `timeout_ms` passed; whether it holds.
+  template <typename Condition>
+  bool ReadUntil(Condition condition, int64_t timeout_ms) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!condition() && std::chrono::steady_clock::now() < deadline) ReadLine(100);
+    return condition();
+  }
+  // Reads for `ms` (a fault's duration), whatever comes.
+  void ReadFor(int64_t ms) {
+    const int64_t until = MonotonicNowUs() + ms * 1000;
+    while (MonotonicNowUs() < until) ReadLine(20);
+  }
+
+  size_t tokens() const { return token_us_.size(); }
+  const std::string& done() const { return done_; }
+  const std::map<uint64_t, std::vector<int32_t>>& finished() const { return finished_; }
+  // Tokens streamed in [from_us, to_us).
+  int64_t TokensBetween(int64_t from_us, int64_t to_us) const {
+    int64_t n = 0;
+    for (int64_t t : token_us_) n += t >= from_us && t < to_us;
+    return n;
+  }
+  // The longest time between two consecutive tokens (of any request).
+  int64_t LongestGapUs() const {
+    std::vector<int64_t> sorted = token_us_;
+    std::sort(sorted.begin(), sorted.end());
+    int64_t longest = 0;
+    for (size_t i = 1; i < sorted.size(); ++i)
+      longest = std::max(longest, sorted[i] - sorted[i - 1]);
+    return longest;
+  }
+
+ private:
+  Subprocess& owner_;
+  std::vector<int64_t> token_us_;
+  std::map<uint64_t, std::vector<int32_t>> finished_;
+  std::string done_;
+};
 
 }  // namespace connex::testing
 

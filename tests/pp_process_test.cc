@@ -412,59 +412,25 @@ TEST_P(PpProcessTest, StepsFlowWhileTheDirectoryIsDown) {
   Subprocess owner = Node(0, 0,
                           {"--requests", std::to_string(kRequests), "--max-new-tokens",
                            std::to_string(kMaxNew), "--stream"});
-  // Streamed tokens, each with the owner's CLOCK_MONOTONIC time (the same clock as ours).
-  std::vector<int64_t> token_us;
-  std::map<uint64_t, std::vector<int32_t>> finished;
-  std::string done;
-  auto read_line = [&](int64_t timeout_ms) {
-    std::optional<std::string> line = owner.ReadLine(timeout_ms);
-    if (!line) return false;
-    if (line->rfind("done", 0) == 0) done = *line;
-    if (line->empty() || (*line)[0] != '{') return true;
-    nlohmann::json j = nlohmann::json::parse(*line);
-    EXPECT_FALSE(j.contains("error")) << *line;
-    if (j.contains("t_us")) token_us.push_back(j["t_us"].get<int64_t>());
-    if (j.contains("tokens"))
-      finished[j["id"].get<uint64_t>()] = j["tokens"].get<std::vector<int32_t>>();
-    return true;
-  };
-  // Reads the owner's output until `condition` holds or `timeout_ms` passed.
-  auto read_until = [&](auto condition, int64_t timeout_ms) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (!condition() && std::chrono::steady_clock::now() < deadline) read_line(100);
-    return condition();
-  };
-  ASSERT_TRUE(read_until([&] { return token_us.size() >= 200; }, 60000)) << owner.transcript();
-  auto now_us = [] {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  };
-  const int64_t killed_us = now_us();
+  StreamedOwnerOutput out(owner);
+  ASSERT_TRUE(out.ReadUntil([&] { return out.tokens() >= 200; }, 60000)) << owner.transcript();
+  const int64_t killed_us = MonotonicNowUs();
   directory_->Signal(SIGKILL);
   ASSERT_TRUE(directory_->Wait(5000).has_value());
-  // The outage: its length is the fault injected, read the owner's output meanwhile.
-  while (now_us() - killed_us < 3'000'000) read_line(20);
-  const int64_t restarted_us = now_us();
+  out.ReadFor(3000);  // the outage
+  const int64_t restarted_us = MonotonicNowUs();
   ASSERT_TRUE(RestartDirectory(dir)) << "the directory did not start again at " << bind_;
-  ASSERT_TRUE(read_until([&] { return !done.empty(); }, 120000)) << owner.transcript();
-  EXPECT_THAT(done, HasSubstr("failovers=0 ")) << owner.transcript();
-  ASSERT_EQ(finished.size(), static_cast<size_t>(kRequests)) << owner.transcript();
-  for (const auto& [id, tokens] : finished) {
+  ASSERT_TRUE(out.ReadUntil([&] { return !out.done().empty(); }, 120000)) << owner.transcript();
+  EXPECT_THAT(out.done(), HasSubstr("failovers=0 ")) << owner.transcript();
+  ASSERT_EQ(out.finished().size(), static_cast<size_t>(kRequests)) << owner.transcript();
+  for (const auto& [id, tokens] : out.finished()) {
     EXPECT_EQ(tokens, TestEngineReference(id, kMaxNew)) << "request " << id;
   }
-  // Tokens in the outage's last second (from 2 s after the kill to the restart), and the
-  // longest gap between two tokens over the whole run.
-  int64_t late = 0;
-  int64_t longest_gap_us = 0;
-  std::sort(token_us.begin(), token_us.end());
-  for (size_t i = 0; i < token_us.size(); ++i) {
-    if (token_us[i] >= killed_us + 2'000'000 && token_us[i] < restarted_us) ++late;
-    if (i > 0) longest_gap_us = std::max(longest_gap_us, token_us[i] - token_us[i - 1]);
-  }
+  // Tokens in the outage's last second (from 2 s after the kill to the restart).
+  const int64_t late = out.TokensBetween(killed_us + 2'000'000, restarted_us);
   std::printf("directory down %.0f ms: %lld tokens in its last second, longest gap %.1f ms\n",
               (restarted_us - killed_us) / 1000.0, static_cast<long long>(late),
-              longest_gap_us / 1000.0);
+              out.LongestGapUs() / 1000.0);
   EXPECT_GT(late, 0) << "no token in the outage's last second: the streams waited on the directory";
   directory_.reset();
   std::filesystem::remove_all(dir);

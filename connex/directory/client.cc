@@ -327,6 +327,11 @@ class ZmqClientBackend final : public internal::ClientBackend {
     if (it == registrations_.end() || it->second.renewed_ms == 0) return std::nullopt;
     return clock_->NowMs() - it->second.renewed_ms;
   }
+  std::optional<int64_t> LeaseLeftMs(const Lid& lid) const {
+    std::optional<int64_t> age = RenewalAgeMs(lid);
+    if (!age) return std::nullopt;
+    return lease_ttl_ms_ - *age;
+  }
   int64_t heartbeat_ms() const { return heartbeat_ms_; }
 
   std::optional<uint64_t> EpochOf(const Lid& lid) const {
@@ -1203,6 +1208,9 @@ int64_t DirectoryClient::lease_ttl_ms() const { return impl_->lease_ttl_ms(); }
 int64_t DirectoryClient::heartbeat_ms() const { return impl_->heartbeat_ms(); }
 std::optional<int64_t> DirectoryClient::RenewalAgeMs(const Lid& lid) const {
   return impl_->RenewalAgeMs(lid);
+}
+std::optional<int64_t> DirectoryClient::LeaseLeftMs(const Lid& lid) const {
+  return impl_->LeaseLeftMs(lid);
 }
 void DirectoryClient::DropEventsForTest(int n) { impl_->DropEventsForTest(n); }
 void DirectoryClient::DelayEventsForTest(int ms) { impl_->DelayEventsForTest(ms); }

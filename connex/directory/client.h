@@ -141,6 +141,11 @@ class DirectoryClient {
   // or a heartbeat's reply); nullopt when it does not hold `lid`. A holder cut off from the
   // directory sees this grow past the heartbeat interval.
   std::optional<int64_t> RenewalAgeMs(const Lid& lid) const;
+  // At least how long the directory keeps `lid`'s lease by itself (no failure report, no new
+  // JOIN) from now: the lease TTL less the time since the renewal it last acknowledged (the
+  // holder process's etcd lease on etcd). Negative once it may have run out; nullopt when this
+  // client does not hold `lid`.
+  std::optional<int64_t> LeaseLeftMs(const Lid& lid) const;
   // Drops the next `n` events received, as a slow subscriber would. For gap-recovery tests.
   void DropEventsForTest(int n);
   // Holds every event `ms` milliseconds before subscribers see it (a slow directory), in order;

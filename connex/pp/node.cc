@@ -782,9 +782,10 @@ class StageNode::Impl {
 
   // A step may run without asking the directory while its lease is unrenewed (the directory is
   // down, restarting or slow, or unreachable from here) as long as both hold:
-  //  - the lease cannot have run out: the directory expires a lease a TTL after the renewal it
-  //    last acknowledged, and a restarted one gives every restored lease a whole TTL; a
-  //    heartbeat's worth of margin is kept for the round trip;
+  //  - the lease cannot have run out (DirectoryClient::LeaseLeftMs, less a stall bound of
+  //    margin): the directory expires a lease a TTL after the renewal it last acknowledged, a
+  //    restarted one gives every restored lease a whole TTL, and etcd keeps a lease across a
+  //    leader change;
   //  - a member this node deals with was heard from within the stall bound before this step:
   //    a peer reports a stage only after a probe timeout without an answer, longer than that
   //    bound, so a stage that was cut off from its peers too (a partition) confirms with the
@@ -793,8 +794,10 @@ class StageNode::Impl {
   // a step after the cut-off peer's report evicted it; the owner drops that attempt's answer.
   bool OnTheLease(uint64_t epoch, int64_t age_ms) {
     const int64_t now = NowMs();
-    const int64_t lease_left_ms = dir_.lease_ttl_ms() - dir_.heartbeat_ms() - age_ms;
-    if (lease_left_ms <= 0 || peer_heard_ms_ == 0 || now - peer_heard_ms_ > stall_ms_) {
+    // A stall bound of margin for the renewal's round trip and the directory's expiry sweep.
+    const std::optional<int64_t> lease_left_ms = dir_.LeaseLeftMs(lid_);
+    if (!lease_left_ms || *lease_left_ms - stall_ms_ <= 0 || peer_heard_ms_ == 0 ||
+        now - peer_heard_ms_ > stall_ms_) {
       return false;
     }
     ++stats_.steps_on_lease;
@@ -804,7 +807,7 @@ class StageNode::Impl {
       CONNEX_LOG_WARN(
           "pp {}: the directory has not renewed epoch {} for {} ms; steps go on under its lease "
           "(for at most {} ms more) while the peers answer",
-          lid_.ToString(), epoch, age_ms, lease_left_ms);
+          lid_.ToString(), epoch, age_ms, *lease_left_ms - stall_ms_);
     }
     return true;
   }

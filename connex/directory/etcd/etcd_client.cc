@@ -12,6 +12,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/time/clock.h"
+#include "connex/base/clock.h"
 #include "connex/base/logging.h"
 #include "connex/base/mutex.h"
 #include "connex/base/status.h"
@@ -26,6 +27,8 @@ namespace {
 namespace pb = ::etcdserverpb;
 
 constexpr char kCompactPayloadUrl[] = "type.connex.dev/etcd.compact_revision";
+
+int64_t SteadyNowMs() { return RealClock::Get()->NowMs(); }
 
 // etcd's metadata keys (clientv3's rpctypes): the auth token, and "refuse me unless you have a
 // leader" — so that a member cut off from the quorum fails our calls and streams (and we move
@@ -258,6 +261,10 @@ class KeepAliveImpl final : public EtcdKeepAlive {
     MutexLock lock(&mu_);
     return renewals_;
   }
+  int64_t renewed_steady_ms() const override {
+    MutexLock lock(&mu_);
+    return renewed_steady_ms_;
+  }
   void Stop() override {
     MutexLock lock(&mu_);
     stopped_ = true;
@@ -276,6 +283,7 @@ class KeepAliveImpl final : public EtcdKeepAlive {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int64_t last_ttl_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t renewals_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t renewed_steady_ms_ ABSL_GUARDED_BY(mu_) = SteadyNowMs();
 };
 
 class EtcdClientImpl final : public EtcdClient {
@@ -786,6 +794,7 @@ bool WatchImpl::StreamFrom(const Member& member, bool quiet) {
 
 void KeepAliveImpl::Run() {
   while (true) {
+    const int64_t sent_ms = SteadyNowMs();
     absl::StatusOr<int64_t> ttl = client_->RenewOnce(lease_);
     MutexLock lock(&mu_);
     if (stopped_) return;
@@ -798,6 +807,7 @@ void KeepAliveImpl::Run() {
     if (ttl.ok()) {
       last_ttl_ = *ttl;
       ++renewals_;
+      renewed_steady_ms_ = sent_ms;
     } else {
       // Every member failed for a whole call: the lease may still be alive (an etcd outage
       // shorter than its TTL evicts nobody); try again at the next interval.

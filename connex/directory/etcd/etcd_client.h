@@ -245,6 +245,9 @@ class EtcdKeepAlive {
   // The TTL etcd reported at the last renewal, and how many renewals it acknowledged.
   virtual int64_t last_ttl_seconds() const = 0;
   virtual int64_t renewals() const = 0;
+  // When (steady_clock, ms) the renewal etcd last acknowledged was sent, or the keepalive started
+  // (the lease was granted just before): etcd cannot expire the lease sooner than a TTL after.
+  virtual int64_t renewed_steady_ms() const = 0;
   // Stops renewing (the lease then runs out unless revoked). Returns at once; the destructor
   // waits for a renewal in flight, at most the client's call_timeout.
   virtual void Stop() = 0;

@@ -165,6 +165,21 @@ class EtcdClientBackend final : public ClientBackend {
     return NowMs() - it->second.renewed_ms;
   }
 
+  // The LID lives as long as the process's lease: etcd expires it a TTL after the renewal it last
+  // acknowledged, however recently the record was read.
+  std::optional<int64_t> LeaseLeftMs(const Lid& lid) const override {
+    std::shared_ptr<EtcdStore> store;
+    {
+      MutexLock lock(&mu_);
+      if (registrations_.find(lid) == registrations_.end()) return std::nullopt;
+      store = store_;
+    }
+    if (!store || !store->lease_status().ok()) return std::nullopt;
+    std::optional<int64_t> renewed = store->lease_renewed_steady_ms();
+    if (!renewed) return std::nullopt;
+    return store->lease_ttl_ms() - (NowMs() - *renewed);
+  }
+
   int64_t heartbeat_ms() const override { return heartbeat_ms_; }
 
   std::optional<uint64_t> EpochOf(const Lid& lid) const override {

@@ -191,6 +191,12 @@ absl::Status EtcdStore::lease_status() const {
   return keepalive_->status();
 }
 
+std::optional<int64_t> EtcdStore::lease_renewed_steady_ms() const {
+  MutexLock lock(&mu_);
+  if (!keepalive_) return std::nullopt;
+  return keepalive_->renewed_steady_ms();
+}
+
 int64_t EtcdStore::lease_id() const {
   MutexLock lock(&mu_);
   return lease_id_;

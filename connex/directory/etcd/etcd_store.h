@@ -137,6 +137,9 @@ class EtcdStore {
 
   // OK while the lease is kept alive; NotFound once etcd says it expired or was revoked.
   absl::Status lease_status() const;
+  // When (steady_clock, ms) the lease's last acknowledged renewal was sent (or it was granted);
+  // nullopt when the store holds no lease.
+  std::optional<int64_t> lease_renewed_steady_ms() const;
   // Grants a new lease after the old one was lost (the holder then joins its LIDs again).
   absl::Status RenewLease();
   int64_t lease_id() const;

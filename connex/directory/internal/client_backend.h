@@ -37,6 +37,7 @@ class ClientBackend {
   virtual absl::Status LeaveAll() = 0;
   virtual absl::StatusOr<uint64_t> Renew(const Lid& lid) = 0;
   virtual std::optional<int64_t> RenewalAgeMs(const Lid& lid) const = 0;
+  virtual std::optional<int64_t> LeaseLeftMs(const Lid& lid) const = 0;
   virtual int64_t heartbeat_ms() const = 0;
   virtual std::optional<uint64_t> EpochOf(const Lid& lid) const = 0;
   virtual void OnRegistrationChange(std::function<void(const RegistrationChange&)> cb) = 0;
