@@ -185,7 +185,52 @@ class DirectoryServer::Loop {
   }
 
  private:
+  // A connection whose requests were refused as malformed, invalid or unauthenticated more than
+  // kJunkPerSecond times in a second is not read for kJunkCooldownMs: its requests are dropped
+  // unanswered before they are parsed (a legitimate client never comes near the bound).
+  static constexpr int kJunkPerSecond = 32;
+  static constexpr int64_t kJunkCooldownMs = 1000;
+  struct JunkBudget {
+    int64_t window_ms = 0;  // the start of the second `refused` counts in
+    int refused = 0;
+    int64_t cooldown_until_ms = 0;
+  };
+
   void HandleMessage(std::vector<zmq::message_t>& parts) {
+    if (parts.empty()) return;
+    const int64_t now = options_.clock->NowMs();
+    std::string connection(AsView(parts[0]));
+    auto budget = junk_by_connection_.find(connection);
+    if (budget != junk_by_connection_.end() && budget->second.cooldown_until_ms > now) {
+      server_->requests_dropped_.fetch_add(1);
+      return;
+    }
+    const uint64_t rejected_before = server_->requests_rejected_.load();
+    token_refused_ = false;
+    HandleRequest(parts);
+    if (server_->requests_rejected_.load() == rejected_before && !token_refused_) return;
+    if (junk_by_connection_.size() >= kMaxJunkConnections) {
+      std::erase_if(junk_by_connection_, [now](const auto& e) {
+        return e.second.cooldown_until_ms <= now && now - e.second.window_ms >= 1000;
+      });
+    }
+    if (junk_by_connection_.size() >= kMaxJunkConnections) return;  // under a storm: unbudgeted
+    JunkBudget& b = junk_by_connection_[connection];
+    if (now - b.window_ms >= 1000) {
+      b.window_ms = now;
+      b.refused = 0;
+    }
+    if (++b.refused > kJunkPerSecond) {
+      b.cooldown_until_ms = now + kJunkCooldownMs;
+      b.refused = 0;
+      CONNEX_LOG_WARN(
+          "directory: a connection sent more than {} refused requests in a second; its requests "
+          "are dropped unread for {} ms",
+          kJunkPerSecond, kJunkCooldownMs);
+    }
+  }
+
+  void HandleRequest(std::vector<zmq::message_t>& parts) {
     // DEALER peers send [identity, payload]; REQ peers [identity, "", payload].
     std::vector<zmq::message_t> envelope;
     const zmq::message_t* payload = nullptr;
@@ -384,11 +429,13 @@ class DirectoryServer::Loop {
     absl::StatusOr<std::string> token = body.StrOr("token", "");
     if (!token.ok()) return token.status();
     if (token->empty()) {
+      token_refused_ = true;
       return absl::PermissionDeniedError(
           "this directory requires a token: give the client its file with --token-file FILE "
           "(CONNEX_DIRECTORY_TOKEN_FILE) or the secret in CONNEX_DIRECTORY_TOKEN");
     }
     if (!SecretsEqual(*token, options_.token)) {
+      token_refused_ = true;
       return absl::PermissionDeniedError("wrong directory token");
     }
     return absl::OkStatus();
@@ -583,6 +630,10 @@ class DirectoryServer::Loop {
   std::shared_ptr<Unread> unread_ = std::make_shared<Unread>();
   std::unordered_map<std::string, std::shared_ptr<std::atomic<int64_t>>> unread_by_connection_;
   size_t prune_unread_at_ = 1024;
+  // Refusals per connection (HandleMessage); at most kMaxJunkConnections tracked.
+  static constexpr size_t kMaxJunkConnections = 4096;
+  std::unordered_map<std::string, JunkBudget> junk_by_connection_;
+  bool token_refused_ = false;  // the request being handled was refused for its token
   static constexpr int64_t kWatchedForMs = 60'000;
   std::map<std::string, int64_t> watched_;  // model -> when it was last snapshotted
 };

@@ -81,6 +81,8 @@ class DirectoryServer {
   // Requests served and malformed requests seen so far.
   uint64_t requests_served() const { return requests_served_.load(); }
   uint64_t requests_rejected() const { return requests_rejected_.load(); }
+  // Requests dropped unread from connections past their budget of refusals (32 a second).
+  uint64_t requests_dropped() const { return requests_dropped_.load(); }
   // SNAPSHOTs refused because their clients left too many replies unread (protocol.h).
   uint64_t snapshots_refused() const { return snapshots_refused_.load(); }
   // Connections refused by CURVE (a wrong or missing client key).
@@ -104,6 +106,7 @@ class DirectoryServer {
   std::atomic<int> snapshots_dropped_{0};
   std::atomic<uint64_t> requests_served_{0};
   std::atomic<uint64_t> requests_rejected_{0};
+  std::atomic<uint64_t> requests_dropped_{0};
   std::atomic<uint64_t> snapshots_refused_{0};
 };
 

@@ -505,6 +505,47 @@ void SendGarbage(const std::string& endpoint, const std::string& bytes) {
   close(fd);
 }
 
+// Issue 23: junk is refused before it costs. A connection that sends requests the directory
+// refuses (malformed, invalid, a wrong token) past 32 in a second is not read for a second: what
+// it sends meanwhile is dropped unparsed and unanswered, while everyone else is served; then it
+// is answered again.
+TEST_F(DirectoryTest, AConnectionThatSendsJunkIsNotReadForASecond) {
+  StartServer();
+  zmq::context_t ctx(1);
+  zmq::socket_t junk(ctx, zmq::socket_type::dealer);
+  junk.set(zmq::sockopt::linger, 0);
+  junk.connect(bind_);
+  constexpr int kSent = 200;
+  for (int i = 0; i < kSent; ++i)
+    junk.send(zmq::buffer(std::string("junk")), zmq::send_flags::none);
+  ASSERT_TRUE(WaitUntil(
+      [&] { return server_->requests_rejected() + server_->requests_dropped() >= kSent; }, 10000))
+      << server_->requests_rejected() << " rejected, " << server_->requests_dropped() << " dropped";
+  // Everyone else is served meanwhile.
+  auto holder = Client();
+  ASSERT_NE(holder, nullptr);
+  EXPECT_TRUE(holder->Join(a_, {"tcp://127.0.0.1:1"}).ok());
+  int answered = 0;
+  zmq::message_t reply;
+  while (junk.recv(reply, zmq::recv_flags::dontwait)) ++answered;
+  std::printf("%d junk requests from one connection: %d answered, %llu dropped unread\n", kSent,
+              answered, static_cast<unsigned long long>(server_->requests_dropped()));
+  EXPECT_LE(answered, 33 + 1);  // the budget, and the one that ran past it
+  EXPECT_GE(server_->requests_dropped(), static_cast<uint64_t>(kSent - 34));
+  // After the cooldown the connection is read again (a legitimate client that erred recovers).
+  wire::MapBuilder hello;
+  hello.Uint("id", 1);
+  const std::string frame = wire::EncodeFrame("HELLO", hello);
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        junk.send(zmq::buffer(frame), zmq::send_flags::none);
+        zmq::pollitem_t item{junk.handle(), 0, ZMQ_POLLIN, 0};
+        zmq::poll(&item, 1, std::chrono::milliseconds(200));
+        return (item.revents & ZMQ_POLLIN) != 0 && junk.recv(reply).has_value();
+      },
+      10000));
+}
+
 TEST_F(DirectoryTest, SurvivesGarbageOnBothPorts) {
   StartServer();
   auto holder = Client();
