@@ -19,8 +19,10 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/elastic/peer_set.h"
+#include "connex/pp/epoch_guard.h"
 #include "connex/pp/internal/batch_select.h"
 #include "connex/pp/internal/recent_set.h"
+#include "connex/pp/internal/registration.h"
 #include "connex/pp/messages.h"
 #include "connex/pp/release_queue.h"
 #include "connex/pp/route_table.h"
@@ -98,6 +100,21 @@ bool Permanent(absl::StatusCode code) {
          code == absl::StatusCode::kResourceExhausted || code == absl::StatusCode::kOutOfRange;
 }
 
+// The lease of `lid` as this node's directory client holds it, for its EpochGuard.
+class DirectoryLease final : public LeaseSource {
+ public:
+  DirectoryLease(directory::DirectoryClient& directory, Lid lid)
+      : dir_(directory), lid_(std::move(lid)) {}
+  std::optional<int64_t> RenewalAgeMs() const override { return dir_.RenewalAgeMs(lid_); }
+  std::optional<int64_t> LeaseLeftMs() const override { return dir_.LeaseLeftMs(lid_); }
+  int64_t heartbeat_ms() const override { return dir_.heartbeat_ms(); }
+  absl::StatusOr<uint64_t> Renew() override { return dir_.Renew(lid_); }
+
+ private:
+  directory::DirectoryClient& dir_;
+  const Lid lid_;
+};
+
 }  // namespace
 
 class StageNode::Impl {
@@ -112,7 +129,8 @@ class StageNode::Impl {
         dir_(directory),
         lid_{o_.model, o_.stage, 0, o_.replica},
         routes_(o_.stages),
-        gone_peers_(kGonePeers) {
+        gone_peers_(kGonePeers),
+        lease_source_(directory, lid_) {
     std::random_device rd;
     rng_.seed((static_cast<uint64_t>(rd()) << 32) ^ rd());
     next_step_ = ((rng_() & 0xffff) << 40) | 1;
@@ -218,9 +236,11 @@ class StageNode::Impl {
       }
     });
     const int64_t lease = dir_.lease_ttl_ms() > 0 ? dir_.lease_ttl_ms() : o_.probe_timeout_ms;
-    stall_ms_ = o_.stall_confirm_ms > 0
-                    ? o_.stall_confirm_ms
-                    : std::max<int64_t>(1, std::min(o_.probe_timeout_ms, lease) / 2);
+    const int64_t stall_ms = o_.stall_confirm_ms > 0
+                                 ? o_.stall_confirm_ms
+                                 : std::max<int64_t>(1, std::min(o_.probe_timeout_ms, lease) / 2);
+    guard_ =
+        std::make_unique<EpochGuard>(lid_.ToString(), clock_, stall_ms, reg_.get(), &lease_source_);
     CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, dir_.Join(lid_, Addresses(), JoinMetadata()));
     joined_ = true;
     reg_->AdvanceEpoch(epoch);
@@ -438,44 +458,7 @@ class StageNode::Impl {
 
   // This incarnation's registration, shared with the directory client's callback (which may
   // outlive the node).
-  struct Registration {
-    std::atomic<uint64_t> epoch{0};
-    std::atomic<bool> fenced{false};  // the LID is lost: the epoch stays 0
-    connex::Mutex mu;
-    absl::Status lost ABSL_GUARDED_BY(mu);
-
-    // Epochs only grow: the notice of a rejoin that arrives after our own migration's JOIN
-    // (a newer epoch) must not take the node back to the older one, whose steps are fenced.
-    void AdvanceEpoch(uint64_t e) {
-      uint64_t current = epoch.load();
-      while (e > current && !epoch.compare_exchange_weak(current, e)) {
-      }
-      if (fenced.load()) epoch.store(0);
-    }
-    void Fence() {
-      fenced.store(true);
-      epoch.store(0);
-    }
-
-    // The directory evicted `e`: if it is the epoch held now, its steps are refused until the
-    // client's rejoin brings a new one.
-    std::atomic<uint64_t> revoked{0};
-    std::atomic<bool> leaving{false};         // our own LEAVE: its LEFT is not an eviction
-    std::atomic<bool> operator_drain{false};  // a LEFT of our epoch that was not our LEAVE
-    std::string revoked_why ABSL_GUARDED_BY(mu);
-    void Revoke(uint64_t e, std::string why) {
-      connex::MutexLock lock(&mu);
-      if (e == 0 || epoch.load() != e || revoked.load() == e) return;
-      revoked_why = std::move(why);
-      revoked.store(e);
-      CONNEX_LOG_WARN("pp: epoch {} was evicted ({}): its steps are refused until it joins again",
-                      e, revoked_why);
-    }
-    std::string RevokedWhy() {
-      connex::MutexLock lock(&mu);
-      return revoked_why;
-    }
-  };
+  using Registration = internal::Registration;
 
   struct Request {
     std::vector<int32_t> tokens;  // prompt, then generated
@@ -598,11 +581,11 @@ class StageNode::Impl {
         queue_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(wait));
         items.swap(queue_);
       }
-      NoteAlive();
+      guard_->NoteAlive();
       CheckRegistration();
       if (reg_->operator_drain.load() && !operator_draining_) StartOperatorDrain();
       for (Item& item : items) {
-        NoteAlive();
+        guard_->NoteAlive();
         if (stop_.load()) {
           if (auto* cmd = std::get_if<Command>(&item)) {
             if (cmd->cancel) cmd->cancel();
@@ -693,124 +676,9 @@ class StageNode::Impl {
     for (uint64_t id : ids) Finish(id, health);
   }
 
-  // The stall detector: a gap between two signs of life of the loop longer than stall_ms_ (the
-  // process was frozen, starved, or ran a long step) leaves the epoch held then unconfirmed
-  // until the directory confirms it (Admit). Peers need longer than that to declare a stage
-  // dead, so a step admitted without a stall runs under an epoch nobody evicted for lack of
-  // answers from this process.
-  void NoteAlive() {
-    const int64_t now = NowMs();
-    if (alive_ms_ != 0 && now - alive_ms_ > stall_ms_ && unconfirmed_epoch_ == 0 &&
-        reg_->epoch.load() != 0) {
-      unconfirmed_epoch_ = reg_->epoch.load();
-      stalled_ms_ = now - alive_ms_;
-      next_confirm_ms_ = 0;
-      CONNEX_LOG_INFO(
-          "pp {}: no progress for {} ms: epoch {} is confirmed with the directory "
-          "before the next step",
-          lid_.ToString(), stalled_ms_, unconfirmed_epoch_);
-    }
-    alive_ms_ = now;
-  }
-
-  // Whether a step (or, on stage 0, its own step) may run under `epoch`, this incarnation's.
-  // OK at the cost of a flag test unless the loop stalled or the epoch was evicted. Refusals are
-  // FailedPrecondition (evicted: fenced) or Unavailable (the directory cannot confirm it now).
-  absl::Status Admit(uint64_t epoch) {
-    NoteAlive();  // a freeze right before this step counts
-    if (reg_->revoked.load() == epoch) {
-      return absl::FailedPreconditionError(
-          StrCat("the directory evicted it (", reg_->RevokedWhy(), "); joining again"));
-    }
-    if (unconfirmed_epoch_ == 0) {
-      // Cut off rather than frozen (a partition: the loop ran on, but neither the directory nor
-      // the peers heard from it): a heartbeat that should have renewed the lease by now did
-      // not, so the peers may have replaced it meanwhile.
-      std::optional<int64_t> age = dir_.RenewalAgeMs(lid_);
-      if (!age || *age <= dir_.heartbeat_ms() + stall_ms_) {
-        if (on_lease_since_ms_ != 0) {
-          CONNEX_LOG_WARN("pp {}: the directory renewed epoch {} again; {} steps ran on the lease",
-                          lid_.ToString(), epoch, stats_.steps_on_lease - on_lease_steps_at_start_);
-          on_lease_since_ms_ = 0;
-        }
-        return absl::OkStatus();
-      }
-      if (OnTheLease(epoch, *age)) return absl::OkStatus();
-      unconfirmed_epoch_ = epoch;
-      stalled_ms_ = *age;
-      next_confirm_ms_ = 0;
-      CONNEX_LOG_INFO(
-          "pp {}: the lease of epoch {} was not renewed for {} ms: it is confirmed "
-          "with the directory before the next step",
-          lid_.ToString(), epoch, *age);
-    }
-    if (unconfirmed_epoch_ != epoch) {
-      unconfirmed_epoch_ = 0;  // a new epoch, joined after the stall
-      return absl::OkStatus();
-    }
-    const int64_t now = NowMs();
-    if (now < next_confirm_ms_) {
-      return absl::UnavailableError(
-          StrCat("this stage stalled ", stalled_ms_,
-                 " ms and the directory could not confirm its epoch yet"));
-    }
-    ++stats_.epoch_checks;
-    absl::StatusOr<uint64_t> held = dir_.Renew(lid_);
-    NoteAlive();  // the round trip is not a stall
-    if (held.ok() && *held == epoch) {
-      CONNEX_LOG_INFO("pp {}: epoch {} confirmed after a stall of {} ms", lid_.ToString(), epoch,
-                      stalled_ms_);
-      unconfirmed_epoch_ = 0;
-      return absl::OkStatus();
-    }
-    if (held.ok()) {
-      reg_->AdvanceEpoch(*held);  // a JOIN of ours whose reply was lost
-      return absl::FailedPreconditionError(StrCat("the directory holds epoch ", *held, " now"));
-    }
-    if (held.status().code() == absl::StatusCode::kFailedPrecondition ||
-        held.status().code() == absl::StatusCode::kNotFound) {
-      std::string why = StrCat("no longer current after a stall of ", stalled_ms_,
-                               " ms: ", held.status().message());
-      reg_->Revoke(epoch, why);
-      return absl::FailedPreconditionError(StrCat("the directory evicted it (", why, ")"));
-    }
-    next_confirm_ms_ = now + stall_ms_;  // unreachable: refuse meanwhile, ask again later
-    return absl::UnavailableError(
-        StrCat("this stage stalled ", stalled_ms_,
-               " ms and the directory could not confirm its epoch: ", held.status().message()));
-  }
-
-  // A step may run without asking the directory while its lease is unrenewed (the directory is
-  // down, restarting or slow, or unreachable from here) as long as both hold:
-  //  - the lease cannot have run out (DirectoryClient::LeaseLeftMs, less a stall bound of
-  //    margin): the directory expires a lease a TTL after the renewal it last acknowledged, a
-  //    restarted one gives every restored lease a whole TTL, and etcd keeps a lease across a
-  //    leader change;
-  //  - a member this node deals with was heard from within the stall bound before this step:
-  //    a peer reports a stage only after a probe timeout without an answer, longer than that
-  //    bound, so a stage that was cut off from its peers too (a partition) confirms with the
-  //    directory as before (rule 2b of docs/design/step-protocol.md, "Zombies").
-  // What it leaves: a stage cut off from the directory and one peer but not another could run
-  // a step after the cut-off peer's report evicted it; the owner drops that attempt's answer.
-  bool OnTheLease(uint64_t epoch, int64_t age_ms) {
-    const int64_t now = NowMs();
-    // A stall bound of margin for the renewal's round trip and the directory's expiry sweep.
-    const std::optional<int64_t> lease_left_ms = dir_.LeaseLeftMs(lid_);
-    if (!lease_left_ms || *lease_left_ms - stall_ms_ <= 0 || peer_heard_ms_ == 0 ||
-        now - peer_heard_ms_ > stall_ms_) {
-      return false;
-    }
-    ++stats_.steps_on_lease;
-    if (on_lease_since_ms_ == 0) {
-      on_lease_since_ms_ = now;
-      on_lease_steps_at_start_ = stats_.steps_on_lease - 1;
-      CONNEX_LOG_WARN(
-          "pp {}: the directory has not renewed epoch {} for {} ms; steps go on under its lease "
-          "(for at most {} ms more) while the peers answer",
-          lid_.ToString(), epoch, age_ms, *lease_left_ms - stall_ms_);
-    }
-    return true;
-  }
+  // Whether a step (or, on stage 0, its own step) may run under `epoch`, this incarnation's
+  // (EpochGuard: evicted, stalled, on the lease).
+  absl::Status Admit(uint64_t epoch) { return guard_->Admit(epoch); }
 
   int64_t NextTimer(int64_t now) const {
     int64_t next = now + 20;
@@ -843,6 +711,8 @@ class StageNode::Impl {
     }
     stats_.releases_pending = releases_ ? releases_->pending() : 0;
     stats_.epoch = reg_->epoch.load();
+    stats_.epoch_checks = guard_->stats().epoch_checks;
+    stats_.steps_on_lease = guard_->stats().steps_on_lease;
     ledger_.Hold(stats_.epoch);
     stats_.epochs = ledger_.epochs();
     connex::MutexLock lock(&stats_mu_);
@@ -861,7 +731,7 @@ class StageNode::Impl {
     std::visit([this](auto& s) { On(s); }, *signal);
     // After the frame was handled: a step that arrives after a silence is admitted (or not)
     // before it counts as contact (Admit, "on the lease").
-    if (FromMember(*signal)) peer_heard_ms_ = NowMs();
+    if (FromMember(*signal)) guard_->NotePeer();
   }
 
   // Whether `signal` came from a live member this node deals with: contact with the peers that
@@ -1610,18 +1480,11 @@ class StageNode::Impl {
   uint64_t owner_forged_dropped_ = 0;
   uint64_t strangers_ignored_ = 0;
   EpochLedger ledger_;  // steps executed per epoch (the receiver's and the owner's own)
-  // The stall detector (NoteAlive, Admit).
-  int64_t stall_ms_ = 250;
-  int64_t alive_ms_ = 0;            // the loop's last sign of life
-  uint64_t unconfirmed_epoch_ = 0;  // held across a stall, not confirmed since (0: none)
-  int64_t stalled_ms_ = 0;
-  int64_t next_confirm_ms_ = 0;  // after an unanswered confirmation
-  // Steps on the lease while the directory does not renew it (OnTheLease).
-  int64_t peer_heard_ms_ = 0;      // the last signal from a member (HandleFrame, FromMember)
-  bool last_ack_matched_ = false;  // the last ACK handled matched a send of ours
-  int64_t on_lease_since_ms_ = 0;  // the first step on the lease of this outage (0: none)
-  uint64_t on_lease_steps_at_start_ = 0;
-  uint64_t subscription_ = 0;  // our own epoch's evictions
+  // Self-fencing (Admit): whether a step may run under our epoch; created by Start.
+  DirectoryLease lease_source_;
+  std::unique_ptr<EpochGuard> guard_;
+  bool last_ack_matched_ = false;  // the last ACK handled matched a send of ours (FromMember)
+  uint64_t subscription_ = 0;      // our own epoch's evictions
   // Owner side.
   std::map<uint64_t, Request> requests_;
   std::map<uint64_t, Step> steps_;

@@ -1,0 +1,61 @@
+// A StageNode incarnation's registration: the epoch it holds, whether the directory evicted it
+// and why, and the notices of its own LEAVE and of an operator's drain. Shared between the node's
+// loop, its EpochGuard and the directory client's callbacks (which may outlive the node), so
+// every field is atomic or guarded.
+#ifndef CONNEX_PP_INTERNAL_REGISTRATION_H_
+#define CONNEX_PP_INTERNAL_REGISTRATION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "connex/base/logging.h"
+#include "connex/base/mutex.h"
+
+namespace connex::pp::internal {
+
+struct Registration {
+  std::atomic<uint64_t> epoch{0};
+  std::atomic<bool> fenced{false};  // the LID is lost: the epoch stays 0
+  connex::Mutex mu;
+  absl::Status lost ABSL_GUARDED_BY(mu);
+
+  // Epochs only grow: the notice of a rejoin that arrives after our own migration's JOIN
+  // (a newer epoch) must not take the node back to the older one, whose steps are fenced.
+  void AdvanceEpoch(uint64_t e) {
+    uint64_t current = epoch.load();
+    while (e > current && !epoch.compare_exchange_weak(current, e)) {
+    }
+    if (fenced.load()) epoch.store(0);
+  }
+  void Fence() {
+    fenced.store(true);
+    epoch.store(0);
+  }
+
+  // The directory evicted `e`: if it is the epoch held now, its steps are refused until the
+  // client's rejoin brings a new one.
+  std::atomic<uint64_t> revoked{0};
+  std::atomic<bool> leaving{false};         // our own LEAVE: its LEFT is not an eviction
+  std::atomic<bool> operator_drain{false};  // a LEFT of our epoch that was not our LEAVE
+  std::string revoked_why ABSL_GUARDED_BY(mu);
+  void Revoke(uint64_t e, std::string why) {
+    connex::MutexLock lock(&mu);
+    if (e == 0 || epoch.load() != e || revoked.load() == e) return;
+    revoked_why = std::move(why);
+    revoked.store(e);
+    CONNEX_LOG_WARN("pp: epoch {} was evicted ({}): its steps are refused until it joins again", e,
+                    revoked_why);
+  }
+  std::string RevokedWhy() {
+    connex::MutexLock lock(&mu);
+    return revoked_why;
+  }
+};
+
+}  // namespace connex::pp::internal
+
+#endif  // CONNEX_PP_INTERNAL_REGISTRATION_H_
