@@ -24,9 +24,9 @@ TEST(RenderNodeStatsTest, EveryFieldIsAFamilyCountersWithTotal) {
   EXPECT_THAT(text, HasSubstr("connex_stage_requests_in_flight 1\n"));
   EXPECT_THAT(text, HasSubstr("connex_stage_releases_pending 0\n"));
   EXPECT_THAT(text, Not(HasSubstr("held_requests_total")));
-  // 17 counters and 8 gauges, each with HELP, TYPE and one sample; the two per-epoch families
+  // 18 counters and 8 gauges, each with HELP, TYPE and one sample; the two per-epoch families
   // have HELP and TYPE, and no sample without epochs.
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 25 * 3 + 2 * 2);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 26 * 3 + 2 * 2);
 }
 
 TEST(RenderNodeStatsTest, PerEpochFamiliesHaveOneSampleAnEpoch) {
