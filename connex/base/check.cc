@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "connex/base/logging.h"
+#include "connex/base/logging_spdlog.h"
 
 namespace connex::internal {
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "connex/base/config.h"
 #include "connex/base/logging.h"
+#include "connex/base/logging_spdlog.h"
 #include "connex/base/strings.h"
 
 namespace connex {

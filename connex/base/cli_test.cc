@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "connex/base/logging.h"
+#include "connex/base/logging_spdlog.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,4 +1,5 @@
 #include "connex/base/curve.h"
+#include "connex/base/curve_zmq.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -9,6 +9,7 @@
 
 #include "connex/base/access_log.h"
 #include "connex/base/config.h"
+#include "connex/base/logging_spdlog.h"
 #include "connex/base/strings.h"
 #include "spdlog/pattern_formatter.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -135,6 +136,23 @@ spdlog::logger& Log() {
   }();
   return *logger;
 }
+
+static_assert(static_cast<int>(LogLevel::kTrace) == spdlog::level::trace &&
+              static_cast<int>(LogLevel::kInfo) == spdlog::level::info &&
+              static_cast<int>(LogLevel::kError) == spdlog::level::err &&
+              static_cast<int>(LogLevel::kOff) == spdlog::level::off);
+
+namespace internal {
+
+bool LogEnabled(LogLevel level) {
+  return Log().should_log(static_cast<spdlog::level::level_enum>(level));
+}
+
+void LogLine(LogLevel level, std::string_view message) {
+  Log().log(static_cast<spdlog::level::level_enum>(level), "{}", message);
+}
+
+}  // namespace internal
 
 LogField::LogField(std::string_view key, double number) : key(key), number(true) {
   value = std::isfinite(number) ? fmt::format("{:.6g}", number) : "null";

@@ -1,32 +1,44 @@
-// Logging: one spdlog logger for the process, written to stderr, level from CONNEX_LOG_LEVEL
-// (trace, debug, info, warn, error, off; default info) or a binary's --log-level. Thread-safe.
+// Logging: one logger for the process, written to stderr, level from CONNEX_LOG_LEVEL (trace,
+// debug, info, warn, error, off; default info) or a binary's --log-level; text or, with
+// CONNEX_LOG_FORMAT=json, a JSON object a line. Thread-safe.
+//
+// CONNEX_LOG_INFO("fmt {}", args...) formats with {fmt} only when the level is on. This header
+// carries {fmt} alone; the logger behind it is spdlog, whose header only the few files that
+// configure it include (logging_spdlog.h).
 #ifndef CONNEX_BASE_LOGGING_H_
 #define CONNEX_BASE_LOGGING_H_
 
 #include <string_view>
 
-#include "absl/status/statusor.h"
-#include "spdlog/spdlog.h"
+#include "fmt/format.h"
 
 namespace connex {
 
 // The accepted level names, as shown in messages and --help.
 inline constexpr std::string_view kLogLevelNames = "trace, debug, info, warn, error, off";
 
-// The level named `text` (one of kLogLevelNames). InvalidArgument names the text and the accepted
-// names: spdlog's own from_str maps an unknown name to `off`, which would silence every log.
-absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(std::string_view text);
+// In spdlog's order (logging_spdlog.h converts).
+enum class LogLevel : int { kTrace = 0, kDebug, kInfo, kWarn, kError, kCritical, kOff };
 
-// The process's logger; created on first use. An unknown CONNEX_LOG_LEVEL keeps `info` and says
-// so once (binaries refuse it as a usage error before they log: connex/base/cli.h).
-spdlog::logger& Log();
+namespace internal {
+// Whether a line at `level` is written now.
+bool LogEnabled(LogLevel level);
+// Writes one line at `level`.
+void LogLine(LogLevel level, std::string_view message);
+}  // namespace internal
 
 }  // namespace connex
 
-#define CONNEX_LOG_TRACE(...) ::connex::Log().trace(__VA_ARGS__)
-#define CONNEX_LOG_DEBUG(...) ::connex::Log().debug(__VA_ARGS__)
-#define CONNEX_LOG_INFO(...) ::connex::Log().info(__VA_ARGS__)
-#define CONNEX_LOG_WARN(...) ::connex::Log().warn(__VA_ARGS__)
-#define CONNEX_LOG_ERROR(...) ::connex::Log().error(__VA_ARGS__)
+#define CONNEX_LOG_AT_(level, ...)                                    \
+  do {                                                                \
+    if (::connex::internal::LogEnabled(level)) {                      \
+      ::connex::internal::LogLine(level, ::fmt::format(__VA_ARGS__)); \
+    }                                                                 \
+  } while (false)
+#define CONNEX_LOG_TRACE(...) CONNEX_LOG_AT_(::connex::LogLevel::kTrace, __VA_ARGS__)
+#define CONNEX_LOG_DEBUG(...) CONNEX_LOG_AT_(::connex::LogLevel::kDebug, __VA_ARGS__)
+#define CONNEX_LOG_INFO(...) CONNEX_LOG_AT_(::connex::LogLevel::kInfo, __VA_ARGS__)
+#define CONNEX_LOG_WARN(...) CONNEX_LOG_AT_(::connex::LogLevel::kWarn, __VA_ARGS__)
+#define CONNEX_LOG_ERROR(...) CONNEX_LOG_AT_(::connex::LogLevel::kError, __VA_ARGS__)
 
 #endif  // CONNEX_BASE_LOGGING_H_

@@ -1,4 +1,5 @@
 #include "connex/base/logging.h"
+#include "connex/base/logging_spdlog.h"
 
 #include "connex/base/access_log.h"
 #include "gmock/gmock.h"

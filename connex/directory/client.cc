@@ -1,3 +1,4 @@
+#include "connex/base/curve_zmq.h"
 #include "connex/directory/client.h"
 
 #include <sys/eventfd.h>

@@ -1,5 +1,6 @@
 #include "connex/directory/protocol.h"
 
+#include "connex/base/codec.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 

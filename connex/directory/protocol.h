@@ -14,8 +14,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "connex/base/codec.h"
 #include "connex/base/lid.h"
+
+// The wire encoding (connex/base/codec.h, msgpack) is needed only where frames are built or
+// read: the value types below do not carry it into every file that includes them.
+namespace connex::wire {
+class MapBuilder;
+class MapView;
+}  // namespace connex::wire
 
 namespace connex::directory {
 

@@ -1,5 +1,6 @@
 #include "connex/directory/protocol.h"
 
+#include "connex/base/codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

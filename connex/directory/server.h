@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "connex/base/clock.h"
 #include "connex/base/curve.h"
+#include "connex/base/curve_zmq.h"
 #include "connex/directory/protocol.h"
 #include "zmq.hpp"
 

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "connex/base/codec.h"
 #include "connex/base/mutex.h"
 #include "connex/base/wait.h"
 #include "connex/base/zmq_util.h"

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "connex/base/curve.h"
+#include "connex/base/curve_zmq.h"
 #include "connex/base/lid.h"
 #include "connex/base/mutex.h"
 #include "zmq.hpp"

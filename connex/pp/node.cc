@@ -1439,7 +1439,7 @@ class StageNode::Impl {
       q.sent_to = ends[i];
       q.waiting_since = NowMs();
     }
-    if (Log().should_log(spdlog::level::trace)) {
+    if (::connex::internal::LogEnabled(::connex::LogLevel::kTrace)) {
       std::string what;
       for (size_t i = 0; i < ids.size(); ++i) {
         what += StrCat(" ", ids[i], ":", starts[i], "+", counts[i]);

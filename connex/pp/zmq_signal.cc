@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "connex/base/curve.h"
+#include "connex/base/curve_zmq.h"
 #include "connex/base/logging.h"
 #include "connex/base/mutex.h"
 #include "connex/base/status.h"

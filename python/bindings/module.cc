@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "connex/base/logging.h"
+#include "connex/base/logging_spdlog.h"
 #include "python/bindings/common.h"
 
 namespace connex::python {

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "connex/base/clock.h"
 #include "connex/base/logging.h"
+#include "connex/base/logging_spdlog.h"
 #include "connex/base/mutex.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
