@@ -19,6 +19,8 @@
 #include "connex/base/strings.h"
 #include "connex/serving/api_error.h"
 #include "connex/serving/deployment.h"
+#include "connex/serving/internal/replica_balancer.h"
+#include "connex/serving/internal/upstream.h"
 #include "connex/serving/listen_address.h"
 #include "connex/serving/metrics.h"
 #include "connex/serving/openai_api.h"
@@ -35,15 +37,14 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using Json = nlohmann::json;
 using SteadyClock = std::chrono::steady_clock;
+using internal::ErrorMessageOf;
+using internal::ParseUpstreamEvent;
+using internal::ReplicaBalancer;
+using internal::UpstreamBody;
+using internal::UpstreamEvent;
 
 // An upstream error body (before the stream) or event larger than this is a broken upstream.
 constexpr size_t kMaxUpstreamMessageBytes = 1 << 20;
-// A replica that failed an attempt is not picked again for this long; one that refuses
-// connections again and again (a dead process whose lease has not run out yet) for twice as long
-// each time, up to kMaxReplicaDownMs. The directory drops a dead one within a lease; its restart
-// is a new epoch, hence a new replica with a clean slate.
-constexpr int64_t kReplicaDownMs = 1'000;
-constexpr int64_t kMaxReplicaDownMs = 4'000;
 constexpr int64_t kFirstBackoffMs = 50;
 constexpr int64_t kMaxBackoffMs = 1'000;
 
@@ -57,122 +58,6 @@ int64_t UnixSeconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-// The body of one upstream attempt: the client's request with the proxy's seed, always
-// streamed with usage; a resume sends the prompt's token ids plus those delivered, to
-// /v1/completions, with what is left of max_tokens.
-std::string UpstreamBody(const CompletionRequest& r, std::span<const int32_t> resume_prompt,
-                         int64_t max_tokens) {
-  Json body = Json::object();
-  body["model"] = r.model;
-  if (!resume_prompt.empty()) {
-    body["prompt"] = std::vector<int32_t>(resume_prompt.begin(), resume_prompt.end());
-  } else if (r.endpoint == Endpoint::kChatCompletions) {
-    Json messages = Json::array();
-    for (const ChatMessage& m : r.messages) {
-      messages.push_back({{"role", m.role}, {"content", m.content}});
-    }
-    body["messages"] = std::move(messages);
-  } else if (r.prompt_text) {
-    body["prompt"] = *r.prompt_text;
-  } else {
-    body["prompt"] = r.prompt_token_ids;
-  }
-  body["max_tokens"] = max_tokens;
-  body["stream"] = true;
-  body["stream_options"] = {{"include_usage", true}};
-  if (!r.stop.empty()) body["stop"] = r.stop;
-  if (r.seed) body["seed"] = *r.seed;
-  body["temperature"] = r.temperature;
-  body["top_p"] = r.top_p;
-  if (r.top_k > 0) body["top_k"] = r.top_k;
-  return body.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-// One event of an upstream stream.
-struct UpstreamEvent {
-  enum class Kind { kChunk, kUsage, kDone, kError } kind = Kind::kChunk;
-  // kChunk
-  std::string text;
-  std::vector<int32_t> token_ids;
-  std::vector<int32_t> prompt_token_ids;
-  std::optional<FinishReason> finish;
-  // kError: the envelope as sent, and whether it is the server's fault (worth a retry).
-  std::string error_json;
-  std::string error_message;
-  bool server_error = false;
-};
-
-std::vector<int32_t> TokenIds(const Json& value) {
-  std::vector<int32_t> out;
-  if (!value.is_array()) return out;
-  out.reserve(value.size());
-  for (const Json& v : value) {
-    if (v.is_number_integer()) out.push_back(v.get<int32_t>());
-  }
-  return out;
-}
-
-// `data` is what follows "data: " in one event.
-absl::StatusOr<UpstreamEvent> ParseUpstreamEvent(std::string_view data) {
-  UpstreamEvent event;
-  if (data == "[DONE]") {
-    event.kind = UpstreamEvent::Kind::kDone;
-    return event;
-  }
-  Json json = Json::parse(data, nullptr, /*allow_exceptions=*/false);
-  if (!json.is_object()) {
-    return absl::DataLossError(StrCat("an event that is not a JSON object: ",
-                                      data.substr(0, std::min<size_t>(data.size(), 80))));
-  }
-  if (auto error = json.find("error"); error != json.end()) {
-    event.kind = UpstreamEvent::Kind::kError;
-    event.error_json = std::string(data);
-    if (error->is_object()) {
-      if (auto m = error->find("message"); m != error->end() && m->is_string()) {
-        event.error_message = m->get<std::string>();
-      }
-      auto type = error->find("type");
-      event.server_error = type != error->end() && type->is_string() && *type == "server_error";
-    }
-    return event;
-  }
-  auto choices = json.find("choices");
-  if (choices == json.end() || !choices->is_array()) {
-    return absl::DataLossError("a chunk without choices");
-  }
-  if (choices->empty()) {
-    event.kind = UpstreamEvent::Kind::kUsage;
-    return event;
-  }
-  const Json& choice = (*choices)[0];
-  if (!choice.is_object()) return absl::DataLossError("a choice that is not an object");
-  if (auto text = choice.find("text"); text != choice.end() && text->is_string()) {
-    event.text = text->get<std::string>();
-  } else if (auto delta = choice.find("delta"); delta != choice.end() && delta->is_object()) {
-    if (auto content = delta->find("content"); content != delta->end() && content->is_string()) {
-      event.text = content->get<std::string>();
-    }
-  }
-  if (auto ids = choice.find("token_ids"); ids != choice.end()) event.token_ids = TokenIds(*ids);
-  if (auto ids = choice.find("prompt_token_ids"); ids != choice.end()) {
-    event.prompt_token_ids = TokenIds(*ids);
-  }
-  if (auto finish = choice.find("finish_reason"); finish != choice.end() && finish->is_string()) {
-    event.finish = *finish == "stop" ? FinishReason::kStop : FinishReason::kLength;
-  }
-  return event;
-}
-
-// The message of an OpenAI error envelope, else the body's start.
-std::string ErrorMessageOf(const std::string& body) {
-  Json envelope = Json::parse(body, nullptr, false);
-  if (envelope.is_object() && envelope.contains("error") && envelope["error"].is_object() &&
-      envelope["error"].contains("message") && envelope["error"]["message"].is_string()) {
-    return envelope["error"]["message"].get<std::string>();
-  }
-  return body.substr(0, 200);
 }
 
 }  // namespace
@@ -386,12 +271,6 @@ class ResumeProxy::Impl {
   using ProxiedPtr = std::shared_ptr<Proxied>;
   using AttemptPtr = std::shared_ptr<Attempt>;
 
-  struct ReplicaState {
-    int inflight = 0;
-    int connect_failures = 0;  // in a row
-    SteadyClock::time_point down_until{};
-  };
-
   void StopIo() {
     if (!io_thread_.joinable()) return;
     asio::post(io_, [this] {
@@ -451,40 +330,11 @@ class ResumeProxy::Impl {
   // The least busy live replica, preferring one other than the last to fail; nullopt when none
   // is up.
   std::optional<Replica> PickReplica(const Proxied& p) {
-    std::vector<Replica> replicas = this->replicas();
-    const SteadyClock::time_point now = SteadyClock::now();
-    const Replica* best = nullptr;
-    auto better = [&](const Replica& r) {
-      if (best == nullptr) return true;
-      const bool r_avoided = r.name == p.avoid;
-      const bool best_avoided = best->name == p.avoid;
-      if (r_avoided != best_avoided) return best_avoided;
-      return state_[r.name].inflight < state_[best->name].inflight;
-    };
-    for (const Replica& r : replicas) {
-      if (state_[r.name].down_until > now) continue;
-      if (better(r)) best = &r;
-    }
-    // Forget the state of replicas that left.
-    for (auto it = state_.begin(); it != state_.end();) {
-      const bool known = std::any_of(replicas.begin(), replicas.end(),
-                                     [&](const Replica& r) { return r.name == it->first; });
-      it = known || it->second.inflight > 0 ? std::next(it) : state_.erase(it);
-    }
-    if (best == nullptr) return std::nullopt;
-    return *best;
+    return balancer_.Pick(replicas(), p.avoid, SteadyClock::now());
   }
 
   // When the earliest replica that is down comes back, if any does.
-  std::optional<SteadyClock::time_point> NextReplicaUp() {
-    std::optional<SteadyClock::time_point> next;
-    for (const Replica& r : replicas()) {
-      auto it = state_.find(r.name);
-      if (it == state_.end()) continue;
-      if (!next || it->second.down_until < *next) next = it->second.down_until;
-    }
-    return next;
-  }
+  std::optional<SteadyClock::time_point> NextReplicaUp() { return balancer_.NextUp(replicas()); }
 
   void StartAttempt(const ProxiedPtr& p) {
     if (p->ended) return;
@@ -510,7 +360,7 @@ class ResumeProxy::Impl {
     }
     auto a = std::make_shared<Attempt>(io_);
     a->replica = *replica;
-    ++state_[a->replica.name].inflight;
+    balancer_.Started(a->replica.name);
     p->attempt = a;
 
     // A resume continues from the prompt's tokens plus those delivered.
@@ -547,7 +397,7 @@ class ResumeProxy::Impl {
     a->stream.async_connect(tcp::endpoint(ip, parsed.port), [this, p, a](beast::error_code ec) {
       if (a->over) return;
       if (ec) return AttemptFailed(p, a, StrCat("connect: ", ec.message()), /*connect=*/true);
-      state_[a->replica.name].connect_failures = 0;
+      balancer_.Connected(a->replica.name);
       beast::error_code nodelay_ec;  // the request goes out at once, not behind Nagle
       a->stream.socket().set_option(tcp::no_delay(true), nodelay_ec);
       a->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
@@ -711,8 +561,7 @@ class ResumeProxy::Impl {
     beast::error_code ignored;
     a->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
     a->stream.close();
-    auto it = state_.find(a->replica.name);
-    if (it != state_.end()) --it->second.inflight;
+    balancer_.Ended(a->replica.name);
     if (p->attempt == a) p->attempt.reset();
   }
 
@@ -728,15 +577,7 @@ class ResumeProxy::Impl {
                       p->header.id, a->replica.name, why);
       return Complete(p);
     }
-    ReplicaState& replica = state_[a->replica.name];
-    int64_t down_ms = kReplicaDownMs;
-    if (connect) {
-      ++replica.connect_failures;
-      down_ms =
-          std::min(kMaxReplicaDownMs, kReplicaDownMs << std::min(replica.connect_failures - 1, 8));
-    }
-    replica.down_until =
-        std::max(replica.down_until, SteadyClock::now() + std::chrono::milliseconds(down_ms));
+    balancer_.Failed(a->replica.name, connect, SteadyClock::now());
     p->avoid = a->replica.name;
     p->last_error = StrCat("replica ", a->replica.name, " at ", a->replica.http_address, ": ", why);
     CONNEX_LOG_WARN("proxy: request {} ({} tokens delivered): {}", p->header.id, p->tokens.size(),
@@ -890,8 +731,8 @@ class ResumeProxy::Impl {
   const int64_t created_;
 
   // I/O thread only.
-  std::map<std::string, ReplicaState> state_;  // by replica name
-  std::unordered_set<ProxiedPtr> live_;        // requests not ended
+  ReplicaBalancer balancer_;             // I/O thread
+  std::unordered_set<ProxiedPtr> live_;  // requests not ended
 
   mutable Mutex mu_;
   std::vector<Replica> replicas_ ABSL_GUARDED_BY(mu_);
