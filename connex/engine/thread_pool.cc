@@ -12,10 +12,9 @@ ThreadPool::ThreadPool(int threads) : threads_(std::max(1, threads)) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  start_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -25,19 +24,19 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)
     fn(0, n);
     return;
   }
-  std::lock_guard<std::mutex> call_lock(call_mu_);
+  MutexLock call_lock(&call_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);  // the unlock wakes the workers
     n_ = n;
     fn_ = &fn;
     pending_ = threads_ - 1;
     ++generation_;
   }
-  start_cv_.notify_all();
   int64_t end = n / threads_;
   if (end > 0) fn(0, end);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; });
+  MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
+  mu_.Await(absl::Condition(&done));
   fn_ = nullptr;
 }
 
@@ -47,9 +46,11 @@ void ThreadPool::WorkerLoop(int index) {
     int64_t n;
     const absl::FunctionRef<void(int64_t, int64_t)>* fn;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(
-          lock, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || generation_ != seen; });
+      MutexLock lock(&mu_);
+      auto started = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || generation_ != seen;
+      };
+      mu_.Await(absl::Condition(&started));
       if (stop_) return;
       seen = generation_;
       n = n_;
@@ -58,8 +59,8 @@ void ThreadPool::WorkerLoop(int index) {
     int64_t begin = n * index / threads_;
     int64_t end = n * (index + 1) / threads_;
     if (begin < end) (*fn)(begin, end);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--pending_ == 0) done_cv_.notify_one();
+    MutexLock lock(&mu_);  // the unlock wakes the caller
+    --pending_;
   }
 }
 

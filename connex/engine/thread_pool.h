@@ -5,15 +5,14 @@
 #ifndef CONNEX_ENGINE_THREAD_POOL_H_
 #define CONNEX_ENGINE_THREAD_POOL_H_
 
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "connex/base/mutex.h"
 
 namespace connex::engine {
 
@@ -35,10 +34,8 @@ class ThreadPool {
   void WorkerLoop(int index);
 
   const int threads_;
-  std::mutex call_mu_;  // serialises ParallelFor callers
-  std::mutex mu_;
-  std::condition_variable start_cv_;
-  std::condition_variable done_cv_;
+  Mutex call_mu_;  // serialises ParallelFor callers
+  Mutex mu_;       // its waiters: the workers for a new generation, the caller for pending_ == 0
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "connex/base/check.h"
 #include "connex/base/curve.h"
 #include "connex/base/logging.h"
 #include "connex/base/status.h"
@@ -472,6 +473,9 @@ class UcxEngine final : public internal::EngineBase {
         next_check = now + kSliceMs * 1000;
         if ((peer.live->dead || peer.live->suspected) && abandon_at < 0) {
           peer.broken = true;
+          // The lock held is the one CloseEpLocked names: a peer belongs to this engine.
+          CONNEX_DCHECK(peer.engine == this);
+          peer.engine->worker_.mu.AssertHeld();
           if (peer.ep != nullptr) peer.CloseEpLocked();
           abandon_at = now + kSliceMs * 1000;
         } else if (abandon_at >= 0 && now >= abandon_at) {
