@@ -29,7 +29,8 @@
 
 namespace connex {
 
-// Returns `status` with `prefix: ` prepended to its message (same code). OK stays OK.
+// Returns `status` with `prefix: ` prepended to its message (same code, same payloads). OK stays
+// OK.
 absl::Status Annotate(const absl::Status& status, std::string_view prefix);
 
 }  // namespace connex

@@ -1,4 +1,3 @@
-#include "connex/base/curve_zmq.h"
 #include "connex/directory/client.h"
 
 #include <sys/eventfd.h>
@@ -17,6 +16,7 @@
 #include "connex/base/clock.h"
 #include "connex/base/codec.h"
 #include "connex/base/config.h"
+#include "connex/base/curve_zmq.h"
 #include "connex/base/logging.h"
 #include "connex/base/mutex.h"
 #include "connex/base/status.h"
@@ -733,10 +733,12 @@ class ZmqClientBackend final : public internal::ClientBackend {
       connex::MutexLock lock(&mu_);
       registrations_.erase(lid);
     }
-    Notify(RegistrationChange{lid, epoch, 0,
-                              status.code() == absl::StatusCode::kNotFound
-                                  ? absl::FailedPreconditionError(status.message())
-                                  : status});
+    RegistrationChange gone{lid, epoch, 0,
+                            status.code() == absl::StatusCode::kNotFound
+                                ? absl::FailedPreconditionError(status.message())
+                                : status};
+    gone.left = EndedByLeave(status);
+    Notify(gone);
   }
 
   void Rejoin(const Lid& lid, uint64_t old_epoch) {

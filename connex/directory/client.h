@@ -61,6 +61,9 @@ struct RegistrationChange {
   uint64_t old_epoch = 0;
   uint64_t new_epoch = 0;  // 0 when the registration is gone
   absl::Status status;     // OK: rejoined under new_epoch; FailedPrecondition: superseded/left
+  // The epoch ended by a LEAVE (its holder's own, or an operator's drain: `connexctl drain`),
+  // not by an eviction or a supersession (EndedByLeave of the directory's refusal).
+  bool left = false;
 };
 
 class DirectoryClient {

@@ -1,5 +1,6 @@
 #include "connex/directory/protocol.h"
 
+#include "absl/strings/cord.h"
 #include "connex/base/codec.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
@@ -218,11 +219,27 @@ absl::Status ValidateLeaseSettings(int64_t lease_ttl_ms, int64_t heartbeat_ms) {
   return absl::OkStatus();
 }
 
+namespace {
+constexpr char kEndedByLeaveUrl[] = "type.connex.dev/directory.ended_by_leave";
+}  // namespace
+
+absl::Status EndedByLeaveError(std::string message) {
+  absl::Status s = absl::FailedPreconditionError(message);
+  s.SetPayload(kEndedByLeaveUrl, absl::Cord("1"));
+  return s;
+}
+
+bool EndedByLeave(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kFailedPrecondition &&
+         status.GetPayload(kEndedByLeaveUrl).has_value();
+}
+
 std::string EncodeError(uint64_t request_id, const absl::Status& status) {
   wire::MapBuilder body;
   body.Uint("id", request_id)
       .Uint("code", static_cast<uint64_t>(status.code()))
       .Str("message", AsStd(status.message()));
+  if (EndedByLeave(status)) body.Bool("left", true);
   return wire::EncodeFrame(kError, body);
 }
 
@@ -231,6 +248,10 @@ absl::Status DecodeError(const wire::MapView& body) {
   absl::StatusOr<std::string> message = body.Str("message");
   if (!code.ok() || !message.ok() || *code == 0 || *code > 16) {
     return absl::InternalError("directory sent a malformed ERROR reply");
+  }
+  absl::StatusOr<bool> left = body.BoolOr("left", false);
+  if (left.ok() && *left && *code == static_cast<uint64_t>(absl::StatusCode::kFailedPrecondition)) {
+    return EndedByLeaveError(*message);
   }
   return absl::Status(static_cast<absl::StatusCode>(*code), *message);
 }

@@ -154,6 +154,11 @@ absl::Status ValidateLeaseSettings(int64_t lease_ttl_ms, int64_t heartbeat_ms);
 
 // An ERROR reply carries an absl status code and message.
 std::string EncodeError(uint64_t request_id, const absl::Status& status);
+// An epoch that ended by a LEAVE — its holder's own, or an operator's drain — refused as no
+// longer held: FailedPrecondition, marked so that a client tells it from a superseded epoch
+// without reading the message (the mark travels in ERROR as `left: true`).
+absl::Status EndedByLeaveError(std::string message);
+bool EndedByLeave(const absl::Status& status);
 absl::Status DecodeError(const wire::MapView& body);
 
 // PUB topic of events of `model`.

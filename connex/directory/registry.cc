@@ -210,8 +210,7 @@ absl::StatusOr<Registry::HeartbeatResult> Registry::Heartbeat(const Lid& lid, ui
         return absl::FailedPreconditionError(
             StrCat("epoch ", epoch, " of ", lid.ToString(), " is superseded"));
       case Ended::kLeft:
-        return absl::FailedPreconditionError(
-            StrCat("epoch ", epoch, " of ", lid.ToString(), " has left"));
+        return EndedByLeaveError(StrCat("epoch ", epoch, " of ", lid.ToString(), " has left"));
       case Ended::kFailed:
         return absl::NotFoundError(StrCat("epoch ", epoch, " of ", lid.ToString(), " was evicted"));
     }

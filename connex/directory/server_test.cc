@@ -154,6 +154,38 @@ TEST_F(DirectoryTest, AnotherProcessCannotTakeALiveHoldersLid) {
   EXPECT_FALSE(log.Has(EventKind::kFailed, a_));
 }
 
+// A holder whose LID an operator drained learns it as a LEAVE (RegistrationChange::left), not
+// by reading the message; a supersession is not one.
+TEST_F(DirectoryTest, ADrainedHolderIsToldItsEpochEndedByALeave) {
+  DirectoryServerOptions options;
+  options.admin_token = "operator-secret";
+  StartServer(options);
+  auto holder = Client();
+  auto op = Client("", "operator-secret");
+  connex::Mutex mu;
+  std::vector<RegistrationChange> changes;
+  holder->OnRegistrationChange([&](const RegistrationChange& c) {
+    connex::MutexLock lock(&mu);
+    changes.push_back(c);
+  });
+  ASSERT_TRUE(holder->Join(a_, {"tcp://127.0.0.1:1"}).ok());
+  ASSERT_TRUE(holder->Join(b_, {"tcp://127.0.0.1:2"}).ok());
+  ASSERT_TRUE(op->Evict(a_).ok());                             // drained: LEFT
+  ASSERT_TRUE(op->ForceJoin(b_, {"tcp://127.0.0.1:3"}).ok());  // superseded
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        connex::MutexLock lock(&mu);
+        return changes.size() >= 2;
+      },
+      5000));
+  connex::MutexLock lock(&mu);
+  for (const RegistrationChange& c : changes) {
+    EXPECT_EQ(c.new_epoch, 0u);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kFailedPrecondition) << c.status;
+    EXPECT_EQ(c.left, c.lid == a_) << c.lid.ToString() << ": " << c.status;
+  }
+}
+
 TEST_F(DirectoryTest, ForcedTakeoverFencesTheHolder) {
   DirectoryServerOptions options;
   options.admin_token = "operator-secret";

@@ -189,6 +189,7 @@ class StageNode::Impl {
       if (c.status.ok()) {
         reg->AdvanceEpoch(c.new_epoch);
       } else if (c.new_epoch == 0) {
+        if (c.left) reg->ended_by_leave.store(true);
         connex::MutexLock lock(&reg->mu);
         reg->lost = Annotate(
             c.status, StrCat("pp: ", lid.ToString(), " lost its LID (epoch ", c.old_epoch, ")"));
@@ -663,7 +664,7 @@ class StageNode::Impl {
     if (lost_) return;
     absl::Status health = Health();
     if (health.ok()) return;
-    if (reg_->operator_drain.load() || absl::StrContains(health.message(), " left")) {
+    if (reg_->operator_drain.load() || reg_->ended_by_leave.load()) {
       reg_->operator_drain.store(true);
       return;
     }

@@ -380,7 +380,9 @@ class EtcdClientBackend final : public ClientBackend {
     if (superseded || !options_.rejoin_after_eviction) {
       CONNEX_LOG_ERROR("etcd directory client: {} epoch {} is no longer ours: {}", lid.ToString(),
                        epoch, confirmed.ToString());
-      Notify(RegistrationChange{lid, epoch, 0, confirmed});
+      RegistrationChange gone{lid, epoch, 0, confirmed};
+      gone.left = EndedByLeave(confirmed);
+      Notify(gone);
       return confirmed;
     }
     if (lease_lost) {

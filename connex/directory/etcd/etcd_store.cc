@@ -393,8 +393,8 @@ absl::Status EtcdStore::Confirm(const Lid& lid, uint64_t epoch) {
     // The end marker written with this epoch's end (not an older one's) says how it ended.
     const bool marked = held.end && static_cast<uint64_t>(held.end->mod_revision) > epoch;
     if (marked && held.end->value == kEndLeft) {
-      return absl::FailedPreconditionError(StrCat("epoch ", epoch, " of ", lid.ToString(),
-                                                  " is over: it left (drained or its own LEAVE)"));
+      return EndedByLeaveError(StrCat("epoch ", epoch, " of ", lid.ToString(),
+                                      " is over: it left (drained or its own LEAVE)"));
     }
     return absl::NotFoundError(StrCat("epoch ", epoch, " of ", lid.ToString(),
                                       " was evicted and nobody holds the LID (",

@@ -41,6 +41,9 @@ struct Registration {
   std::atomic<uint64_t> revoked{0};
   std::atomic<bool> leaving{false};         // our own LEAVE: its LEFT is not an eviction
   std::atomic<bool> operator_drain{false};  // a LEFT of our epoch that was not our LEAVE
+  // The directory refused our epoch as ended by a LEAVE (RegistrationChange::left): ours, or an
+  // operator's drain whose LEFT event had not come yet.
+  std::atomic<bool> ended_by_leave{false};
   std::string revoked_why ABSL_GUARDED_BY(mu);
   void Revoke(uint64_t e, std::string why) {
     connex::MutexLock lock(&mu);
