@@ -1,5 +1,4 @@
 #include "connex/base/curve.h"
-#include "connex/base/curve_zmq.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -11,6 +10,7 @@
 #include <fstream>
 
 #include "connex/base/config.h"
+#include "connex/base/curve_zmq.h"
 #include "connex/base/logging.h"
 #include "connex/base/secret_file.h"
 #include "connex/base/status.h"

@@ -1,7 +1,7 @@
 #include "connex/base/logging.h"
-#include "connex/base/logging_spdlog.h"
 
 #include "connex/base/access_log.h"
+#include "connex/base/logging_spdlog.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
