@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -27,11 +28,17 @@ struct LogField {
 };
 
 // Logs `fields` as one access line.
-void LogAccess(std::initializer_list<LogField> fields);
+void LogAccess(std::span<const LogField> fields);
+inline void LogAccess(std::initializer_list<LogField> fields) {
+  LogAccess(std::span<const LogField>(fields.begin(), fields.size()));
+}
 
 // The line LogAccess writes for `fields` after the level and time: `access k=v ...` (a value
 // with a space or quote in quotes) or, for JSON, the members `"k":v,...` (for tests).
-std::string AccessLine(std::initializer_list<LogField> fields, bool json);
+std::string AccessLine(std::span<const LogField> fields, bool json);
+inline std::string AccessLine(std::initializer_list<LogField> fields, bool json) {
+  return AccessLine(std::span<const LogField>(fields.begin(), fields.size()), json);
+}
 
 }  // namespace connex
 

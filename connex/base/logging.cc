@@ -158,7 +158,7 @@ LogField::LogField(std::string_view key, double number) : key(key), number(true)
   value = std::isfinite(number) ? fmt::format("{:.6g}", number) : "null";
 }
 
-std::string AccessLine(std::initializer_list<LogField> fields, bool json) {
+std::string AccessLine(std::span<const LogField> fields, bool json) {
   std::string out = json ? "" : "access";
   bool first = true;
   for (const LogField& f : fields) {
@@ -185,7 +185,7 @@ std::string AccessLine(std::initializer_list<LogField> fields, bool json) {
   return out;
 }
 
-void LogAccess(std::initializer_list<LogField> fields) {
+void LogAccess(std::span<const LogField> fields) {
   // The access lines share the process log's sink and level; only the JSON formatter tells them
   // apart (by the logger's name).
   static spdlog::logger* access = [] {

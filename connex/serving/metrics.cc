@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <utility>
+#include <vector>
 
 #include "connex/base/access_log.h"
 #include "connex/base/logging.h"
@@ -185,24 +186,15 @@ void RequestMetrics::AddVllmAliases(std::string_view model) {
 void LogRequestAccess(const RequestAccess& a) {
   const std::string_view outcome_key = a.status == 200 ? "finish_reason" : "error";
   const double latency_s = static_cast<double>(a.latency_us) / 1e6;
-  if (a.attempts >= 0) {
-    LogAccess({{"id", a.id},
-               {"endpoint", a.endpoint},
-               {"status", a.status},
-               {"prompt_tokens", a.prompt_tokens},
-               {"completion_tokens", a.completion_tokens},
-               {"latency_s", latency_s},
-               {"attempts", a.attempts},
-               {outcome_key, a.outcome}});
-  } else {
-    LogAccess({{"id", a.id},
-               {"endpoint", a.endpoint},
-               {"status", a.status},
-               {"prompt_tokens", a.prompt_tokens},
-               {"completion_tokens", a.completion_tokens},
-               {"latency_s", latency_s},
-               {outcome_key, a.outcome}});
-  }
+  std::vector<LogField> fields = {{"id", a.id},
+                                  {"endpoint", a.endpoint},
+                                  {"status", a.status},
+                                  {"prompt_tokens", a.prompt_tokens},
+                                  {"completion_tokens", a.completion_tokens},
+                                  {"latency_s", latency_s}};
+  if (a.attempts >= 0) fields.emplace_back("attempts", a.attempts);  // the proxy's
+  fields.emplace_back(outcome_key, a.outcome);
+  LogAccess(fields);
 }
 
 std::vector<double> LatencyBuckets() {
