@@ -32,6 +32,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/directory/client.h"
+#include "connex/directory/etcd/etcd_backend.h"
 #include "connex/directory/etcd/etcd_client.h"
 #include "connex/directory/etcd/etcd_store.h"
 #include "connex/directory/etcd/model_watch.h"
@@ -308,6 +309,7 @@ absl::StatusOr<Row> Run(Backend& backend, int endpoints, int watchers, int holde
 }  // namespace
 
 int main(int argc, char** argv) {
+  connex::directory::RegisterEtcdBackend();
   CLI::App app{"Connex directory: the embedded directory and etcd side by side"};
   std::string backend = "both";
   int endpoints = 1000;

@@ -17,6 +17,7 @@
 #include "connex/base/logging.h"
 #include "connex/base/signals.h"
 #include "connex/directory/client.h"
+#include "connex/directory/etcd/etcd_backend.h"
 #include "connex/engine/stage_engine.h"
 #include "connex/pp/node.h"
 #include "connex/pp/testing/test_engine.h"
@@ -26,6 +27,7 @@
 using connex::testing::PromptOf;
 
 int main(int argc, char** argv) {
+  connex::directory::RegisterEtcdBackend();  // etcd:// addresses too
   CLI::App app{"pp_test_node: a step-protocol stage with the test engine"};
   std::string directory = "tcp://127.0.0.1:7000";
   std::string model = "pp";

@@ -21,6 +21,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/directory/client.h"
+#include "connex/directory/etcd/etcd_backend.h"
 #include "connex/directory/secret.h"
 #include "connex/serving/deployment.h"
 #include "nlohmann/json.hpp"
@@ -97,6 +98,7 @@ absl::StatusOr<Lid> ParseLid(const std::string& text) { return Lid::Parse(text);
 }  // namespace
 
 int main(int argc, char** argv) {
+  connex::directory::RegisterEtcdBackend();  // etcd:// addresses too
   CLI::App app{"connexctl: inspect and drive a Connex directory"};
   app.require_subcommand(1);
   DirectoryClientOptions options;
@@ -210,6 +212,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<connex::CurveSettings> curve = connex::CurveSettings::FromEnv();
   if (!curve.ok()) return Fail(curve.status());
   options.curve = *std::move(curve);
+  absl::StatusOr<DirectoryClientOptions::Etcd> etcd = DirectoryClientOptions::Etcd::FromEnv();
+  if (!etcd.ok()) return Fail(etcd.status());
+  options.etcd = *std::move(etcd);
   if (!token_file.empty()) {
     absl::StatusOr<std::string> token = connex::directory::ReadSecretFile(token_file);
     if (!token.ok()) return Fail(Annotate(token.status(), "--token-file"));

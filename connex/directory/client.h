@@ -1,13 +1,15 @@
 // DirectoryClient: talks to the directory at `options.directory` — a DirectoryServer
 // (`tcp://HOST:PORT`, the embedded connex-directory) or an etcd cluster (`etcd://H1:P1,...`,
-// docs/design/etcd.md). As a holder it registers LIDs and keeps their
-// leases alive (heartbeats on its own loop thread, rejoining under a new epoch after a wrongful
-// eviction, and giving a LID up when another process supersedes it). As a watcher it keeps a
-// live view of the records of the models it watches: a snapshot at revision R plus the events
-// after R, with a fresh snapshot whenever a gap shows (missed event, directory restart).
+// docs/design/etcd.md; in binaries that link the etcd backend: etcd/etcd_backend.h). As a holder
+// it registers LIDs and keeps their leases alive (renewals on its own thread, rejoining under a
+// new epoch after a wrongful eviction, and giving a LID up when another process supersedes it).
+// As a watcher it keeps a live view of the records of the models it watches: a snapshot at
+// revision R plus the events after R, with a fresh snapshot whenever a gap shows (missed event,
+// directory restart). Both backends share every rule above (internal/store.h: only the
+// transactions, the renewal and the watch differ).
 //
-// Thread-safe: every method may be called from any thread. Callbacks run on the client's loop
-// thread; they must not block nor call the blocking methods (Join, Leave, GetSnapshot, ...).
+// Thread-safe: every method may be called from any thread. Callbacks run on the client's own
+// threads; they must not block nor call the blocking methods (Join, Leave, GetSnapshot, ...).
 #ifndef CONNEX_DIRECTORY_CLIENT_H_
 #define CONNEX_DIRECTORY_CLIENT_H_
 
@@ -27,10 +29,6 @@
 
 namespace connex::directory {
 
-namespace internal {
-class ClientBackend;
-}  // namespace internal
-
 struct DirectoryClientOptions {
   std::string directory = "tcp://127.0.0.1:7000";  // CONNEX_DIRECTORY
   std::string token;  // CONNEX_DIRECTORY_TOKEN, or the first line of CONNEX_DIRECTORY_TOKEN_FILE
@@ -49,9 +47,23 @@ struct DirectoryClientOptions {
   // Time for request deadlines, heartbeats and the lease wait of Join (not owned; must outlive
   // the client). nullptr: the real monotonic clock. Tests pass a FakeClock.
   Clock* clock = nullptr;
+  // The etcd backend's settings (`etcd://` addresses only; docs/design/etcd.md).
+  struct Etcd {
+    std::string user;       // CONNEX_ETCD_USER
+    std::string password;   // the first line of CONNEX_ETCD_PASSWORD_FILE
+    std::string ca_file;    // CONNEX_ETCD_CA_FILE: TLS to the members
+    std::string cert_file;  // CONNEX_ETCD_CERT_FILE: the client certificate (client auth)
+    std::string key_file;   // CONNEX_ETCD_KEY_FILE
+    // The TTL of the process's etcd lease, which every LID it holds is bound to
+    // (CONNEX_LEASE_TTL_MS; the embedded directory sets its own).
+    int64_t lease_ttl_ms = 3000;
+    // The defaults overridden by the variables above.
+    static absl::StatusOr<Etcd> FromEnv();
+  } etcd;
 
   // Defaults overridden by CONNEX_DIRECTORY, CONNEX_DIRECTORY_TOKEN, CONNEX_HEARTBEAT_MS,
-  // CONNEX_DIRECTORY_TIMEOUT_MS, CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE) and the CURVE settings.
+  // CONNEX_DIRECTORY_TIMEOUT_MS, CONNEX_DIRECTORY_ADMIN_TOKEN(_FILE), the CURVE settings and the
+  // etcd settings above.
   static absl::StatusOr<DirectoryClientOptions> FromEnv();
 };
 
@@ -90,7 +102,8 @@ class DirectoryClient {
   // heartbeat is refused). PermissionDenied without the right `admin_token`.
   absl::StatusOr<uint64_t> ForceJoin(const Lid& lid, std::vector<std::string> addresses,
                                      std::map<std::string, std::string> metadata = {});
-  // Leaves gracefully (LEFT). NotFound if this client does not hold `lid`.
+  // Leaves gracefully (LEFT). NotFound if this client does not hold `lid`; OK when the directory
+  // no longer held it either (evicted, expired or superseded meanwhile).
   absl::Status Leave(const Lid& lid);
   absl::Status LeaveAll();
   // Renews `lid`'s lease now, outside the heartbeat schedule (a holder that was frozen or starved
@@ -112,7 +125,8 @@ class DirectoryClient {
   // Accepted from a member: this client must hold a live LID of `lid`'s model (its credential
   // vouches for the report), or have the admin token; PermissionDenied otherwise.
   absl::StatusOr<bool> ReportFailed(const Lid& lid, uint64_t epoch, std::string_view reporter = "");
-  // An operator's drain of a LID held by anyone (LEFT). Needs the admin token (PermissionDenied).
+  // An operator's drain of a LID held by anyone (LEFT). Needs the admin token (PermissionDenied,
+  // without asking the directory when this client has none).
   absl::Status Evict(const Lid& lid);
 
   // ---- watcher side ----
@@ -156,8 +170,9 @@ class DirectoryClient {
   void DelayEventsForTest(int ms);
 
  private:
-  explicit DirectoryClient(std::unique_ptr<internal::ClientBackend> impl);
-  std::unique_ptr<internal::ClientBackend> impl_;
+  class Impl;
+  explicit DirectoryClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace connex::directory

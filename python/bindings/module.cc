@@ -4,6 +4,7 @@
 
 #include "connex/base/logging.h"
 #include "connex/base/logging_spdlog.h"
+#include "connex/directory/etcd/etcd_backend.h"
 #include "python/bindings/common.h"
 
 namespace connex::python {
@@ -148,6 +149,7 @@ void RegisterShutdown(py::module_& m) {
 }  // namespace connex::python
 
 PYBIND11_MODULE(_connex, m) {
+  connex::directory::RegisterEtcdBackend();  // etcd:// addresses too
   namespace cp = connex::python;
   m.doc() =
       "Connex: endpoint mobility primitives for dynamic LLM serving (the C++ core). Use the "

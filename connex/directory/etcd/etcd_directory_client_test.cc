@@ -17,6 +17,7 @@
 #include "connex/base/strings.h"
 #include "connex/base/subprocess.h"
 #include "connex/directory/client.h"
+#include "connex/directory/etcd/etcd_backend.h"
 #include "connex/directory/etcd/testing/etcd_cluster.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -29,6 +30,8 @@ using etcd::testing::EtcdClusterOptions;
 using ::testing::HasSubstr;
 
 constexpr char kAdmin[] = "etcd-admin-secret";
+
+[[maybe_unused]] const bool kEtcdBackend = (RegisterEtcdBackend(), true);
 
 class EtcdDirectoryClientTest : public ::testing::Test {
  protected:
@@ -303,6 +306,7 @@ TEST(EtcdDirectoryClientTlsTest, TheEtcdTlsVariablesLetAClientIn) {
   setenv("CONNEX_ETCD_CA_FILE", files.ca_file.c_str(), 1);
   setenv("CONNEX_ETCD_CERT_FILE", files.client_cert_file.c_str(), 1);
   setenv("CONNEX_ETCD_KEY_FILE", files.client_key_file.c_str(), 1);
+  options.etcd = *DirectoryClientOptions::Etcd::FromEnv();
   {
     auto client = DirectoryClient::Connect(options);
     ASSERT_TRUE(client.ok()) << client.status();
@@ -315,6 +319,7 @@ TEST(EtcdDirectoryClientTlsTest, TheEtcdTlsVariablesLetAClientIn) {
   }
   unsetenv("CONNEX_ETCD_CERT_FILE");
   unsetenv("CONNEX_ETCD_KEY_FILE");
+  options.etcd = *DirectoryClientOptions::Etcd::FromEnv();
   auto stranger = DirectoryClient::Connect(options);
   unsetenv("CONNEX_ETCD_CA_FILE");
   EXPECT_FALSE(stranger.ok());

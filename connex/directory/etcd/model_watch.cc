@@ -11,14 +11,19 @@
 namespace connex::directory::etcd {
 
 EtcdModelWatch::EtcdModelWatch(EtcdClient* client, std::string model,
-                               std::function<void(const Event&)> on_event)
-    : client_(client), model_(std::move(model)), on_event_(std::move(on_event)) {}
+                               std::function<void(const Event&)> on_event,
+                               std::function<void(const Snapshot&)> on_snapshot)
+    : client_(client),
+      model_(std::move(model)),
+      on_event_(std::move(on_event)),
+      on_snapshot_(std::move(on_snapshot)) {}
 
 absl::StatusOr<std::unique_ptr<EtcdModelWatch>> EtcdModelWatch::Start(
-    EtcdClient* client, std::string model, std::function<void(const Event&)> on_event) {
+    EtcdClient* client, std::string model, std::function<void(const Event&)> on_event,
+    std::function<void(const Snapshot&)> on_snapshot) {
   if (!model.empty()) CONNEX_RETURN_IF_ERROR(Lid::ValidateModel(model));
   std::unique_ptr<EtcdModelWatch> watch(
-      new EtcdModelWatch(client, std::move(model), std::move(on_event)));
+      new EtcdModelWatch(client, std::move(model), std::move(on_event), std::move(on_snapshot)));
   CONNEX_ASSIGN_OR_RETURN(Snapshot snapshot, watch->Read());
   watch->Install(std::move(snapshot), /*report=*/false);
   watch->thread_ = std::thread([w = watch.get()] { w->Run(); });
@@ -57,6 +62,11 @@ std::string EtcdModelWatch::member() const {
   return watch_ ? watch_->member() : "";
 }
 
+void EtcdModelWatch::Resync() {
+  MutexLock lock(&mu_);
+  if (watch_) watch_->Cancel();
+}
+
 std::string EtcdModelWatch::prefix() const {
   return model_.empty() ? std::string(kRoot) : ModelPrefix(model_);
 }
@@ -66,6 +76,8 @@ absl::StatusOr<Snapshot> EtcdModelWatch::Read() const {
 }
 
 void EtcdModelWatch::Install(Snapshot snapshot, bool report) {
+  // With on_snapshot, the snapshot itself is handed on (whoever takes it says what changed).
+  if (on_snapshot_) on_snapshot_(snapshot);
   std::map<Lid, Record> fresh;
   for (Record& record : snapshot.records) fresh.emplace(record.lid, std::move(record));
   std::vector<Event> changes;
@@ -76,11 +88,11 @@ void EtcdModelWatch::Install(Snapshot snapshot, bool report) {
   std::shared_ptr<EtcdWatch> watch = client_->Watch(prefix(), options);
   {
     MutexLock lock(&mu_);
-    if (report) {
+    if (report && !on_snapshot_) {
       changes =
           EventsBetweenViews(view_, fresh, snapshot.revision, [](const Lid&) { return true; });
-      ++resnapshots_;
     }
+    if (report) ++resnapshots_;
     view_ = std::move(fresh);
     revision_ = snapshot.revision;
     if (watch_) watch_->Cancel();

@@ -30,10 +30,12 @@ namespace connex::directory::etcd {
 class EtcdModelWatch {
  public:
   // Takes the model's first snapshot (its error, if it fails) and starts watching after it.
-  // `model` "" watches every model.
-  // `client` must outlive the watch.
+  // `model` "" watches every model. `client` must outlive the watch. With `on_snapshot`, every
+  // snapshot installed (the first, before Start returns, and each fresh one) is handed to it,
+  // in order with the events, instead of the events that say what a fresh one changed.
   static absl::StatusOr<std::unique_ptr<EtcdModelWatch>> Start(
-      EtcdClient* client, std::string model, std::function<void(const Event&)> on_event);
+      EtcdClient* client, std::string model, std::function<void(const Event&)> on_event,
+      std::function<void(const Snapshot&)> on_snapshot = nullptr);
   ~EtcdModelWatch();  // stops the thread; no callback runs after it returns
 
   EtcdModelWatch(const EtcdModelWatch&) = delete;
@@ -46,9 +48,12 @@ class EtcdModelWatch {
   uint64_t resnapshots() const;
   // The etcd member the watch streams from now (host:port), or empty between members.
   std::string member() const;
+  // Ends the current etcd watch, as a lost stream would: the watch takes a fresh snapshot.
+  void Resync();
 
  private:
-  EtcdModelWatch(EtcdClient* client, std::string model, std::function<void(const Event&)> on_event);
+  EtcdModelWatch(EtcdClient* client, std::string model, std::function<void(const Event&)> on_event,
+                 std::function<void(const Snapshot&)> on_snapshot);
   // Installs `snapshot` as the view (reporting the differences when `report`), and starts the
   // watch from its revision + 1.
   void Install(Snapshot snapshot, bool report);
@@ -60,6 +65,7 @@ class EtcdModelWatch {
   EtcdClient* client_;
   const std::string model_;
   std::function<void(const Event&)> on_event_;
+  std::function<void(const Snapshot&)> on_snapshot_;
   std::atomic<bool> stop_{false};
   mutable Mutex mu_;
   std::map<Lid, Record> view_ ABSL_GUARDED_BY(mu_);
