@@ -1,9 +1,7 @@
-// The embedded directory's store (internal/store.h): the connex-directory at `tcp://HOST:PORT`,
-// reached with ZeroMQ — requests on a DEALER socket, events on a SUB socket, both owned by one
-// loop thread. It keeps what is particular to that protocol: the HELLO, request ids and
-// deadlines, the per-LID HEARTBEAT, and the per-scope bookkeeping that finds gaps in the
-// published events (revisions, the directory's incarnation, ticks) and answers them with a
-// fresh snapshot. The lease keeper, the view and delivery are the shared client's.
+// The embedded directory's store: the connection, the requests and the renewals (the watch is
+// zmq_watch.cc; the class is internal/zmq_store.h).
+#include "connex/directory/internal/zmq_store.h"
+
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -29,8 +27,6 @@
 namespace connex::directory::internal {
 namespace {
 
-using ReplyCallback = std::function<void(absl::StatusOr<wire::Frame>)>;
-
 // Turns a reply frame into the frame (OK) or the status it carries (ERROR).
 absl::StatusOr<wire::Frame> CheckReply(absl::StatusOr<wire::Frame> frame) {
   if (!frame.ok()) return frame;
@@ -52,211 +48,22 @@ absl::Status FreshStatus(const absl::Status& status) {
   return fresh;
 }
 
-class ZmqStore final : public DirectoryStore {
- public:
-  ZmqStore(DirectoryClientOptions options, WatchSink* sink)
-      : options_(std::move(options)),
-        sink_(sink),
-        clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()),
-        context_(1) {}
+}  // namespace
 
-  ~ZmqStore() override {
-    stop_.store(true);
-    Wake();
-    if (thread_.joinable()) thread_.join();
-    if (wake_fd_ >= 0) close(wake_fd_);
+ZmqStore::~ZmqStore() {
+  stop_.store(true);
+  Wake();
+  if (thread_.joinable()) thread_.join();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void ZmqStore::Wake() {
+  if (wake_fd_ >= 0) {
+    uint64_t one = 1;
+    ssize_t n = write(wake_fd_, &one, sizeof(one));
+    (void)n;
   }
-
-  absl::Status Start();
-
-  int64_t lease_ttl_ms() const override { return lease_ttl_ms_; }
-  int64_t advised_heartbeat_ms() const override { return advised_heartbeat_ms_; }
-
-  // ---- transactions ----
-
-  absl::StatusOr<Registry::JoinResult> Join(const Lid& lid,
-                                            const std::vector<std::string>& addresses,
-                                            const std::map<std::string, std::string>& metadata,
-                                            const JoinAuth& auth) override {
-    wire::MapBuilder body;
-    body.Str("lid", lid.ToString()).StrList("addresses", addresses).StrMap("metadata", metadata);
-    if (!auth.credential.empty()) body.Str("credential", auth.credential);
-    if (auth.force) body.Bool("force", true).Str("admin", auth.admin_token);
-    if (auth.exclusive) body.Bool("exclusive", true);
-    CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kJoin, body));
-    Registry::JoinResult joined;
-    CONNEX_ASSIGN_OR_RETURN(joined.epoch, reply.body.Uint("epoch"));
-    CONNEX_ASSIGN_OR_RETURN(joined.credential, reply.body.Str("credential"));
-    joined.changed = true;
-    return joined;
-  }
-
-  absl::Status Leave(const Lid& lid, uint64_t epoch, const Caller& caller) override {
-    wire::MapBuilder body;
-    body.Str("lid", lid.ToString());
-    if (epoch != 0) body.Uint("epoch", epoch);
-    if (!caller.credential.empty()) body.Str("credential", caller.credential);
-    if (!caller.admin_token.empty()) body.Str("admin", caller.admin_token);
-    return Call(kLeave, body).status();
-  }
-
-  absl::StatusOr<bool> ReportFailed(const Lid& lid, uint64_t epoch, const Caller& caller) override {
-    wire::MapBuilder body;
-    body.Str("lid", lid.ToString()).Uint("epoch", epoch).Str("reporter", caller.name);
-    if (caller.member) {
-      body.Str("member", caller.member->ToString())
-          .Str("member_credential", caller.member_credential);
-    }
-    if (!caller.admin_token.empty()) body.Str("admin", caller.admin_token);
-    CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kReportFailed, body));
-    return reply.body.Bool("evicted");
-  }
-
-  absl::StatusOr<Snapshot> GetSnapshot(std::optional<std::string> model,
-                                       std::optional<uint32_t> group) override {
-    wire::MapBuilder body;
-    if (model) body.Str("model", *model);
-    if (group) body.Uint("group", *group);
-    CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kSnapshot, body));
-    return DecodeSnapshot(reply.body);
-  }
-
-  // ---- the lease: one HEARTBEAT per held LID, all in flight at once ----
-
-  std::vector<absl::StatusOr<Renewal>> Renew(const std::vector<Held>& held,
-                                             int64_t timeout_ms) override {
-    std::vector<absl::StatusOr<Renewal>> out(held.size(), absl::UnknownError("not renewed"));
-    if (absl::Status here = NotOnLoopThread(); !here.ok()) {
-      for (auto& r : out) r = here;
-      return out;
-    }
-    std::vector<std::future<absl::StatusOr<Renewal>>> replies;
-    for (const Held& h : held) {
-      auto promise = std::make_shared<std::promise<absl::StatusOr<Renewal>>>();
-      replies.push_back(promise->get_future());
-      wire::MapBuilder body;
-      body.Str("lid", h.lid.ToString()).Uint("epoch", h.epoch).Str("credential", h.credential);
-      Send(
-          kHeartbeat, body,
-          [promise, epoch = h.epoch](absl::StatusOr<wire::Frame> r) {
-            if (!r.ok()) {
-              promise->set_value(FreshStatus(r.status()));
-              return;
-            }
-            Renewal renewal;
-            absl::StatusOr<uint64_t> e = r->body.UintOr("epoch", epoch);
-            renewal.epoch = e.ok() ? *e : epoch;
-            absl::StatusOr<std::string> c = r->body.StrOr("credential", "");
-            if (c.ok()) renewal.credential = *c;
-            promise->set_value(std::move(renewal));
-          },
-          timeout_ms);
-    }
-    for (size_t i = 0; i < replies.size(); ++i) out[i] = replies[i].get();
-    return out;
-  }
-
-  // Each LID has its own lease, renewed by its HEARTBEAT.
-  std::optional<int64_t> LeaseLeftMs(int64_t renewal_age_ms) const override {
-    return lease_ttl_ms_ - renewal_age_ms;
-  }
-
-  // ---- the watch ----
-  absl::Status Watch(const std::string& model) override;
-  uint64_t view_revision() const override {
-    MutexLock lock(&mu_);
-    uint64_t revision = 0;
-    for (const auto& [name, scope] : scopes_) revision = std::max(revision, scope.revision);
-    return revision;
-  }
-  uint64_t events_received() const override { return events_received_.load(); }
-  void DropEventsForTest(int n) override { drop_events_.fetch_add(n); }
-  const std::string& pub_address() const override { return pub_address_; }
-
- private:
-  struct Outgoing {
-    uint64_t id;
-    std::string frame;
-    ReplyCallback done;
-    std::string type;
-    int64_t timeout_ms;
-  };
-  struct Pending {
-    int64_t deadline_ms;
-    ReplyCallback done;
-    std::string type;
-    int64_t timeout_ms = 0;
-  };
-  // What one Watch keeps: "" every model, else one model.
-  struct Scope {
-    bool want_snapshot = true;
-    bool in_flight = false;  // its SNAPSHOT request is out
-    bool have_snapshot = false;
-    bool live = false;             // a message of its topic came: the subscription is up
-    int failures = 0;              // snapshots refused or lost in a row
-    int64_t retry_at_ms = 0;       // after a failure: no new request before (backoff)
-    uint64_t incarnation = 0;      // of the directory its snapshot came from
-    uint64_t request = 0;          // the snapshot request in flight (a later one abandons it)
-    uint64_t requested_under = 0;  // the directory incarnation of the last tick when it was asked
-    uint64_t revision = 0;         // "": the directory's revision; else the model's latest event
-    std::vector<std::pair<Event, uint64_t>> buffered;  // (event, its incarnation), to apply
-  };
-
-  void Wake() {
-    if (wake_fd_ >= 0) {
-      uint64_t one = 1;
-      ssize_t n = write(wake_fd_, &one, sizeof(one));
-      (void)n;
-    }
-  }
-  // `timeout_ms` 0: the request timeout.
-  void Send(std::string_view type, wire::MapBuilder& body, ReplyCallback done,
-            int64_t timeout_ms = 0);
-  // A blocking method must not run on the loop thread, which alone could answer it.
-  absl::Status NotOnLoopThread() const {
-    if (std::this_thread::get_id() != loop_thread_id_) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        "DirectoryClient: blocking call from a callback on the client's loop thread");
-  }
-  absl::StatusOr<wire::Frame> Call(std::string_view type, wire::MapBuilder& body);
-
-  // The loop thread.
-  void Run();
-  void SendOutbox();
-  void HandleReply(std::vector<zmq::message_t>& parts);
-  void ExpirePending(int64_t now);
-  void Resubscribe();
-  void RequestSnapshot(const std::string& name);
-  void InstallSnapshot(const std::string& name, Snapshot snapshot);
-  void HandlePublished(std::vector<zmq::message_t>& parts);
-  void HandleTick(const wire::MapView& body, uint64_t incarnation);
-  void ApplyEvent(const std::string& name, Event event, uint64_t incarnation);
-
-  const DirectoryClientOptions options_;
-  WatchSink* const sink_;
-  Clock* const clock_;  // options_.clock, or the real clock
-  zmq::context_t context_;
-  zmq::socket_t dealer_;  // loop thread (after Start)
-  zmq::socket_t sub_;     // loop thread
-  int wake_fd_ = -1;
-  std::string pub_address_;
-  int64_t lease_ttl_ms_ = 0;
-  int64_t advised_heartbeat_ms_ = 1000;
-  std::thread thread_;
-  std::thread::id loop_thread_id_;
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> next_id_{1};
-  std::atomic<int> drop_events_{0};
-  std::atomic<uint64_t> events_received_{0};
-
-  std::map<uint64_t, Pending> pending_;  // loop thread only
-
-  mutable Mutex mu_;
-  std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Scope> scopes_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> to_subscribe_ ABSL_GUARDED_BY(mu_);  // topics for the loop thread
-  uint64_t tick_incarnation_ ABSL_GUARDED_BY(mu_) = 0;  // the directory's, from its last tick
-};
+}
 
 absl::Status ZmqStore::Start() {
   CONNEX_RETURN_IF_ERROR(ParseTcpEndpoint(options_.directory).status());
@@ -376,45 +183,6 @@ absl::StatusOr<wire::Frame> ZmqStore::Call(std::string_view type, wire::MapBuild
 // the directory-wide tick), takes snapshots of that model only, and finds gaps by the model's
 // own revisions (Event::model_previous, the model's ticks): other models' traffic never
 // reaches it.
-absl::Status ZmqStore::Watch(const std::string& model) {
-  std::string key;
-  {
-    MutexLock lock(&mu_);
-    if (scopes_.count("") == 0 && scopes_.count(model) == 0) {
-      if (scopes_.empty() && !model.empty()) to_subscribe_.push_back(std::string(kTickTopic));
-      if (model.empty()) {
-        // Every model: one scope replaces the per-model ones (the view reports what its first
-        // snapshot changes).
-        scopes_.clear();
-        to_subscribe_.push_back("");
-        scopes_.emplace("", Scope{});
-      } else {
-        to_subscribe_.push_back(EventTopic(model));
-        scopes_.emplace(model, Scope{});
-      }
-    }
-    key = scopes_.count("") ? "" : model;
-  }
-  Wake();
-  MutexLock lock(&mu_);
-  // Ready once the snapshot is in and the subscription is live (a tick or event of its topic
-  // came): events published before the SUB connection is up are otherwise lost to a slow
-  // joiner until the next tick shows the gap.
-  auto ready = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (stop_.load()) return true;
-    auto it = scopes_.find(key);
-    if (it == scopes_.end()) it = scopes_.find("");  // replaced by a watch of every model
-    return it != scopes_.end() && it->second.have_snapshot && it->second.live;
-  };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&ready),
-                            absl::Milliseconds(options_.request_timeout_ms * 2))) {
-    return absl::DeadlineExceededError(
-        StrCat("directory ", options_.directory, ": no snapshot of ",
-               key.empty() ? std::string("every model") : StrCat("model '", key, "'"), " within ",
-               options_.request_timeout_ms * 2, " ms"));
-  }
-  return absl::OkStatus();
-}
 
 void ZmqStore::Run() {
   std::vector<zmq::message_t> parts;
@@ -529,213 +297,89 @@ void ZmqStore::ExpirePending(int64_t now) {
 }
 
 // The topics Watch added, subscribed to on the loop thread (which owns the socket).
-void ZmqStore::Resubscribe() {
-  std::vector<std::string> topics;
-  {
-    MutexLock lock(&mu_);
-    topics.swap(to_subscribe_);
-  }
-  for (const std::string& topic : topics) {
-    try {
-      sub_.set(zmq::sockopt::subscribe, topic);
-    } catch (const zmq::error_t& e) {
-      CONNEX_LOG_WARN("directory client: subscribing to '{}' failed: {}", topic, e.what());
-    }
-  }
-}
 
-// A fresh snapshot of scope `name` ("" = every model).
-void ZmqStore::RequestSnapshot(const std::string& name) {
-  uint64_t request = 0;
-  {
-    MutexLock lock(&mu_);
-    auto it = scopes_.find(name);
-    if (it == scopes_.end() || it->second.in_flight) return;
-    it->second.in_flight = true;
-    it->second.want_snapshot = false;
-    request = ++it->second.request;
-    it->second.requested_under = tick_incarnation_;
-  }
+absl::StatusOr<Registry::JoinResult> ZmqStore::Join(
+    const Lid& lid, const std::vector<std::string>& addresses,
+    const std::map<std::string, std::string>& metadata, const JoinAuth& auth) {
   wire::MapBuilder body;
-  if (!name.empty()) body.Str("model", name);
-  Send(kSnapshot, body, [this, name, request](absl::StatusOr<wire::Frame> reply) {
-    {
-      MutexLock lock(&mu_);
-      auto it = scopes_.find(name);
-      if (it == scopes_.end() || it->second.request != request) return;  // abandoned
-    }
-    absl::StatusOr<Snapshot> snapshot =
-        reply.ok() ? DecodeSnapshot(reply->body) : absl::StatusOr<Snapshot>(reply.status());
-    if (!snapshot.ok()) {
-      if (reply.ok()) {
-        CONNEX_LOG_WARN("directory client: bad snapshot: {}", snapshot.status().ToString());
-      } else {
-        CONNEX_LOG_DEBUG("directory client: snapshot failed: {}", reply.status().ToString());
-      }
-      MutexLock lock(&mu_);
-      auto it = scopes_.find(name);
-      if (it != scopes_.end()) {
-        // Retried with backoff (50 ms doubling to 1 s): a directory that refuses snapshots
-        // under load (too many unread replies) is not asked again at once.
-        Scope& sc = it->second;
-        sc.in_flight = false;
-        sc.want_snapshot = true;
-        sc.retry_at_ms =
-            clock_->NowMs() + std::min<int64_t>(1000, int64_t{50} << std::min(sc.failures, 5));
-        ++sc.failures;
-      }
-      return;
-    }
-    {
-      MutexLock lock(&mu_);
-      auto it = scopes_.find(name);
-      if (it != scopes_.end()) it->second.failures = 0;
-    }
-    InstallSnapshot(name, *std::move(snapshot));
-  });
-  SendOutbox();
+  body.Str("lid", lid.ToString()).StrList("addresses", addresses).StrMap("metadata", metadata);
+  if (!auth.credential.empty()) body.Str("credential", auth.credential);
+  if (auth.force) body.Bool("force", true).Str("admin", auth.admin_token);
+  if (auth.exclusive) body.Bool("exclusive", true);
+  CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kJoin, body));
+  Registry::JoinResult joined;
+  CONNEX_ASSIGN_OR_RETURN(joined.epoch, reply.body.Uint("epoch"));
+  CONNEX_ASSIGN_OR_RETURN(joined.credential, reply.body.Str("credential"));
+  joined.changed = true;
+  return joined;
 }
 
-void ZmqStore::InstallSnapshot(const std::string& name, Snapshot snapshot) {
-  std::vector<std::pair<Event, uint64_t>> buffered;
-  const uint64_t incarnation = snapshot.incarnation;
-  {
-    MutexLock lock(&mu_);
-    auto scope = scopes_.find(name);
-    if (scope == scopes_.end()) return;  // replaced by a watch of every model
-    Scope& sc = scope->second;
-    sc.in_flight = false;
-    sc.incarnation = incarnation;
-    sc.revision = name.empty() ? snapshot.revision : snapshot.model_revision;
-    buffered.swap(sc.buffered);
-    // Another directory incarnation: the other scopes' views are of the previous one.
-    for (auto& [other, o] : scopes_) {
-      if (o.have_snapshot && o.incarnation != incarnation) o.want_snapshot = true;
-    }
-  }
-  sink_->OnSnapshot(name, std::move(snapshot));
-  {
-    // Only now: Watch returns once the view holds the snapshot.
-    MutexLock lock(&mu_);
-    auto scope = scopes_.find(name);
-    if (scope != scopes_.end()) scope->second.have_snapshot = true;
-  }
-  // Events that arrived while the snapshot was in flight.
-  std::sort(buffered.begin(), buffered.end(),
-            [](const auto& a, const auto& b) { return a.first.revision < b.first.revision; });
-  for (auto& [e, event_incarnation] : buffered) {
-    if (event_incarnation == incarnation) ApplyEvent(name, std::move(e), event_incarnation);
-  }
+absl::Status ZmqStore::Leave(const Lid& lid, uint64_t epoch, const Caller& caller) {
+  wire::MapBuilder body;
+  body.Str("lid", lid.ToString());
+  if (epoch != 0) body.Uint("epoch", epoch);
+  if (!caller.credential.empty()) body.Str("credential", caller.credential);
+  if (!caller.admin_token.empty()) body.Str("admin", caller.admin_token);
+  return Call(kLeave, body).status();
 }
 
-void ZmqStore::HandlePublished(std::vector<zmq::message_t>& parts) {
-  if (parts.size() != 2) return;
-  absl::StatusOr<wire::Frame> frame = wire::DecodeFrame(AsView(parts[1]));
-  if (!frame.ok()) {
-    CONNEX_LOG_WARN("directory client: undecodable event: {}", frame.status().ToString());
-    return;
+absl::StatusOr<bool> ZmqStore::ReportFailed(const Lid& lid, uint64_t epoch, const Caller& caller) {
+  wire::MapBuilder body;
+  body.Str("lid", lid.ToString()).Uint("epoch", epoch).Str("reporter", caller.name);
+  if (caller.member) {
+    body.Str("member", caller.member->ToString())
+        .Str("member_credential", caller.member_credential);
   }
-  absl::StatusOr<uint64_t> incarnation = frame->body.Uint("incarnation");
-  if (!incarnation.ok()) return;
-  if (frame->type == kTick) {
-    HandleTick(frame->body, *incarnation);
-    return;
-  }
-  if (frame->type != kEvent) return;
-  events_received_.fetch_add(1);
-  if (drop_events_.load() > 0) {
-    drop_events_.fetch_sub(1);
-    return;
-  }
-  absl::StatusOr<Event> event = DecodeEvent(frame->body);
-  if (!event.ok()) {
-    CONNEX_LOG_WARN("directory client: bad event: {}", event.status().ToString());
-    return;
-  }
-  std::string name;
-  {
-    MutexLock lock(&mu_);
-    name = scopes_.count("") ? "" : event->record.lid.model;
-    auto it = scopes_.find(name);
-    if (it == scopes_.end()) return;  // not a model this client watches
-    Scope& sc = it->second;
-    sc.live = true;
-    if (!sc.have_snapshot || sc.in_flight) {
-      sc.buffered.emplace_back(*std::move(event), *incarnation);
-      return;
-    }
-  }
-  ApplyEvent(name, *std::move(event), *incarnation);
+  if (!caller.admin_token.empty()) body.Str("admin", caller.admin_token);
+  CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kReportFailed, body));
+  return reply.body.Bool("evicted");
 }
 
-// The directory-wide tick (`model` absent) shows a gap of the every-model scope and a restart
-// of the directory (a new incarnation) to every scope; a model's tick shows a gap of that
-// model's scope. Either makes the scope live (its subscription is up).
-void ZmqStore::HandleTick(const wire::MapView& body, uint64_t incarnation) {
-  absl::StatusOr<uint64_t> revision = body.Uint("revision");
-  absl::StatusOr<std::string> model = body.StrOr("model", "");
-  absl::StatusOr<uint64_t> model_revision = body.UintOr("model_revision", 0);
-  if (!revision.ok() || !model.ok() || !model_revision.ok()) return;
-  std::vector<std::string> stale;
-  {
-    MutexLock lock(&mu_);
-    tick_incarnation_ = incarnation;
-    for (auto& [name, sc] : scopes_) {
-      // A snapshot asked of an earlier incarnation of the directory may never be answered (the
-      // request died with it): abandoned for one asked of this one, at once rather than after
-      // the request timeout, during which the watcher would be blind (campaign seed 33).
-      if (sc.in_flight && sc.requested_under != 0 && sc.requested_under != incarnation) {
-        CONNEX_LOG_DEBUG(
-            "directory client: the directory restarted while the snapshot of '{}' "
-            "was asked; asking again",
-            name);
-        sc.in_flight = false;
-        ++sc.request;
-        stale.push_back(name);
-        continue;
-      }
-      uint64_t seen = 0;
-      if (model->empty()) {
-        if (name.empty()) sc.live = true;
-        seen = name.empty() ? *revision : 0;
-      } else {
-        if (name != *model) continue;
-        sc.live = true;
-        seen = *model_revision;
-      }
-      if (!sc.have_snapshot || sc.in_flight) continue;
-      if (incarnation != sc.incarnation || seen > sc.revision) {
-        CONNEX_LOG_DEBUG("directory client: gap of '{}' (at {}, directory at {}); new snapshot",
-                         name, sc.revision, seen);
-        stale.push_back(name);
-      }
-    }
-  }
-  for (const std::string& name : stale) RequestSnapshot(name);
+absl::StatusOr<Snapshot> ZmqStore::GetSnapshot(std::optional<std::string> model,
+                                               std::optional<uint32_t> group) {
+  wire::MapBuilder body;
+  if (model) body.Str("model", *model);
+  if (group) body.Uint("group", *group);
+  CONNEX_ASSIGN_OR_RETURN(wire::Frame reply, Call(kSnapshot, body));
+  return DecodeSnapshot(reply.body);
 }
 
-void ZmqStore::ApplyEvent(const std::string& name, Event event, uint64_t incarnation) {
-  {
-    MutexLock lock(&mu_);
-    auto scope = scopes_.find(name);
-    if (scope == scopes_.end()) return;
-    Scope& sc = scope->second;
-    if (event.revision <= sc.revision && incarnation == sc.incarnation) return;  // seen
-    // Events of every model are numbered without gaps; a model's event names the revision of
-    // the model's previous one.
-    bool follows =
-        name.empty() ? event.revision == sc.revision + 1 : event.model_previous <= sc.revision;
-    if (incarnation != sc.incarnation || !follows) {
-      sc.buffered.emplace_back(std::move(event), incarnation);
-      sc.want_snapshot = true;
-      return;
-    }
-    sc.revision = event.revision;
+std::vector<absl::StatusOr<Renewal>> ZmqStore::Renew(const std::vector<Held>& held,
+                                                     int64_t timeout_ms) {
+  std::vector<absl::StatusOr<Renewal>> out(held.size(), absl::UnknownError("not renewed"));
+  if (absl::Status here = NotOnLoopThread(); !here.ok()) {
+    for (auto& r : out) r = here;
+    return out;
   }
-  sink_->OnEvent(event);
+  std::vector<std::future<absl::StatusOr<Renewal>>> replies;
+  for (const Held& h : held) {
+    auto promise = std::make_shared<std::promise<absl::StatusOr<Renewal>>>();
+    replies.push_back(promise->get_future());
+    wire::MapBuilder body;
+    body.Str("lid", h.lid.ToString()).Uint("epoch", h.epoch).Str("credential", h.credential);
+    Send(
+        kHeartbeat, body,
+        [promise, epoch = h.epoch](absl::StatusOr<wire::Frame> r) {
+          if (!r.ok()) {
+            promise->set_value(FreshStatus(r.status()));
+            return;
+          }
+          Renewal renewal;
+          absl::StatusOr<uint64_t> e = r->body.UintOr("epoch", epoch);
+          renewal.epoch = e.ok() ? *e : epoch;
+          absl::StatusOr<std::string> c = r->body.StrOr("credential", "");
+          if (c.ok()) renewal.credential = *c;
+          promise->set_value(std::move(renewal));
+        },
+        timeout_ms);
+  }
+  for (size_t i = 0; i < replies.size(); ++i) out[i] = replies[i].get();
+  return out;
 }
 
-}  // namespace
+std::optional<int64_t> ZmqStore::LeaseLeftMs(int64_t renewal_age_ms) const {
+  return lease_ttl_ms_ - renewal_age_ms;
+}
 
 absl::StatusOr<std::unique_ptr<DirectoryStore>> OpenZmqStore(const DirectoryClientOptions& options,
                                                              WatchSink* sink) {
