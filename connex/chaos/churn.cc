@@ -127,7 +127,8 @@ absl::StatusOr<json> RunChurn(const ChurnOptions& ch) {
   for (const auto& out : outcomes) {
     if (out->correct) continue;
     json l = Failure(*out);
-    if (out->result.ok()) l["error"] = "completed with tokens that differ from the reference";
+    if (out->result.ok())
+      l["error"] = "completed, but differs from connex-generate: " + Differences(*out);
     // Where it was: the replica it went to, and whether that replica was down meanwhile.
     for (const Down& d : downs) {
       if (out->result.start_ns <= d.to_ns && out->result.end_ns >= d.from_ns) {

@@ -275,8 +275,7 @@ absl::StatusOr<json> RunFailover(const FailoverOptions& f) {
   for (const auto& out : all) {
     if (!out->result.ok()) failures.push_back(Failure(*out));
     if (out->result.ok() && !out->correct) {
-      problems.push_back(StrCat("request ", out->index, ": ", out->comparison.mismatched, " of ",
-                                out->comparison.compared, " tokens differ"));
+      problems.push_back(StrCat("request ", out->index, ": ", Differences(*out)));
     }
   }
   if (totals["failed"].get<int64_t>() > 0) {

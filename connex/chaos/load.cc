@@ -1,10 +1,12 @@
 #include "connex/chaos/load.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 
 #include "connex/base/stats.h"
 #include "connex/base/strings.h"
+#include "connex/engine/tokenizer.h"
 
 namespace connex::chaos {
 namespace {
@@ -105,28 +107,86 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const CommonOptions& o, bo
   return Cluster::Start(std::move(c));
 }
 
-void Load::Issue(uint64_t index, RequestSpec spec, HostPort at, std::string target, int replica,
-                 int64_t timeout_ms) {
-  std::lock_guard<std::mutex> lock(mu_);
+void LiveStream::Started(int64_t ns) {
+  absl::MutexLock lock(&mu_);
+  view_.started = true;
+  view_.start_ns = ns;
+}
+
+void LiveStream::Token(int64_t at_ns) {
+  absl::MutexLock lock(&mu_);
+  ++view_.tokens;
+  token_ns_.push_back(at_ns);
+}
+
+void LiveStream::Ended(int64_t ns) {
+  absl::MutexLock lock(&mu_);
+  view_.ended = true;
+  view_.end_ns = ns;
+}
+
+LiveStream::View LiveStream::Get() const {
+  absl::MutexLock lock(&mu_);
+  return view_;
+}
+
+std::optional<int64_t> LiveStream::FirstTokenAfter(int64_t t_ns) const {
+  absl::MutexLock lock(&mu_);
+  auto after = std::upper_bound(token_ns_.begin(), token_ns_.end(), t_ns);
+  if (after == token_ns_.end()) return std::nullopt;
+  return *after;
+}
+
+std::shared_ptr<Outcome> Load::Add(uint64_t index, RequestSpec spec, std::string target,
+                                   int replica) {
   auto o = std::make_shared<Outcome>();
   o->index = index;
   o->spec = std::move(spec);
   o->target = std::move(target);
   o->replica = replica;
+  std::lock_guard<std::mutex> lock(mu_);
   outcomes_.push_back(o);
-  auto tokens = std::make_shared<std::atomic<int>>(0);
-  tokens_.push_back(tokens);
-  threads_.emplace_back([o, at, timeout_ms, tokens, this] {
-    o->result = StreamCompletion(at, o->spec.Body(model_), kIdleTimeoutMs, timeout_ms,
-                                 [&tokens](int32_t) { tokens->fetch_add(1); });
-    done_.fetch_add(1);
-  });
+  return o;
+}
+
+void Load::Run(Outcome& o, const HostPort& at, int64_t timeout_ms) {
+  o.live.Started(MonotonicNowNs());
+  StreamResult r = StreamCompletion(at, o.spec.Body(model_), kIdleTimeoutMs, timeout_ms,
+                                    [&o](int32_t, int64_t at_ns) { o.live.Token(at_ns); });
+  const int64_t end_ns = r.end_ns;
+  o.result = std::move(r);
+  o.live.Ended(end_ns);  // after `result`: whoever sees it ended may read it
+  done_.fetch_add(1);
+}
+
+void Load::Issue(uint64_t index, RequestSpec spec, HostPort at, std::string target, int replica,
+                 int64_t timeout_ms) {
+  std::shared_ptr<Outcome> o = Add(index, std::move(spec), std::move(target), replica);
+  std::lock_guard<std::mutex> lock(mu_);
+  threads_.emplace_back([o, at, timeout_ms, this] { Run(*o, at, timeout_ms); });
+}
+
+void Load::StartClients(int clients, std::function<RequestSpec(uint64_t)> spec,
+                        std::function<std::pair<HostPort, std::string>(int client)> target,
+                        int64_t pause_ms, int64_t timeout_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int client = 0; client < clients; ++client) {
+    threads_.emplace_back([this, client, spec, target, pause_ms, timeout_ms] {
+      while (!stop_clients_.HasBeenNotified()) {
+        const uint64_t index = next_client_index_.fetch_add(1);
+        auto [at, name] = target(client);
+        std::shared_ptr<Outcome> o = Add(index, spec(index), name, -1);
+        Run(*o, at, timeout_ms);
+        stop_clients_.WaitForNotificationWithTimeout(absl::Milliseconds(pause_ms));
+      }
+    });
+  }
 }
 
 bool Load::AllHaveTokens(int n) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (size_t i = 0; i < outcomes_.size(); ++i) {
-    if (tokens_[i]->load() < n) return false;
+  for (const auto& o : outcomes_) {
+    if (o->live.Get().tokens < n) return false;
   }
   return true;
 }
@@ -134,6 +194,11 @@ bool Load::AllHaveTokens(int n) {
 size_t Load::issued() {
   std::lock_guard<std::mutex> lock(mu_);
   return outcomes_.size();
+}
+
+std::vector<std::shared_ptr<Outcome>> Load::Outcomes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return outcomes_;
 }
 
 std::vector<std::shared_ptr<Outcome>> Load::Wait() {
@@ -147,7 +212,55 @@ std::vector<std::shared_ptr<Outcome>> Load::Wait() {
   return outcomes_;
 }
 
-// Compares every completed request with its reference; fills `correct` and `comparison`.
+namespace {
+
+std::string Quoted(const std::string& text, size_t n) {
+  json j = text.substr(0, n);
+  return j.dump(-1, ' ', false, json::error_handler_t::replace) + (text.size() > n ? "..." : "");
+}
+
+// What differs between a completed request and connex-generate's answer, but its token ids.
+std::vector<std::string> OtherDifferences(const Outcome& o, const Reference& want) {
+  std::vector<std::string> why;
+  const StreamResult& r = o.result;
+  if (r.text != want.text) {
+    why.push_back(StrCat("text differs (streamed ", Quoted(r.text, 40), ", connex-generate ",
+                         Quoted(want.text, 40), ")"));
+  }
+  // The byte-level tokenizer: a completion ends with EOS, or at max_tokens.
+  const std::string finish =
+      !r.tokens.empty() && r.tokens.back() == engine::kEosToken ? "stop" : "length";
+  if (r.finish_reason != finish) {
+    why.push_back(StrCat("finish_reason ", r.finish_reason, ", expected ", finish));
+  }
+  if (r.response_ids.size() != 1) {
+    std::string ids;
+    for (const std::string& id : r.response_ids) ids += (ids.empty() ? "" : ", ") + id;
+    why.push_back(StrCat(r.response_ids.size(), " response ids in one stream: [", ids, "]"));
+  }
+  // Usage: BOS and the prompt's bytes, the tokens generated.
+  const int64_t prompt = static_cast<int64_t>(o.spec.prompt.size()) + 1;
+  const int64_t completion = static_cast<int64_t>(r.tokens.size());
+  if (r.prompt_tokens != prompt || r.completion_tokens != completion ||
+      r.total_tokens != prompt + completion) {
+    why.push_back(StrCat("usage ", r.prompt_tokens, "/", r.completion_tokens, "/", r.total_tokens,
+                         " (prompt/completion/total), expected ", prompt, "/", completion, "/",
+                         prompt + completion));
+  }
+  return why;
+}
+
+}  // namespace
+
+std::string Differences(const Outcome& o) {
+  std::string out;
+  if (o.comparison.mismatched > 0) {
+    out = StrCat(o.comparison.mismatched, " of ", o.comparison.compared, " tokens differ");
+  }
+  for (const std::string& d : o.differences) out += (out.empty() ? "" : "; ") + d;
+  return out;
+}
+
 absl::Status Check(const CommonOptions& o, const std::string& model_path,
                    std::vector<std::shared_ptr<Outcome>>& outcomes) {
   References refs(o.bin_dir + "/connex-generate", model_path, o.stages, o.work_dir);
@@ -159,10 +272,11 @@ absl::Status Check(const CommonOptions& o, const std::string& model_path,
   if (absl::Status s = refs.Compute(specs); !s.ok()) return s;
   for (auto& out : outcomes) {
     if (!out->result.ok()) continue;
-    const std::vector<int32_t>* want = refs.Find(out->spec);
+    const Reference* want = refs.Find(out->spec);
     if (want == nullptr) return absl::InternalError("no reference for " + out->spec.prompt);
-    out->comparison = CompareTokens(out->result.tokens, *want);
-    out->correct = out->comparison.mismatched == 0;
+    out->comparison = CompareTokens(out->result.tokens, want->tokens);
+    out->differences = OtherDifferences(*out, *want);
+    out->correct = out->comparison.mismatched == 0 && out->differences.empty();
   }
   return absl::OkStatus();
 }
@@ -184,8 +298,16 @@ json Totals(const std::vector<std::shared_ptr<Outcome>>& outcomes) {
           {"completed", completed},
           {"failed", failed},
           {"correct", correct},
+          {"differing", completed - correct},
           {"tokens_compared", compared},
           {"mismatched_tokens", mismatched}};
+}
+
+void AddDifferingProblem(const json& totals, std::vector<std::string>& problems) {
+  if (const int64_t n = totals["differing"].get<int64_t>(); n > 0) {
+    problems.push_back(StrCat(n, " completions differ from connex-generate (token ids, text, ",
+                              "finish_reason, usage or response id)"));
+  }
 }
 
 json Latencies(const std::vector<std::shared_ptr<Outcome>>& outcomes) {

@@ -138,6 +138,7 @@ absl::StatusOr<json> RunSteady(const SteadyOptions& st) {
   if (totals["mismatched_tokens"].get<int64_t>() > 0) {
     problems.push_back(StrCat(totals["mismatched_tokens"].get<int64_t>(), " mismatched tokens"));
   }
+  AddDifferingProblem(totals, problems);
   double k1 = 0;
   for (const auto& row : closed) {
     if (row["inflight"] == 1) k1 = row["tokens_per_s"].get<double>();
@@ -229,6 +230,7 @@ absl::StatusOr<json> RunOverload(const OverloadOptions& ov) {
   if (totals["mismatched_tokens"].get<int64_t>() > 0) {
     problems.push_back(StrCat(totals["mismatched_tokens"].get<int64_t>(), " mismatched tokens"));
   }
+  AddDifferingProblem(totals, problems);
   if (health_failed > 0) problems.push_back(StrCat(health_failed, " /health probes failed"));
   json failures = json::array();
   for (const auto& out : admitted) {
