@@ -171,6 +171,22 @@ TEST(ChaosTest, ProxyCostComparesTheSameRequests) {
   EXPECT_EQ(run.record["proxy"]["e2e_ms"]["n"].get<int64_t>(), 4);
 }
 
+// `make demo` (connex-chaos demo) with shorter phases: a middle stage and a stage 0 SIGKILLed
+// under a streaming load through the proxy; every completion exact, each kill met streams in
+// flight that all went on and was noticed, and every process exits 0 on SIGTERM.
+TEST(ChaosTest, DemoRidesOutAMiddleStageAndAStageZeroKill) {
+  ChaosRun run = Chaos({"demo", "--phase", "4", "--clients", "3"});
+  ExpectCorrect(run);
+  ASSERT_EQ(run.record["kills"].size(), 2u) << run.output;
+  for (const auto& k : run.record["kills"]) {
+    EXPECT_GT(k["in_flight"].get<int64_t>(), 0) << k.dump();
+    EXPECT_FALSE(k["noticed"].is_null()) << k.dump();
+  }
+  EXPECT_TRUE(run.record["shutdown"].empty()) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("=== connex demo report ==="));
+  EXPECT_THAT(run.output, HasSubstr("result       PASSED"));
+}
+
 // --directory: the same measurement of a deployment somebody else started (here this test,
 // through Cluster), found through its directory.
 TEST(ChaosTest, SteadyMeasuresARunningDeploymentThroughItsDirectory) {
@@ -208,6 +224,12 @@ TEST(ChaosTest, BadFlagsExitTwoNamingTheFlag) {
   run = Chaos({"steady", "--qps", "2,x"}, 30'000);
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_THAT(run.output, HasSubstr("--qps"));
+  run = Chaos({"demo", "--clients", "0"}, 30'000);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--clients"));
+  run = Chaos({"demo", "--max-tokens", "8"}, 30'000);  // the demo's requests are its own
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--max-tokens"));
   run = Chaos({}, 30'000);
   EXPECT_EQ(run.exit_code, 2) << run.output;
 }

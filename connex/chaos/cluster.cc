@@ -416,6 +416,60 @@ bool Cluster::running(uint32_t stage, uint32_t replica) {
   return s.process.has_value() && !s.process->Exited();
 }
 
+int Cluster::pid(uint32_t stage, uint32_t replica) const {
+  const StageProc& s = at(stage, replica);
+  return s.process ? s.process->pid() : 0;
+}
+
+absl::Status Cluster::CheckRunning() {
+  auto exited = [](std::optional<Subprocess>& p, const std::string& what, const std::string& log) {
+    if (!p || !p->Exited()) return absl::OkStatus();
+    return absl::UnavailableError(
+        StrCat(what, " exited by itself (code ", p->Wait(0).value_or(-1), "); see ", log));
+  };
+  CONNEX_RETURN_IF_ERROR(
+      exited(directory_process_, "connex-directory", options_.work_dir + "/directory.log"));
+  for (auto& [key, s] : stages_) {
+    CONNEX_RETURN_IF_ERROR(
+        exited(s.process, lid(key.first, key.second).ToString(), log_path(key.first, key.second)));
+  }
+  return exited(proxy_process_, "connex-proxy", options_.work_dir + "/proxy.log");
+}
+
+std::vector<std::string> Cluster::StopAll(int64_t grace_ms) {
+  std::vector<std::string> problems;
+  auto stop = [&](std::optional<Subprocess>& p, const std::string& what, const std::string& log) {
+    if (!p) return;
+    if (p->Exited()) {
+      problems.push_back(
+          StrCat(what, " had exited by itself (code ", p->Wait(0).value_or(-1), "); see ", log));
+    } else {
+      p->Signal(SIGTERM);
+      std::optional<int> code = p->Wait(grace_ms);
+      if (!code) {
+        p->Signal(SIGKILL);
+        p->Wait(10'000);
+        problems.push_back(
+            StrCat(what, " did not exit within ", grace_ms, " ms of SIGTERM; see ", log));
+      } else if (*code != 0) {
+        problems.push_back(StrCat(what, " exited ", *code, " on SIGTERM; see ", log));
+      }
+    }
+    p.reset();
+  };
+  if (attached_) return problems;
+  stop(proxy_process_, "connex-proxy", options_.work_dir + "/proxy.log");
+  for (uint32_t r = options_.replicas; r-- > 0;) {
+    for (uint32_t s = 0; s < options_.stages; ++s) {
+      if (stages_.count({s, r}) == 0) continue;
+      stop(at(s, r).process, lid(s, r).ToString(), log_path(s, r));
+    }
+  }
+  watcher_.reset();  // before its directory goes
+  stop(directory_process_, "connex-directory", options_.work_dir + "/directory.log");
+  return problems;
+}
+
 absl::Status Cluster::Kill(uint32_t stage, uint32_t replica) {
   if (attached_) return absl::FailedPreconditionError("faults need processes this tool started");
   StageProc& s = at(stage, replica);
