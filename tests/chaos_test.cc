@@ -227,6 +227,9 @@ TEST(ChaosTest, BadFlagsExitTwoNamingTheFlag) {
   run = Chaos({"demo", "--clients", "0"}, 30'000);
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_THAT(run.output, HasSubstr("--clients"));
+  run = Chaos({"demo", "--bin", "/nonexistent"}, 30'000);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--bin-dir"));
   run = Chaos({"demo", "--max-tokens", "8"}, 30'000);  // the demo's requests are its own
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_THAT(run.output, HasSubstr("--max-tokens"));
@@ -242,6 +245,50 @@ TEST(ChaosUnitTest, MetricsAreParsedWithTheirLabels) {
   EXPECT_EQ(m.at("connex_stage_steps_executed_total"), 12);
   EXPECT_EQ(m.at("connex_stage_epoch_steps_executed_total{epoch=\"7\"}"), 3);
   EXPECT_EQ(m.size(), 2u);
+}
+
+TEST(ChaosUnitTest, DemoReportListsWhatFailed) {
+  const nlohmann::json kill = {{"lid", "tiny/g2/s0/r0"},
+                               {"what", "a middle stage"},
+                               {"at_s", 10.0},
+                               {"in_flight", 0},
+                               {"next_token_ms", nlohmann::json::array()},
+                               {"noticed", nullptr},
+                               {"restart_s", 0.2},
+                               {"epoch", 7},
+                               {"retries", nullptr}};
+  const nlohmann::json record = {
+      {"campaign", "demo"},
+      {"machine", {{"cores", 2}, {"date", "2026-12-05T00:00:00Z"}}},
+      {"options", {{"model", "m"}, {"clients", 4}}},
+      {"deployment",
+       {{"replicas", 2},
+        {"stages", 4},
+        {"model_name", "tiny"},
+        {"backend", "tcp"},
+        {"proxy", true}}},
+      {"totals",
+       {{"completed", 3},
+        {"correct", 2},
+        {"failed", 1},
+        {"greedy", 2},
+        {"sampled", 1},
+        {"tokens_streamed", 300},
+        {"load_s", 30.0},
+        {"median_token_gap_ms", 8.0},
+        {"goodput_tokens_per_s", 6.7},
+        {"reference_s", 1.0}}},
+      {"kills", {kill}},
+      {"restarted_stage0_completed", nullptr},
+      {"shutdown", {"connex-proxy exited 1 on SIGTERM"}},
+      {"problems", {"the kill of tiny/g2/s0/r0 found no stream in flight"}},
+      {"ok", false}};
+  const std::string report = Summary(record);
+  EXPECT_THAT(report, HasSubstr("=== connex demo report ==="));
+  EXPECT_THAT(report, HasSubstr("noticed: NOT NOTICED"));
+  EXPECT_THAT(report, HasSubstr("exactness    2/3 completions identical"));
+  EXPECT_THAT(report, HasSubstr("shutdown     1 problems"));
+  EXPECT_THAT(report, HasSubstr("result       FAILED\n  - the kill of tiny/g2/s0/r0 found no"));
 }
 
 TEST(ChaosUnitTest, TokensAreComparedPositionByPosition) {

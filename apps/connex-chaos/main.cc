@@ -225,6 +225,17 @@ int main(int argc, char** argv) {
           steady.qps = ParseDoubles("--qps", qps_list);
           steady.inflight = ParseInts("--inflight", inflight_list);
         }
+        if (dm->parsed()) {
+          // What make demo runs must be there: say so before anything starts.
+          const std::string dir = common.bin_dir.empty() ? connex::BinDir() : common.bin_dir;
+          for (const char* bin : {"connex-mkmodel", "connex-directory", "connex-stage",
+                                  "connex-proxy", "connex-generate"}) {
+            if (access((dir + "/" + bin).c_str(), X_OK) != 0) {
+              throw CLI::ValidationError(
+                  "--bin-dir", dir + ": no executable " + bin + " (make demo builds what it runs)");
+            }
+          }
+        }
       })) {
     return *code;
   }
