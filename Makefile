@@ -45,16 +45,16 @@ test-asan: build-asan
 test-tsan: build-tsan
 	cd build-tsan && CONNEX_TEST_SEEDS=25 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tsan.supp" ctest --output-on-failure -j$(JOBS) -L '^($(TSAN_LABEL_REGEX))$$' $(CTEST_ARGS)
 
-# The binaries `make demo` runs (scripts/demo.py): only these are built for it.
-DEMO_TARGETS := connex-mkmodel connex-directory connex-stage connex-proxy connex-generate
+# The binaries `make demo` runs (connex-chaos demo and what it starts): only these are built for it.
+DEMO_TARGETS := connex-chaos connex-mkmodel connex-directory connex-stage connex-proxy connex-generate
 
 demo-build: deps build/CMakeCache.txt
 	cmake --build build -j$(JOBS) --target $(DEMO_TARGETS)
 
 # The serving stack under load, a middle stage and a stage 0 SIGKILLed mid-generation
-# (README.md, "Demo"; its flags in docs/configuration.md).
+# (README.md, "Demo"; its flags in docs/configuration.md): a campaign of connex-chaos.
 demo: demo-build
-	/usr/bin/python3 scripts/demo.py --bin build/bin $(DEMO_ARGS)
+	./build/bin/connex-chaos demo $(DEMO_ARGS)
 
 demo-mobile: deps build/CMakeCache.txt
 	cmake --build build -j$(JOBS) --target mobile_endpoints

@@ -30,7 +30,7 @@ PACKAGES=(
   libucx-dev ucx-utils
   libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   iperf3 iproute2 procps
-  python3  # scripts/demo.py (make demo), scripts/results-charts
+  python3  # scripts/results-charts
   gnuplot-nox  # scripts/results-charts (docs/assets/*.svg)
   prometheus  # promtool check metrics: every /metrics is lint-clean (tests/serving_e2e_test.cc)
   # The Python bindings (python/connex, the connex._connex extension) and their pytest tests.

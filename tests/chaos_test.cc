@@ -171,6 +171,22 @@ TEST(ChaosTest, ProxyCostComparesTheSameRequests) {
   EXPECT_EQ(run.record["proxy"]["e2e_ms"]["n"].get<int64_t>(), 4);
 }
 
+// `make demo` (connex-chaos demo) with shorter phases: a middle stage and a stage 0 SIGKILLed
+// under a streaming load through the proxy; every completion exact, each kill met streams in
+// flight that all went on and was noticed, and every process exits 0 on SIGTERM.
+TEST(ChaosTest, DemoRidesOutAMiddleStageAndAStageZeroKill) {
+  ChaosRun run = Chaos({"demo", "--phase", "4", "--clients", "3"});
+  ExpectCorrect(run);
+  ASSERT_EQ(run.record["kills"].size(), 2u) << run.output;
+  for (const auto& k : run.record["kills"]) {
+    EXPECT_GT(k["in_flight"].get<int64_t>(), 0) << k.dump();
+    EXPECT_FALSE(k["noticed"].is_null()) << k.dump();
+  }
+  EXPECT_TRUE(run.record["shutdown"].empty()) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("=== connex demo report ==="));
+  EXPECT_THAT(run.output, HasSubstr("result       PASSED"));
+}
+
 // --directory: the same measurement of a deployment somebody else started (here this test,
 // through Cluster), found through its directory.
 TEST(ChaosTest, SteadyMeasuresARunningDeploymentThroughItsDirectory) {
@@ -208,6 +224,15 @@ TEST(ChaosTest, BadFlagsExitTwoNamingTheFlag) {
   run = Chaos({"steady", "--qps", "2,x"}, 30'000);
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_THAT(run.output, HasSubstr("--qps"));
+  run = Chaos({"demo", "--clients", "0"}, 30'000);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--clients"));
+  run = Chaos({"demo", "--bin", "/nonexistent"}, 30'000);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--bin-dir"));
+  run = Chaos({"demo", "--max-tokens", "8"}, 30'000);  // the demo's requests are its own
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--max-tokens"));
   run = Chaos({}, 30'000);
   EXPECT_EQ(run.exit_code, 2) << run.output;
 }
@@ -220,6 +245,50 @@ TEST(ChaosUnitTest, MetricsAreParsedWithTheirLabels) {
   EXPECT_EQ(m.at("connex_stage_steps_executed_total"), 12);
   EXPECT_EQ(m.at("connex_stage_epoch_steps_executed_total{epoch=\"7\"}"), 3);
   EXPECT_EQ(m.size(), 2u);
+}
+
+TEST(ChaosUnitTest, DemoReportListsWhatFailed) {
+  const nlohmann::json kill = {{"lid", "tiny/g2/s0/r0"},
+                               {"what", "a middle stage"},
+                               {"at_s", 10.0},
+                               {"in_flight", 0},
+                               {"next_token_ms", nlohmann::json::array()},
+                               {"noticed", nullptr},
+                               {"restart_s", 0.2},
+                               {"epoch", 7},
+                               {"retries", nullptr}};
+  const nlohmann::json record = {
+      {"campaign", "demo"},
+      {"machine", {{"cores", 2}, {"date", "2026-12-05T00:00:00Z"}}},
+      {"options", {{"model", "m"}, {"clients", 4}}},
+      {"deployment",
+       {{"replicas", 2},
+        {"stages", 4},
+        {"model_name", "tiny"},
+        {"backend", "tcp"},
+        {"proxy", true}}},
+      {"totals",
+       {{"completed", 3},
+        {"correct", 2},
+        {"failed", 1},
+        {"greedy", 2},
+        {"sampled", 1},
+        {"tokens_streamed", 300},
+        {"load_s", 30.0},
+        {"median_token_gap_ms", 8.0},
+        {"goodput_tokens_per_s", 6.7},
+        {"reference_s", 1.0}}},
+      {"kills", {kill}},
+      {"restarted_stage0_completed", nullptr},
+      {"shutdown", {"connex-proxy exited 1 on SIGTERM"}},
+      {"problems", {"the kill of tiny/g2/s0/r0 found no stream in flight"}},
+      {"ok", false}};
+  const std::string report = Summary(record);
+  EXPECT_THAT(report, HasSubstr("=== connex demo report ==="));
+  EXPECT_THAT(report, HasSubstr("noticed: NOT NOTICED"));
+  EXPECT_THAT(report, HasSubstr("exactness    2/3 completions identical"));
+  EXPECT_THAT(report, HasSubstr("shutdown     1 problems"));
+  EXPECT_THAT(report, HasSubstr("result       FAILED\n  - the kill of tiny/g2/s0/r0 found no"));
 }
 
 TEST(ChaosUnitTest, TokensAreComparedPositionByPosition) {

@@ -1,11 +1,11 @@
 // connex-chaos: the campaigns that back Connex's claims, on a deployment it starts itself on free
 // loopback ports (a directory, replica chains of connex-stage, connex-proxy) — failover under
 // kill / stop / partition of a stage, churn of whole replicas, steady-state latency and
-// throughput per K, and the proxy's cost. Every completed request's token ids are compared with
-// connex-generate's. Progress on stderr, a summary on stdout, the whole record with --json.
-// Exit 0 when every check held, 1 when one did not (or the campaign could not run), 2 for bad
-// usage, 130 on SIGINT/SIGTERM (everything it started is stopped and removed in every case).
-// Flags: docs/configuration.md ("connex-chaos"); campaigns: docs/results.md.
+// throughput per K, overload, the proxy's cost, and `make demo`. Every completed request's token
+// ids are compared with connex-generate's. Progress on stderr, a summary on stdout, the whole
+// record with --json. Exit 0 when every check held, 1 when one did not (or the campaign could not
+// run), 2 for bad usage, 130 on SIGINT/SIGTERM (everything it started is stopped and removed in
+// every case). Flags: docs/configuration.md ("connex-chaos"); campaigns: docs/results.md.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -30,25 +30,15 @@ namespace {
 
 using connex::chaos::CommonOptions;
 
-void AddCommon(CLI::App* app, CommonOptions* o, std::string* json_path, std::string* work_dir,
-               bool* keep, bool* quiet) {
-  app->add_option("--replicas", o->replicas, "replica chains")
-      ->check(CLI::Range(1u, 16u))
-      ->capture_default_str();
-  app->add_option("--stages", o->stages, "pipeline stages of each chain")
-      ->check(CLI::Range(1u, 8u))
-      ->capture_default_str();
+// The flags of how a campaign runs: binaries, model, backend, timeouts, outputs.
+void AddRun(CLI::App* app, CommonOptions* o, std::string* json_path, std::string* work_dir,
+            bool* keep, bool* quiet, const std::string& bin_dir_names = "--bin-dir") {
   app->add_option("--backend", o->backend, "the stages' data plane: tcp, shm or auto")
       ->check(CLI::IsMember({"tcp", "shm", "auto"}))
       ->capture_default_str();
-  app->add_option("--max-tokens", o->max_tokens, "tokens generated per request")
-      ->check(CLI::Range(1, 4096))
-      ->capture_default_str();
-  app->add_option("--seed", o->seed, "the campaign's choices: prompts, sampling, arrivals")
-      ->capture_default_str();
   app->add_option("--model", o->model_path,
                   "checkpoint to serve (default: a small model made with connex-mkmodel)");
-  app->add_option("--bin-dir", o->bin_dir,
+  app->add_option(bin_dir_names, o->bin_dir,
                   "where connex-stage and the others are (default: beside connex-chaos)");
   app->add_option("--request-timeout-ms", o->request_timeout_ms,
                   "a request not finished this long counts as failed")
@@ -60,6 +50,22 @@ void AddCommon(CLI::App* app, CommonOptions* o, std::string* json_path, std::str
                   "removed after a run that passed)");
   app->add_flag("--keep", *keep, "keep the work directory");
   app->add_flag("--quiet", *quiet, "no progress lines");
+}
+
+void AddCommon(CLI::App* app, CommonOptions* o, std::string* json_path, std::string* work_dir,
+               bool* keep, bool* quiet) {
+  app->add_option("--replicas", o->replicas, "replica chains")
+      ->check(CLI::Range(1u, 16u))
+      ->capture_default_str();
+  app->add_option("--stages", o->stages, "pipeline stages of each chain")
+      ->check(CLI::Range(1u, 8u))
+      ->capture_default_str();
+  app->add_option("--max-tokens", o->max_tokens, "tokens generated per request")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app->add_option("--seed", o->seed, "the campaign's choices: prompts, sampling, arrivals")
+      ->capture_default_str();
+  AddRun(app, o, json_path, work_dir, keep, quiet);
 }
 
 // steady and proxy-cost can measure a deployment that runs already.
@@ -100,7 +106,8 @@ std::vector<int> ParseInts(const std::string& what, const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"connex-chaos: failover, churn, steady-state, overload and proxy-cost campaigns"};
+  CLI::App app{
+      "connex-chaos: failover, churn, steady-state, overload, proxy-cost and demo campaigns"};
   app.require_subcommand(1);
   app.fallthrough();  // --log-level also after the campaign
   connex::AddLogLevelFlag(app, "warn");
@@ -188,6 +195,21 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
 
+  connex::chaos::DemoOptions demo;
+  bool demo_no_proxy = false;
+  CLI::App* dm = app.add_subcommand(
+      "demo", "make demo: load through the proxy, a middle stage and a stage 0 SIGKILLed");
+  AddRun(dm, &common, &json_path, &work_dir, &keep, &quiet, "--bin-dir,--bin");
+  dm->add_option("--clients", demo.clients, "concurrent streaming clients")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  dm->add_flag("--no-proxy", demo_no_proxy,
+               "debugging: clients use the stage-0 replicas directly, and no stage 0 is killed");
+  dm->add_option("--phase", demo.phase_s,
+                 "seconds of load before the first kill, between the kills, after the last")
+      ->check(CLI::Range(1.0, 600.0))
+      ->capture_default_str();
+
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
         if (f->parsed()) {
           if (kill_stage != "any") {
@@ -202,6 +224,17 @@ int main(int argc, char** argv) {
         if (s->parsed()) {
           steady.qps = ParseDoubles("--qps", qps_list);
           steady.inflight = ParseInts("--inflight", inflight_list);
+        }
+        if (dm->parsed()) {
+          // What make demo runs must be there: say so before anything starts.
+          const std::string dir = common.bin_dir.empty() ? connex::BinDir() : common.bin_dir;
+          for (const char* bin : {"connex-mkmodel", "connex-directory", "connex-stage",
+                                  "connex-proxy", "connex-generate"}) {
+            if (access((dir + "/" + bin).c_str(), X_OK) != 0) {
+              throw CLI::ValidationError(
+                  "--bin-dir", dir + ": no executable " + bin + " (make demo builds what it runs)");
+            }
+          }
         }
       })) {
     return *code;
@@ -253,6 +286,10 @@ int main(int argc, char** argv) {
     } else if (ov->parsed()) {
       overload.common = common;
       record = connex::chaos::RunOverload(overload);
+    } else if (dm->parsed()) {
+      demo.common = common;
+      demo.proxy = !demo_no_proxy;
+      record = connex::chaos::RunDemo(demo);
     }
     if (!record.ok()) {
       std::cerr << "connex-chaos: " << record.status().message() << " (logs in " << work_dir

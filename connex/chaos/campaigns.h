@@ -87,7 +87,25 @@ struct ProxyCostOptions {
 };
 absl::StatusOr<nlohmann::json> RunProxyCost(const ProxyCostOptions& options);
 
-// A readable report of any campaign's record.
+// `make demo`: the serving stack as its users run it (the binaries' default timeouts; 2 replicas
+// of 4 stages, through connex-proxy), `clients` closed-loop streaming clients (greedy and seeded
+// sampling, 128 to 256 tokens); after `phase_s` it SIGKILLs stage 2 of replica 0 mid-generation
+// and restarts it under the same LID, `phase_s` later stage 0 of replica 1 (not without the
+// proxy), then `phase_s` more of load. It checks that every request completed exactly as
+// connex-generate's, that each kill found streams in flight that all went on and was noticed
+// (failovers, the proxy's resumes), that the restarted stage 0 took traffic, and that every
+// process exited 0 on SIGTERM. Progress and events on stderr; DemoReport() is its report.
+struct DemoOptions {
+  CommonOptions common;  // replicas, stages, max_tokens and seed are the demo's own
+  int clients = 4;
+  bool proxy = true;  // false: clients use the stage-0 replicas directly; no stage 0 is killed
+  double phase_s = 10;
+};
+absl::StatusOr<nlohmann::json> RunDemo(const DemoOptions& options);
+// The demo's report ("=== connex demo report ==="), from its record.
+std::string DemoReport(const nlohmann::json& record);
+
+// A readable report of any campaign's record (a demo's: DemoReport()).
 std::string Summary(const nlohmann::json& record);
 
 }  // namespace connex::chaos

@@ -1,13 +1,10 @@
 #include "connex/chaos/cluster.h"
 
 #include <signal.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <regex>
-#include <set>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -23,13 +20,6 @@ namespace {
 // two layers per stage of a 4-stage pipeline.
 const std::vector<std::string> kMkmodelFlags = {"--layers",   "8", "--dim", "256", "--heads", "4",
                                                 "--kv-heads", "2", "--ffn", "512", "--seed",  "7"};
-
-std::string IpBinary() {
-  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (access(p, X_OK) == 0) return p;
-  }
-  return "";
-}
 
 // Waits for a line containing `needle` and returns the first match of `pattern` in it.
 absl::StatusOr<std::string> WaitForMatch(Subprocess& p, const std::string& what,
@@ -49,78 +39,7 @@ absl::StatusOr<std::string> WaitForMatch(Subprocess& p, const std::string& what,
   return std::string(m[1]);
 }
 
-// What the clusters of this process made: links / bridges ("link") and namespaces ("netns").
-std::mutex made_mu;
-std::set<std::pair<std::string, std::string>>& Made() {
-  static auto* made = new std::set<std::pair<std::string, std::string>>();
-  return *made;
-}
-void NoteMade(const std::string& kind, const std::string& name) {
-  std::lock_guard<std::mutex> lock(made_mu);
-  Made().insert({kind, name});
-}
-void Unmake(const std::string& kind, const std::string& name) {
-  (void)RunIp({kind == "netns" ? "netns" : "link", "del", name});
-  std::lock_guard<std::mutex> lock(made_mu);
-  Made().erase({kind, name});
-}
-
 }  // namespace
-
-void RemoveNetworksOfThisProcess() {
-  std::set<std::pair<std::string, std::string>> made;
-  {
-    std::lock_guard<std::mutex> lock(made_mu);
-    made = Made();
-  }
-  // Links first (a veth pair goes with either end), then the namespaces.
-  for (const auto& [kind, name] : made) {
-    if (kind == "link") Unmake(kind, name);
-  }
-  for (const auto& [kind, name] : made) {
-    if (kind == "netns") Unmake(kind, name);
-  }
-}
-
-absl::Status RunIp(const std::vector<std::string>& args) {
-  const std::string ip = IpBinary();
-  if (ip.empty()) return absl::FailedPreconditionError("iproute2's ip is not installed");
-  std::vector<std::string> argv = {ip};
-  argv.insert(argv.end(), args.begin(), args.end());
-  SubprocessOptions options;
-  options.capture_stderr = true;
-  std::string error;
-  std::optional<Subprocess> p = Subprocess::Start(argv, options, &error);
-  if (!p) return absl::InternalError("ip: " + error);
-  while (p->ReadLine(10'000)) {
-  }
-  std::optional<int> code = p->Wait(10'000);
-  if (code != 0) {
-    std::string cmd = "ip";
-    for (const std::string& a : args) cmd += " " + a;
-    return absl::FailedPreconditionError(
-        StrCat(cmd, ": ", p->transcript().empty() ? "failed" : p->transcript()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status NetnsAvailable() {
-  if (geteuid() != 0) {
-    return absl::FailedPreconditionError("network namespaces need root (this is uid " +
-                                         std::to_string(geteuid()) + ")");
-  }
-  if (IpBinary().empty()) return absl::FailedPreconditionError("iproute2's ip is not installed");
-  // Really make one, with a veth pair and a bridge, then remove them.
-  const std::string p = "cxq" + std::to_string(getpid() % 100000);
-  absl::Status s = RunIp({"netns", "add", p + "n"});
-  if (s.ok()) s = RunIp({"link", "add", p + "b", "type", "bridge"});
-  if (s.ok()) s = RunIp({"link", "add", p + "h", "type", "veth", "peer", "name", p + "p"});
-  if (s.ok()) s = RunIp({"link", "set", p + "p", "netns", p + "n"});
-  (void)RunIp({"link", "del", p + "h"});
-  (void)RunIp({"link", "del", p + "b"});
-  (void)RunIp({"netns", "del", p + "n"});
-  return s;
-}
 
 std::map<std::string, double> ParseMetrics(const std::string& text) {
   std::map<std::string, double> out;
@@ -280,56 +199,6 @@ absl::Status Cluster::StartAll() {
   return absl::OkStatus();
 }
 
-std::string Cluster::StageHost(uint32_t stage, uint32_t replica) const {
-  if (!options_.netns) return "127.0.0.1";
-  return StrCat("10.231.", subnet_, ".", 10 + replica * options_.stages + stage);
-}
-std::string Cluster::NetnsName(uint32_t stage, uint32_t replica) const {
-  return StrCat(net_prefix_, "n", replica * options_.stages + stage);
-}
-std::string Cluster::LinkName(uint32_t stage, uint32_t replica) const {
-  return StrCat(net_prefix_, "h", replica * options_.stages + stage);
-}
-
-absl::Status Cluster::MakeNetwork() {
-  if (options_.replicas * options_.stages > 240) {
-    return absl::InvalidArgumentError("netns mode: at most 240 stage processes");
-  }
-  net_prefix_ = "cx" + std::to_string(getpid() % 100000);
-  subnet_ = static_cast<int>(getpid() % 250) + 1;
-  host_ = StrCat("10.231.", subnet_, ".1");
-  network_made_ = true;  // from here on, the destructor removes whatever was made
-  const std::string bridge = net_prefix_ + "br";
-  CONNEX_RETURN_IF_ERROR(RunIp({"link", "add", bridge, "type", "bridge"}));
-  NoteMade("link", bridge);
-  CONNEX_RETURN_IF_ERROR(RunIp({"addr", "add", host_ + "/24", "dev", bridge}));
-  CONNEX_RETURN_IF_ERROR(RunIp({"link", "set", bridge, "up"}));
-  for (uint32_t r = 0; r < options_.replicas; ++r) {
-    for (uint32_t s = 0; s < options_.stages; ++s) {
-      const std::string ns = NetnsName(s, r), link = LinkName(s, r);
-      const std::string peer = StrCat(net_prefix_, "p", r * options_.stages + s);
-      CONNEX_RETURN_IF_ERROR(RunIp({"netns", "add", ns}));
-      NoteMade("netns", ns);
-      CONNEX_RETURN_IF_ERROR(RunIp({"link", "add", link, "type", "veth", "peer", "name", peer}));
-      NoteMade("link", link);
-      CONNEX_RETURN_IF_ERROR(RunIp({"link", "set", peer, "netns", ns}));
-      CONNEX_RETURN_IF_ERROR(RunIp({"link", "set", link, "master", bridge}));
-      CONNEX_RETURN_IF_ERROR(RunIp({"link", "set", link, "up"}));
-      CONNEX_RETURN_IF_ERROR(
-          RunIp({"-n", ns, "addr", "add", StageHost(s, r) + "/24", "dev", peer}));
-      CONNEX_RETURN_IF_ERROR(RunIp({"-n", ns, "link", "set", peer, "up"}));
-      CONNEX_RETURN_IF_ERROR(RunIp({"-n", ns, "link", "set", "lo", "up"}));
-    }
-  }
-  return absl::OkStatus();
-}
-
-void Cluster::RemoveNetwork() {
-  if (!network_made_) return;
-  network_made_ = false;
-  RemoveNetworksOfThisProcess();
-}
-
 Cluster::~Cluster() {
   proxy_process_.reset();
   watcher_.reset();
@@ -416,6 +285,60 @@ bool Cluster::running(uint32_t stage, uint32_t replica) {
   return s.process.has_value() && !s.process->Exited();
 }
 
+int Cluster::pid(uint32_t stage, uint32_t replica) const {
+  const StageProc& s = at(stage, replica);
+  return s.process ? s.process->pid() : 0;
+}
+
+absl::Status Cluster::CheckRunning() {
+  auto exited = [](std::optional<Subprocess>& p, const std::string& what, const std::string& log) {
+    if (!p || !p->Exited()) return absl::OkStatus();
+    return absl::UnavailableError(
+        StrCat(what, " exited by itself (code ", p->Wait(0).value_or(-1), "); see ", log));
+  };
+  CONNEX_RETURN_IF_ERROR(
+      exited(directory_process_, "connex-directory", options_.work_dir + "/directory.log"));
+  for (auto& [key, s] : stages_) {
+    CONNEX_RETURN_IF_ERROR(
+        exited(s.process, lid(key.first, key.second).ToString(), log_path(key.first, key.second)));
+  }
+  return exited(proxy_process_, "connex-proxy", options_.work_dir + "/proxy.log");
+}
+
+std::vector<std::string> Cluster::StopAll(int64_t grace_ms) {
+  std::vector<std::string> problems;
+  auto stop = [&](std::optional<Subprocess>& p, const std::string& what, const std::string& log) {
+    if (!p) return;
+    if (p->Exited()) {
+      problems.push_back(
+          StrCat(what, " had exited by itself (code ", p->Wait(0).value_or(-1), "); see ", log));
+    } else {
+      p->Signal(SIGTERM);
+      std::optional<int> code = p->Wait(grace_ms);
+      if (!code) {
+        p->Signal(SIGKILL);
+        p->Wait(10'000);
+        problems.push_back(
+            StrCat(what, " did not exit within ", grace_ms, " ms of SIGTERM; see ", log));
+      } else if (*code != 0) {
+        problems.push_back(StrCat(what, " exited ", *code, " on SIGTERM; see ", log));
+      }
+    }
+    p.reset();
+  };
+  if (attached_) return problems;
+  stop(proxy_process_, "connex-proxy", options_.work_dir + "/proxy.log");
+  for (uint32_t r = options_.replicas; r-- > 0;) {
+    for (uint32_t s = 0; s < options_.stages; ++s) {
+      if (stages_.count({s, r}) == 0) continue;
+      stop(at(s, r).process, lid(s, r).ToString(), log_path(s, r));
+    }
+  }
+  watcher_.reset();  // before its directory goes
+  stop(directory_process_, "connex-directory", options_.work_dir + "/directory.log");
+  return problems;
+}
+
 absl::Status Cluster::Kill(uint32_t stage, uint32_t replica) {
   if (attached_) return absl::FailedPreconditionError("faults need processes this tool started");
   StageProc& s = at(stage, replica);
@@ -440,16 +363,6 @@ absl::Status Cluster::Resume(uint32_t stage, uint32_t replica) {
   if (!s.process) return absl::FailedPreconditionError("not running");
   s.process->Signal(SIGCONT);
   return absl::OkStatus();
-}
-
-absl::Status Cluster::Partition(uint32_t stage, uint32_t replica) {
-  if (!options_.netns) return absl::FailedPreconditionError("partition needs netns mode");
-  return RunIp({"link", "set", LinkName(stage, replica), "down"});
-}
-
-absl::Status Cluster::Heal(uint32_t stage, uint32_t replica) {
-  if (!options_.netns) return absl::FailedPreconditionError("partition needs netns mode");
-  return RunIp({"link", "set", LinkName(stage, replica), "up"});
 }
 
 absl::Status Cluster::Leave(uint32_t stage, uint32_t replica, int64_t timeout_ms) {

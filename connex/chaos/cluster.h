@@ -81,7 +81,17 @@ class Cluster {
   // another, which the directory knows).
   uint64_t started_epoch(uint32_t stage, uint32_t replica) const;
   bool running(uint32_t stage, uint32_t replica);
+  // Its process id; 0 when it is not running.
+  int pid(uint32_t stage, uint32_t replica) const;
   std::string log_path(uint32_t stage, uint32_t replica) const;
+  // Unavailable naming the first process of the deployment (directory, a stage, the proxy) that
+  // exited by itself, and its log; OK when every one runs but those a fault took down.
+  absl::Status CheckRunning();
+  // Stops the deployment gracefully: SIGTERM to the proxy, every stage (a graceful leave) and
+  // the directory, in that order, each given `grace_ms` to exit. Returns its problems: a process
+  // that had exited by itself, exited non-zero, or had to be SIGKILLed. Only the destructor may
+  // follow.
+  std::vector<std::string> StopAll(int64_t grace_ms);
 
   // Faults. Kill: SIGKILL and reap. Stop / Resume: SIGSTOP / SIGCONT. Partition / Heal: its
   // veth link down / up (netns mode only). Leave: SIGTERM, waits for the graceful exit.

@@ -1,5 +1,6 @@
 #include "connex/chaos/http_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 
@@ -29,7 +30,7 @@ beast::error_code Connect(beast::tcp_stream& stream, const HostPort& at) {
 // Parses the complete server-sent events of `body` from `*at` on; appends what they carry.
 // Returns false once [DONE] has been seen.
 bool TakeEvents(const std::string& body, size_t* at, int64_t now, StreamResult* out, bool* done,
-                const std::function<void(int32_t)>& on_token) {
+                const std::function<void(int32_t, int64_t)>& on_token) {
   while (true) {
     size_t begin = body.find("data: ", *at);
     if (begin == std::string::npos) return true;
@@ -50,6 +51,19 @@ bool TakeEvents(const std::string& body, size_t* at, int64_t now, StreamResult* 
       if (out->error.empty()) out->error = "error event: " + j["error"].dump();
       continue;
     }
+    if (j.contains("id") && j["id"].is_string()) {
+      const std::string id = j["id"].get<std::string>();
+      if (std::find(out->response_ids.begin(), out->response_ids.end(), id) ==
+          out->response_ids.end()) {
+        out->response_ids.push_back(id);
+      }
+    }
+    if (j.contains("usage") && j["usage"].is_object()) {
+      const nlohmann::json& u = j["usage"];
+      out->prompt_tokens = u.value("prompt_tokens", int64_t{-1});
+      out->completion_tokens = u.value("completion_tokens", int64_t{-1});
+      out->total_tokens = u.value("total_tokens", int64_t{-1});
+    }
     if (!j.contains("choices") || !j["choices"].is_array()) continue;
     for (const auto& choice : j["choices"]) {
       if (choice.contains("token_ids") && choice["token_ids"].is_array()) {
@@ -57,8 +71,11 @@ bool TakeEvents(const std::string& body, size_t* at, int64_t now, StreamResult* 
           if (!t.is_number_integer()) continue;
           out->tokens.push_back(t.get<int32_t>());
           out->token_ns.push_back(now);
-          if (on_token) on_token(out->tokens.back());
+          if (on_token) on_token(out->tokens.back(), now);
         }
+      }
+      if (choice.contains("text") && choice["text"].is_string()) {
+        out->text += choice["text"].get<std::string>();
       }
       if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
         out->finish_reason = choice["finish_reason"].get<std::string>();
@@ -110,7 +127,7 @@ absl::StatusOr<HttpReply> HttpGet(const HostPort& at, const std::string& target,
 
 StreamResult StreamCompletion(const HostPort& at, const std::string& body, int64_t idle_timeout_ms,
                               int64_t total_timeout_ms,
-                              const std::function<void(int32_t)>& on_token) {
+                              const std::function<void(int32_t, int64_t)>& on_token) {
   StreamResult out;
   out.start_ns = MonotonicNowNs();
   const int64_t deadline_ns = out.start_ns + total_timeout_ms * 1'000'000;

@@ -38,6 +38,10 @@ struct StreamResult {
   std::vector<int32_t> tokens;    // the generated token ids, in order
   std::vector<int64_t> token_ns;  // when each arrived (steady clock = CLOCK_MONOTONIC, ns)
   std::string finish_reason;
+  std::string text;                       // the choices' text, concatenated
+  std::vector<std::string> response_ids;  // the distinct "id"s of its chunks (one expected)
+  // The usage chunk's counts; -1 when none came.
+  int64_t prompt_tokens = -1, completion_tokens = -1, total_tokens = -1;
   // Through connex-proxy: the stage-0 replica the answer began on (its X-Connex-Replica header,
   // "model/g0/s0/r1@7"); empty from a stage 0 itself.
   std::string began_on;
@@ -49,10 +53,11 @@ struct StreamResult {
 
 // POSTs `body` (a JSON completion request with "stream": true) to /v1/completions at `at`.
 // Gives up when nothing arrives for `idle_timeout_ms` or the whole takes `total_timeout_ms`.
-// `on_token` (if set) runs on the calling thread as each token arrives.
-StreamResult StreamCompletion(const HostPort& at, const std::string& body, int64_t idle_timeout_ms,
-                              int64_t total_timeout_ms,
-                              const std::function<void(int32_t)>& on_token = nullptr);
+// `on_token` (if set) runs on the calling thread as each token arrives, with its arrival time
+// (the one in `token_ns`).
+StreamResult StreamCompletion(
+    const HostPort& at, const std::string& body, int64_t idle_timeout_ms, int64_t total_timeout_ms,
+    const std::function<void(int32_t token, int64_t at_ns)>& on_token = nullptr);
 
 // Steady-clock now in ns (the clock of StreamResult and of the stages' per-epoch metrics).
 int64_t MonotonicNowNs();

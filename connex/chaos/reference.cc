@@ -55,13 +55,13 @@ absl::Status References::Compute(const std::vector<RequestSpec>& specs) {
     std::string error;
     std::optional<Subprocess> g = Subprocess::Start(argv, options, &error);
     if (!g) return absl::InternalError("reference: " + error);
-    std::vector<std::vector<int32_t>> lines;
+    std::vector<Reference> lines;
     while (std::optional<std::string> line = g->ReadLine(600'000)) {
       nlohmann::json j = nlohmann::json::parse(*line, nullptr, false);
-      if (j.is_discarded() || !j.contains("tokens")) {
+      if (j.is_discarded() || !j.contains("tokens") || !j.contains("text")) {
         return absl::InternalError("reference: connex-generate printed " + line->substr(0, 200));
       }
-      lines.push_back(j["tokens"].get<std::vector<int32_t>>());
+      lines.push_back({j["tokens"].get<std::vector<int32_t>>(), j["text"].get<std::string>()});
     }
     std::optional<int> code = g->Wait(60'000);
     if (code != 0 || lines.size() != prompts.size()) {
@@ -77,7 +77,7 @@ absl::Status References::Compute(const std::vector<RequestSpec>& specs) {
   return absl::OkStatus();
 }
 
-const std::vector<int32_t>* References::Find(const RequestSpec& spec) const {
+const Reference* References::Find(const RequestSpec& spec) const {
   auto it = known_.find(Key(spec.prompt, spec.max_tokens, spec.temperature, spec.seed));
   return it == known_.end() ? nullptr : &it->second;
 }

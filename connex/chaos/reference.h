@@ -26,6 +26,12 @@ struct RequestSpec {
   auto Key() const { return std::tie(prompt, max_tokens, temperature, seed); }
 };
 
+// connex-generate's answer to one request.
+struct Reference {
+  std::vector<int32_t> tokens;
+  std::string text;  // invalid UTF-8 replaced by U+FFFD, as the API does
+};
+
 class References {
  public:
   // `generate`: the connex-generate binary; `stages`: as the deployment runs the model.
@@ -36,15 +42,15 @@ class References {
         work_dir_(std::move(work_dir)) {}
   // Computes the references of every spec not known yet.
   absl::Status Compute(const std::vector<RequestSpec>& specs);
-  // The reference tokens of `spec` (Compute first); nullptr if unknown.
-  const std::vector<int32_t>* Find(const RequestSpec& spec) const;
+  // The reference of `spec` (Compute first); nullptr if unknown.
+  const Reference* Find(const RequestSpec& spec) const;
 
  private:
   using Key = std::tuple<std::string, int, float, uint64_t>;
   std::string generate_, model_path_;
   uint32_t stages_;
   std::string work_dir_;
-  std::map<Key, std::vector<int32_t>> known_;
+  std::map<Key, Reference> known_;
 };
 
 // How `got` compares with `want`: tokens compared (the longer of the two lengths) and how many
