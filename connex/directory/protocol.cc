@@ -29,6 +29,22 @@ absl::StatusOr<EventKind> ParseEventKind(std::string_view name) {
   return absl::InvalidArgumentError(StrCat("unknown event kind '", name, "'"));
 }
 
+void ApplyEventToView(const Event& event, std::map<Lid, Record>* view) {
+  const Lid& lid = event.record.lid;
+  switch (event.kind) {
+    case EventKind::kJoined:
+    case EventKind::kMigrated:
+      (*view)[lid] = event.record;
+      break;
+    case EventKind::kLeft:
+    case EventKind::kFailed: {
+      auto it = view->find(lid);
+      if (it != view->end() && it->second.epoch == event.record.epoch) view->erase(it);
+      break;
+    }
+  }
+}
+
 std::vector<Event> EventsBetweenViews(const std::map<Lid, Record>& before,
                                       const std::map<Lid, Record>& after, uint64_t revision,
                                       const std::function<bool(const Lid&)>& in_scope) {

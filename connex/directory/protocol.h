@@ -119,6 +119,10 @@ std::vector<Event> EventsBetweenViews(const std::map<Lid, Record>& before,
                                       const std::map<Lid, Record>& after, uint64_t revision,
                                       const std::function<bool(const Lid&)>& in_scope);
 
+// Applies `event` to a watcher's view: JOINED and MIGRATED set the record; LEFT and FAILED remove
+// it if it is still of that epoch (a later epoch's record stays).
+void ApplyEventToView(const Event& event, std::map<Lid, Record>* view);
+
 // Field names and (de)serialisation of the shared structures.
 void EncodeRecord(const Record& record, wire::MapBuilder* out);
 absl::StatusOr<Record> DecodeRecord(const wire::MapView& in);

@@ -110,19 +110,7 @@ void EtcdModelWatch::Apply(const std::vector<Event>& events) {
     MutexLock lock(&mu_);
     for (const Event& e : events) {
       revision_ = std::max(revision_, e.revision);
-      const Lid& lid = e.record.lid;
-      switch (e.kind) {
-        case EventKind::kJoined:
-        case EventKind::kMigrated:
-          view_[lid] = e.record;
-          break;
-        case EventKind::kLeft:
-        case EventKind::kFailed: {
-          auto it = view_.find(lid);
-          if (it != view_.end() && it->second.epoch == e.record.epoch) view_.erase(it);
-          break;
-        }
-      }
+      ApplyEventToView(e, &view_);
     }
   }
   if (on_event_) {

@@ -57,19 +57,7 @@ void WatchedView::OnSnapshot(const std::string& scope, Snapshot snapshot) {
 void WatchedView::OnEvent(const Event& event) {
   {
     MutexLock lock(&mu_);
-    const Lid& lid = event.record.lid;
-    switch (event.kind) {
-      case EventKind::kJoined:
-      case EventKind::kMigrated:
-        view_[lid] = event.record;
-        break;
-      case EventKind::kLeft:
-      case EventKind::kFailed: {
-        auto it = view_.find(lid);
-        if (it != view_.end() && it->second.epoch == event.record.epoch) view_.erase(it);
-        break;
-      }
-    }
+    ApplyEventToView(event, &view_);
   }
   Deliver({event});
 }
