@@ -256,6 +256,8 @@ TEST_P(ClientConformanceTest, ASecondHolderOfALiveLidIsRefused) {
   ASSERT_TRUE(epoch.ok()) << epoch.status();
   auto refused = second->Join(lid(0), {"tcp://127.0.0.1:2"});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("epoch " + std::to_string(*epoch)));
   EXPECT_EQ(second->EpochOf(lid(0)), std::nullopt);
 }
 
@@ -317,6 +319,8 @@ TEST_P(ClientConformanceTest, AnOperatorsTakeoverMakesTheHolderGiveTheLidUp) {
   auto taken = taker->ForceJoin(lid(0), {"tcp://127.0.0.1:2"});
   ASSERT_TRUE(taken.ok()) << taken.status();
   EXPECT_GT(*taken, *epoch);
+  // The holder asks at once: its epoch is no longer held (and it gives the LID up).
+  EXPECT_EQ(holder->Renew(lid(0)).status().code(), absl::StatusCode::kFailedPrecondition);
   std::optional<RegistrationChange> change = changes.Await(lid(0));
   ASSERT_TRUE(change.has_value());
   EXPECT_EQ(change->status.code(), absl::StatusCode::kFailedPrecondition) << change->status;
