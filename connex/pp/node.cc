@@ -14,7 +14,6 @@
 #include "absl/strings/match.h"
 #include "connex/base/check.h"
 #include "connex/base/clock.h"
-#include "connex/base/config.h"
 #include "connex/base/logging.h"
 #include "connex/base/mutex.h"
 #include "connex/base/status.h"
@@ -32,58 +31,6 @@
 #include "connex/pp/step_sender.h"
 
 namespace connex::pp {
-
-absl::StatusOr<StageNodeOptions> StageNodeOptions::FromEnv(StageNodeOptions o) {
-  CONNEX_ASSIGN_OR_RETURN(int64_t inflight, EnvInt("CONNEX_PP_INFLIGHT", o.inflight, 1, 1024));
-  o.inflight = static_cast<int>(inflight);
-  CONNEX_ASSIGN_OR_RETURN(o.step_timeout_ms,
-                          EnvInt("CONNEX_PP_STEP_TIMEOUT_MS", o.step_timeout_ms, 1, 3'600'000));
-  CONNEX_ASSIGN_OR_RETURN(o.probe_timeout_ms,
-                          EnvInt("CONNEX_PP_PROBE_TIMEOUT_MS", o.probe_timeout_ms, 1, 600'000));
-  CONNEX_ASSIGN_OR_RETURN(int64_t max, EnvInt("CONNEX_PP_REPREFILL_MAX", o.reprefill_max, 0, 1000));
-  o.reprefill_max = static_cast<int>(max);
-  CONNEX_ASSIGN_OR_RETURN(o.route_wait_ms,
-                          EnvInt("CONNEX_PP_ROUTE_WAIT_MS", o.route_wait_ms, 1, 86'400'000));
-  CONNEX_ASSIGN_OR_RETURN(int64_t slots, EnvInt("CONNEX_PP_RING_SLOTS", o.ring_slots, 1, 4096));
-  o.ring_slots = static_cast<int>(slots);
-  CONNEX_ASSIGN_OR_RETURN(o.slot_bytes,
-                          EnvInt("CONNEX_PP_SLOT_BYTES", o.slot_bytes, 4096, int64_t{1} << 32));
-  CONNEX_ASSIGN_OR_RETURN(int64_t batch, EnvInt("CONNEX_PP_MAX_BATCH", o.max_batch, 1, 4096));
-  o.max_batch = static_cast<int>(batch);
-  CONNEX_ASSIGN_OR_RETURN(o.request_timeout_ms, EnvInt("CONNEX_PP_REQUEST_TIMEOUT_MS",
-                                                       o.request_timeout_ms, 0, 86'400'000));
-  CONNEX_ASSIGN_OR_RETURN(int64_t attempts,
-                          EnvInt("CONNEX_PP_ATTEMPT_MAX", o.attempt_max, 1, 100000));
-  o.attempt_max = static_cast<int>(attempts);
-  CONNEX_ASSIGN_OR_RETURN(o.replay_cache_bytes, EnvInt("CONNEX_PP_REPLAY_CACHE_BYTES",
-                                                       o.replay_cache_bytes, 0, int64_t{1} << 40));
-  CONNEX_ASSIGN_OR_RETURN(o.owner_grace_ms,
-                          EnvInt("CONNEX_PP_OWNER_GRACE_MS", o.owner_grace_ms, 0, 86'400'000));
-  CONNEX_ASSIGN_OR_RETURN(o.stall_confirm_ms,
-                          EnvInt("CONNEX_PP_STALL_CONFIRM_MS", o.stall_confirm_ms, 0, 3'600'000));
-  return o;
-}
-
-absl::Status StageNodeOptions::Validate() const {
-  if (stages == 0) return absl::InvalidArgumentError("pp: stages must be at least 1, not 0");
-  if (stage >= stages) {
-    return absl::InvalidArgumentError(StrCat("pp: stage ", stage, " is outside a pipeline of ",
-                                             stages, " stages (0..", stages - 1, ")"));
-  }
-  if (inflight < 1) return absl::InvalidArgumentError(StrCat("pp: inflight ", inflight));
-  if (ring_slots < 1) return absl::InvalidArgumentError(StrCat("pp: ring_slots ", ring_slots));
-  if (slot_bytes < 4096 || slot_bytes % 64 != 0) {
-    return absl::InvalidArgumentError(
-        StrCat("pp: slot_bytes ", slot_bytes, " (need a multiple of 64, at least 4096)"));
-  }
-  if (max_batch < 1) return absl::InvalidArgumentError(StrCat("pp: max_batch ", max_batch));
-  if (attempt_max < 1) return absl::InvalidArgumentError(StrCat("pp: attempt_max ", attempt_max));
-  if (step_timeout_ms < 1 || probe_timeout_ms < 1 || route_wait_ms < 1 || request_timeout_ms < 0 ||
-      stall_confirm_ms < 0) {
-    return absl::InvalidArgumentError("pp: timeouts must be positive");
-  }
-  return absl::OkStatus();
-}
 
 namespace {
 
@@ -274,33 +221,15 @@ class StageNode::Impl final : private OwnerHost {
     if (absl::Status ok = options.sampling.Validate(); !ok.ok())
       return absl::InvalidArgumentError(StrCat("request ", id, ": ", ok.message()));
     CONNEX_RETURN_IF_ERROR(Health());
-    auto accepted = std::make_shared<std::promise<absl::Status>>();
-    auto future = accepted->get_future();
-    Command cmd;
-    cmd.run = [this, id, prompt = std::move(prompt), max_new, done = std::move(done),
-               options = std::move(options), accepted]() mutable {
+    return Call([this, id, prompt = std::move(prompt), max_new, done = std::move(done),
+                 options = std::move(options)]() mutable -> absl::Status {
       if (draining_) {  // before the health: a drained node's LID is gone, by design
-        accepted->set_value(
-            absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining")));
-        return;
+        return absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining"));
       }
-      absl::Status health = Health();
-      if (!health.ok()) {
-        accepted->set_value(health);
-        return;
-      }
-      accepted->set_value(owner_->Add(id, std::move(prompt), max_new, std::move(done),
-                                      std::move(options.on_token), options.sampling,
-                                      options.timeout_ms));
-    };
-    cmd.cancel = [this, accepted] {
-      accepted->set_value(
-          absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped")));
-    };
-    if (!PostCommand(std::move(cmd))) {
-      return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped"));
-    }
-    return future.get();
+      CONNEX_RETURN_IF_ERROR(Health());
+      return owner_->Add(id, std::move(prompt), max_new, std::move(done),
+                         std::move(options.on_token), options.sampling, options.timeout_ms);
+    });
   }
 
   absl::Status Cancel(uint64_t id, absl::Status why) {
@@ -308,31 +237,16 @@ class StageNode::Impl final : private OwnerHost {
       return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " is not stage 0"));
     }
     if (why.ok()) why = absl::CancelledError("cancelled");
-    if (std::this_thread::get_id() == loop_.get_id()) {
-      // From a callback of this node (on_token saw a stop string): the loop is ours already.
-      if (!owner_->Running(id))
-        return absl::NotFoundError(StrCat("request ", id, " is not running"));
-      owner_->Finish(id, why);
-      return absl::OkStatus();
-    }
-    auto result = std::make_shared<std::promise<absl::Status>>();
-    auto future = result->get_future();
-    Command cmd;
-    cmd.run = [this, id, why, result] {
+    auto cancel = [this, id, why]() -> absl::Status {
       if (!owner_->Running(id)) {
-        result->set_value(absl::NotFoundError(StrCat("request ", id, " is not running")));
-        return;
+        return absl::NotFoundError(StrCat("request ", id, " is not running"));
       }
       owner_->Finish(id, why);
-      result->set_value(absl::OkStatus());
+      return absl::OkStatus();
     };
-    cmd.cancel = [this, result] {
-      result->set_value(absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped")));
-    };
-    if (!PostCommand(std::move(cmd))) {
-      return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped"));
-    }
-    return future.get();
+    // From a callback of this node (on_token saw a stop string): the loop is ours already.
+    if (std::this_thread::get_id() == loop_.get_id()) return cancel();
+    return Call(std::move(cancel));
   }
 
   void CancelLater(uint64_t id, absl::Status why) {
@@ -368,12 +282,9 @@ class StageNode::Impl final : private OwnerHost {
 
   absl::Status Migrate(std::unique_ptr<SignalTransport> signals) {
     CONNEX_RETURN_IF_ERROR(Health());
-    auto done = std::make_shared<std::promise<absl::Status>>();
-    auto future = done->get_future();
     SignalTransport* fresh = signals.get();
     fresh->SetReceiver([this](std::string frame) { Post(std::move(frame)); });
-    Command cmd;
-    cmd.run = [this, s = std::shared_ptr<SignalTransport>(std::move(signals)), done]() mutable {
+    return Call([this, s = std::shared_ptr<SignalTransport>(std::move(signals))]() mutable {
       std::unique_ptr<SignalTransport> old = std::move(signals_);
       signals_.reset(new ForwardingTransport(std::move(s)));
       absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses(), JoinMetadata());
@@ -381,15 +292,8 @@ class StageNode::Impl final : private OwnerHost {
       old->Close();
       retired_.push_back(std::move(old));
       while (retired_.size() > kRetiredTransports) retired_.pop_front();
-      done->set_value(epoch.status());
-    };
-    cmd.cancel = [this, done] {
-      done->set_value(absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped")));
-    };
-    if (!PostCommand(std::move(cmd))) {
-      return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped"));
-    }
-    return future.get();
+      return epoch.status();
+    });
   }
 
   const Lid& lid() const { return lid_; }
@@ -485,6 +389,20 @@ class StageNode::Impl final : private OwnerHost {
     if (stopped_ || !loop_.joinable()) return false;
     queue_.push_back(std::move(cmd));
     return true;
+  }
+
+  // Runs `fn` on the loop and returns its answer; FailedPrecondition when the loop stopped first.
+  absl::Status Call(std::function<absl::Status()> fn) {
+    auto result = std::make_shared<std::promise<absl::Status>>();
+    auto future = result->get_future();
+    Command cmd;
+    cmd.run = [fn = std::move(fn), result] { result->set_value(fn()); };
+    cmd.cancel = [this, result] { result->set_value(StoppedError()); };
+    if (!PostCommand(std::move(cmd))) return StoppedError();
+    return future.get();
+  }
+  absl::Status StoppedError() const {
+    return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped"));
   }
 
   bool IsStopped() {
