@@ -156,27 +156,9 @@ class StageNode::Impl final : private OwnerHost {
     CONNEX_RETURN_IF_ERROR(dir_.Watch(o_.model));
     // One peer set per stage this node deals with: the one place that knows its live, draining
     // and failed members (directory events, and the transport's peer-death events of the peers
-    // it watches). The owner routes through stages 1..N-1 and watches them all. A later stage
-    // watches the next one (it forwards there: a dead target frees its slots at once) and follows
-    // the owners through the directory alone (an owner's death drops its requests' state; that
-    // is not on the critical path, and watching every owner's transport would cost connections
-    // and heartbeats on every stage).
-    for (uint32_t g = 0; g < o_.stages; ++g) {
-      const bool needed = o_.stage == 0 ? g != 0 : (g == 0 || g == o_.stage + 1);
-      if (!needed) continue;
-      transport::TransferEngine* watch = (o_.stage != 0 && g == 0) ? nullptr : transfer_.get();
-      elastic::ElasticPeerSetOptions po;
-      po.model = o_.model;
-      po.group = g;
-      po.own_replica = o_.replica;
-      po.reporter = lid_.ToString();
-      po.shard = 0;
-      po.member_address_prefix = std::string(kSignalScheme);
-      auto set = std::make_unique<elastic::ElasticPeerSet>(dir_, watch, po);
-      set->OnChange([this](const elastic::PeerChange& c) { Post(c); });
-      CONNEX_RETURN_IF_ERROR(set->Start());
-      routes_.Set(g, std::move(set));
-    }
+    // it watches).
+    CONNEX_RETURN_IF_ERROR(routes_.Watch(dir_, transfer_.get(), lid_,
+                                         [this](const elastic::PeerChange& c) { Post(c); }));
     // A FAILED of our own epoch (a sender's report, a lease run out) fences it at once: its
     // steps are refused while the directory client joins again (its heartbeat is due at that
     // event). A LEFT that is not our own LEAVE is an operator's drain (only the holder or the
@@ -314,8 +296,7 @@ class StageNode::Impl final : private OwnerHost {
     std::map<std::string, std::string> m = o_.metadata;
     std::string groups;
     for (uint32_t g = 0; g < o_.stages; ++g) {
-      const bool peer = o_.stage == 0 ? g != 0 : (g == 0 || g == o_.stage + 1);
-      if (peer) groups += StrCat(groups.empty() ? "" : ",", g);
+      if (DealsWith(o_.stage, g)) groups += StrCat(groups.empty() ? "" : ",", g);
     }
     m.emplace(std::string(directory::kPeerGroupsKey), groups);
     return m;

@@ -1,6 +1,7 @@
 #include "connex/pp/route_table.h"
 
 #include "connex/base/check.h"
+#include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/pp/signal_transport.h"
 
@@ -24,6 +25,31 @@ std::string RouteKey(const std::vector<Hop>& route) {
   std::string key;
   for (const Hop& h : route) key += StrCat(h.lid.ToString(), "@", h.epoch, ";");
   return key;
+}
+
+bool DealsWith(uint32_t stage, uint32_t group) {
+  return stage == 0 ? group != 0 : (group == 0 || group == stage + 1);
+}
+
+absl::Status RouteTable::Watch(directory::DirectoryClient& directory,
+                               transport::TransferEngine* transfer, const Lid& self,
+                               std::function<void(const elastic::PeerChange&)> on_change) {
+  for (uint32_t g = 0; g < peers_.size(); ++g) {
+    if (!DealsWith(self.group, g)) continue;
+    transport::TransferEngine* watch = (self.group != 0 && g == 0) ? nullptr : transfer;
+    elastic::ElasticPeerSetOptions po;
+    po.model = self.model;
+    po.group = g;
+    po.own_replica = self.replica;
+    po.reporter = self.ToString();
+    po.shard = 0;
+    po.member_address_prefix = std::string(kSignalScheme);
+    auto set = std::make_unique<elastic::ElasticPeerSet>(directory, watch, po);
+    set->OnChange(on_change);
+    CONNEX_RETURN_IF_ERROR(set->Start());
+    Set(g, std::move(set));
+  }
+  return absl::OkStatus();
 }
 
 void RouteTable::Set(uint32_t group, std::unique_ptr<elastic::ElasticPeerSet> peers) {

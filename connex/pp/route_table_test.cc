@@ -139,5 +139,17 @@ TEST_F(RouteTableTest, NamesTheStageThatHasNoLiveReplica) {
   EXPECT_THAT(empty.Problem(), HasSubstr("stage 1: no replica registered"));
 }
 
+TEST(DealsWithTest, TheOwnerDealsWithEveryLaterStageALaterStageWithOwnersAndTheNext) {
+  EXPECT_FALSE(DealsWith(0, 0));
+  EXPECT_TRUE(DealsWith(0, 1));
+  EXPECT_TRUE(DealsWith(0, 3));
+  EXPECT_TRUE(DealsWith(1, 0));
+  EXPECT_FALSE(DealsWith(1, 1));
+  EXPECT_TRUE(DealsWith(1, 2));
+  EXPECT_FALSE(DealsWith(1, 3));
+  EXPECT_TRUE(DealsWith(2, 0));
+  EXPECT_FALSE(DealsWith(2, 1));
+}
+
 }  // namespace
 }  // namespace connex::pp
