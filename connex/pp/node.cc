@@ -143,15 +143,7 @@ class StageNode::Impl final : private OwnerHost {
     // The client may outlive this node: the callback holds the shared registration state, not
     // the node.
     dir_.OnRegistrationChange([reg = reg_, lid = lid_](const directory::RegistrationChange& c) {
-      if (c.lid != lid) return;
-      if (c.status.ok()) {
-        reg->AdvanceEpoch(c.new_epoch);
-      } else if (c.new_epoch == 0) {
-        if (c.left) reg->ended_by_leave.store(true);
-        connex::MutexLock lock(&reg->mu);
-        reg->lost = Annotate(
-            c.status, StrCat("pp: ", lid.ToString(), " lost its LID (epoch ", c.old_epoch, ")"));
-      }
+      reg->OnChange(lid, c);
     });
     CONNEX_RETURN_IF_ERROR(dir_.Watch(o_.model));
     // One peer set per stage this node deals with: the one place that knows its live, draining
@@ -159,23 +151,9 @@ class StageNode::Impl final : private OwnerHost {
     // it watches).
     CONNEX_RETURN_IF_ERROR(routes_.Watch(dir_, transfer_.get(), lid_,
                                          [this](const elastic::PeerChange& c) { Post(c); }));
-    // A FAILED of our own epoch (a sender's report, a lease run out) fences it at once: its
-    // steps are refused while the directory client joins again (its heartbeat is due at that
-    // event). A LEFT that is not our own LEAVE is an operator's drain (only the holder or the
-    // admin token can end an epoch gracefully): no fence, the node drains — no new work, what is
-    // in flight finishes, an owner's unfinished requests end as Unavailable (a proxy resumes
-    // them elsewhere) — and then says so (OnDrained).
-    subscription_ = dir_.Subscribe([reg = reg_, lid = lid_](const directory::Event& e) {
-      if (e.record.lid != lid) return;
-      if (e.kind == directory::EventKind::kFailed) {
-        reg->Revoke(e.record.epoch,
-                    StrCat(directory::EventKindName(e.kind), e.reason.empty() ? "" : " (", e.reason,
-                           e.reason.empty() ? "" : ")"));
-      } else if (e.kind == directory::EventKind::kLeft && !reg->leaving.load() &&
-                 e.record.epoch == reg->epoch.load()) {
-        reg->operator_drain.store(true);
-      }
-    });
+    // Our own epoch's FAILED (a fence) and LEFT (an operator's drain, unless we asked for it).
+    subscription_ = dir_.Subscribe(
+        [reg = reg_, lid = lid_](const directory::Event& e) { reg->OnEvent(lid, e); });
     const int64_t lease = dir_.lease_ttl_ms() > 0 ? dir_.lease_ttl_ms() : o_.probe_timeout_ms;
     const int64_t stall_ms = o_.stall_confirm_ms > 0
                                  ? o_.stall_confirm_ms
