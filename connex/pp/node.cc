@@ -566,31 +566,7 @@ class StageNode::Impl final : private OwnerHost {
     std::visit([this](auto& s) { On(s); }, *signal);
     // After the frame was handled: a step that arrives after a silence is admitted (or not)
     // before it counts as contact (Admit, "on the lease").
-    if (FromMember(*signal)) guard_->NotePeer();
-  }
-
-  // Whether `signal` came from a live member this node deals with: contact with the peers that
-  // would report this stage if they could not reach it. Signals without an epoch (ACK, PING,
-  // RELEASE) count when their sender is a known member at the address it names or (ACK) the
-  // ACK matched a send of ours.
-  bool FromMember(const Signal& signal) const {
-    if (const auto* s = std::get_if<StepSignal>(&signal)) {
-      return routes_.Usable(s->owner.lid, s->owner.epoch) || s->owner.lid == lid_;
-    }
-    if (const auto* r = std::get_if<ResultSignal>(&signal))
-      return routes_.Usable(r->from, r->from_epoch);
-    if (const auto* m = std::get_if<MissingSignal>(&signal))
-      return routes_.Usable(m->from, m->from_epoch);
-    if (const auto* f = std::get_if<HopFailedSignal>(&signal))
-      return routes_.Usable(f->from, f->from_epoch);
-    if (const auto* e = std::get_if<StepErrorSignal>(&signal))
-      return routes_.Usable(e->from, e->from_epoch);
-    if (const auto* p = std::get_if<PongSignal>(&signal)) return routes_.Usable(p->from, p->epoch);
-    if (const auto* p = std::get_if<PingSignal>(&signal)) return KnownMember(p->from, p->reply_to);
-    if (const auto* r = std::get_if<ReleaseSignal>(&signal))
-      return KnownMember(r->from, r->reply_to);
-    if (std::holds_alternative<AckSignal>(signal)) return last_ack_matched_;
-    return false;
+    if (routes_.FromMember(*signal, lid_, last_ack_matched_)) guard_->NotePeer();
   }
 
   // ---- the receiver ----
@@ -603,51 +579,20 @@ class StageNode::Impl final : private OwnerHost {
   // Hands a stage's output on: to the next hop, or (last stage) the tokens to the owner.
   void Deliver(const StepSignal& s, const TensorDict& out) {
     if (o_.stage + 1 == o_.stages) {
-      absl::StatusOr<Batch> b = GetBatch(out);
-      absl::StatusOr<const Tensor*> next = out.Get(kNextTokens, DType::kI32, 1);
-      if (!b.ok() || !next.ok()) {
+      absl::StatusOr<Signal> answer = LastStageAnswer(s, out, lid_, reg_->epoch.load());
+      if (!answer.ok() || std::holds_alternative<StepErrorSignal>(*answer)) {
         CONNEX_LOG_ERROR("pp {}: the engine's last-stage output lacks {}", lid_.ToString(),
                          kNextTokens);
-        if (b.ok()) {
-          Send(s.owner.signal,
-               StepErrorSignal{s.step, s.attempt, lid_, b->request_ids,
-                               static_cast<uint32_t>(absl::StatusCode::kInternal),
-                               StrCat(lid_.ToString(), ": the engine returned no ", kNextTokens),
-                               reg_->epoch.load(), s.ticket});
-        }
-        return;
       }
-      auto tokens = (*next)->values<int32_t>();
-      ResultSignal r{s.step,
-                     s.attempt,
-                     lid_,
-                     b->request_ids,
-                     std::vector<int32_t>(tokens.begin(), tokens.end()),
-                     reg_->epoch.load(),
-                     s.ticket};
-      Send(s.owner.signal, r);
+      if (answer.ok()) Send(s.owner.signal, *answer);
       return;
     }
-    if (s.hop + 1 >= s.route.size()) {
-      CONNEX_LOG_ERROR("pp {}: step {} has no hop after {}", lid_.ToString(), s.step, s.hop);
+    absl::StatusOr<PendingSend> next = NextHop(s, out, Self());
+    if (!next.ok()) {
+      CONNEX_LOG_ERROR("pp {}: {}", lid_.ToString(), AsStd(next.status().message()));
       return;
     }
-    absl::StatusOr<Batch> b = GetBatch(out);
-    if (!b.ok()) {
-      CONNEX_LOG_ERROR("pp {}: the engine's output of step {} has no valid batch: {}",
-                       lid_.ToString(), s.step, AsStd(b.status().message()));
-      return;
-    }
-    PendingSend p;
-    p.signal = s;
-    p.signal.hop = s.hop + 1;
-    p.signal.origin = Self();
-    // The requests that ran (or were replayed) here, not those reported missing.
-    p.signal.request_ids = b->request_ids;
-    p.signal.start_positions = b->start_positions;
-    p.signal.num_tokens = b->num_tokens;
-    p.payload = out;
-    sender_->Forward(std::move(p));
+    sender_->Forward(*std::move(next));
   }
 
   void On(AckSignal& a) {

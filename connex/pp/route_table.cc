@@ -52,6 +52,23 @@ absl::Status RouteTable::Watch(directory::DirectoryClient& directory,
   return absl::OkStatus();
 }
 
+bool RouteTable::FromMember(const Signal& signal, const Lid& self, bool ack_matched) const {
+  if (const auto* s = std::get_if<StepSignal>(&signal)) {
+    return Usable(s->owner.lid, s->owner.epoch) || s->owner.lid == self;
+  }
+  if (const auto* r = std::get_if<ResultSignal>(&signal)) return Usable(r->from, r->from_epoch);
+  if (const auto* m = std::get_if<MissingSignal>(&signal)) return Usable(m->from, m->from_epoch);
+  if (const auto* f = std::get_if<HopFailedSignal>(&signal)) return Usable(f->from, f->from_epoch);
+  if (const auto* e = std::get_if<StepErrorSignal>(&signal)) return Usable(e->from, e->from_epoch);
+  if (const auto* p = std::get_if<PongSignal>(&signal)) return Usable(p->from, p->epoch);
+  if (const auto* p = std::get_if<PingSignal>(&signal)) return IsMemberSignal(p->from, p->reply_to);
+  if (const auto* r = std::get_if<ReleaseSignal>(&signal)) {
+    return IsMemberSignal(r->from, r->reply_to);
+  }
+  if (std::holds_alternative<AckSignal>(signal)) return ack_matched;
+  return false;
+}
+
 void RouteTable::Set(uint32_t group, std::unique_ptr<elastic::ElasticPeerSet> peers) {
   CONNEX_CHECK(group < peers_.size());
   peers_[group] = std::move(peers);

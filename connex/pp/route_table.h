@@ -68,6 +68,12 @@ class RouteTable {
   // Why no route can be built: for every stage without a live replica, what its peer set shows
   // ("stage 2: r0@17 failed, r1@18 draining"), "" when every stage has one.
   std::string Problem() const;
+  // Whether `signal` came from a live member of a stage this node (`self`) deals with: contact
+  // with the peers that would report it if they could not reach it. A STEP counts when its owner
+  // is live (or is `self`); RESULT, MISSING, HOP_FAILED, STEP_ERROR and PONG when their sender's
+  // incarnation is; PING and RELEASE, which carry no epoch, when their sender is a member at the
+  // address it names; an ACK when it matched a send of ours (`ack_matched`).
+  bool FromMember(const Signal& signal, const Lid& self, bool ack_matched) const;
   // Evicts (lid, epoch) for this sender and every other (the peer set reports it without
   // blocking); the eviction comes back as a kFailed change.
   void MarkFailed(const Lid& lid, uint64_t epoch);
