@@ -19,6 +19,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/elastic/peer_set.h"
+#include "connex/pp/drain_state.h"
 #include "connex/pp/epoch_guard.h"
 #include "connex/pp/internal/recent_set.h"
 #include "connex/pp/internal/registration.h"
@@ -93,6 +94,10 @@ class StageNode::Impl final : private OwnerHost {
     ro.seed = rng_();
     ro.clock = clock_;
     owner_ = std::make_unique<RequestOwner>(ro, engine_, static_cast<OwnerHost&>(*this));
+    drain_ = std::make_unique<DrainState>(
+        lid_.ToString(), reg_.get(),
+        [this](const absl::Status& why) { return owner_->FinishAll(why); },
+        [this] { return owner_->requests(); });
   }
 
   ~Impl() { StopLoop(); }
@@ -183,7 +188,7 @@ class StageNode::Impl final : private OwnerHost {
     CONNEX_RETURN_IF_ERROR(Health());
     return Call([this, id, prompt = std::move(prompt), max_new, done = std::move(done),
                  options = std::move(options)]() mutable -> absl::Status {
-      if (draining_) {  // before the health: a drained node's LID is gone, by design
+      if (drain_->draining()) {  // before the health: a drained node's LID is gone, by design
         return absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining"));
       }
       CONNEX_RETURN_IF_ERROR(Health());
@@ -224,11 +229,7 @@ class StageNode::Impl final : private OwnerHost {
       auto drained = std::make_shared<std::promise<void>>();
       auto future = drained->get_future();
       Command cmd;
-      cmd.run = [this, drained] {
-        draining_ = true;
-        draining_flag_.store(true);
-        drained_ = drained;
-      };
+      cmd.run = [this, drained] { drain_->BeginLeave(drained); };
       cmd.cancel = [drained] { drained->set_value(); };
       if (PostCommand(std::move(cmd))) {
         reg_->leaving.store(true);
@@ -262,10 +263,7 @@ class StageNode::Impl final : private OwnerHost {
     connex::MutexLock lock(&stats_mu_);
     return stats_snapshot_;
   }
-  absl::Status Health() const {
-    connex::MutexLock lock(&reg_->mu);
-    return reg_->lost;
-  }
+  absl::Status Health() const { return drain_->lost_status(); }
 
   // The record's metadata: the caller's, and the groups this stage exchanges steps with (the
   // directory takes its failure reports about those only: directory::kPeerGroupsKey). The owner
@@ -281,17 +279,8 @@ class StageNode::Impl final : private OwnerHost {
   }
 
   // What health() reports: the registration's state, and Unavailable while draining.
-  absl::Status PublicHealth() const {
-    if (draining_flag_.load()) {
-      return absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining"));
-    }
-    return Health();
-  }
-
-  void OnDrained(std::function<void()> callback) {
-    connex::MutexLock lock(&drained_mu_);
-    on_drained_ = std::move(callback);
-  }
+  absl::Status PublicHealth() const { return drain_->health(); }
+  void OnDrained(std::function<void()> callback) { drain_->OnDrained(std::move(callback)); }
 
  private:
   // Wraps a shared transport (Migrate's lambda can only capture copyable state).
@@ -391,10 +380,7 @@ class StageNode::Impl final : private OwnerHost {
     routes_.Clear();  // no peer-set callbacks after this
     signals_->Close();
     owner_->DropAll(absl::CancelledError(StrCat("pp: ", lid_.ToString(), " stopped")));
-    if (drained_) {
-      drained_->set_value();
-      drained_.reset();
-    }
+    drain_->Stopped();
     sender_.reset();
     receiver_.reset();
   }
@@ -418,8 +404,7 @@ class StageNode::Impl final : private OwnerHost {
         items.swap(queue_);
       }
       guard_->NoteAlive();
-      CheckRegistration();
-      if (reg_->operator_drain.load() && !operator_draining_) StartOperatorDrain();
+      drain_->BeforeTurn();
       for (Item& item : items) {
         guard_->NoteAlive();
         if (stop_.load()) {
@@ -440,7 +425,7 @@ class StageNode::Impl final : private OwnerHost {
       RunTimers(now);
       sender_->Flush();
       if (o_.stage == 0) {
-        if (!draining_ && !lost_) owner_->Schedule(now);
+        if (!drain_->draining() && !drain_->lost()) owner_->Schedule(now);
         releases_->Flush(now, owner_->last_step(), signals_->address());
       }
       if (now - last_prune_ms_ >= kPruneEveryMs) {
@@ -451,60 +436,9 @@ class StageNode::Impl final : private OwnerHost {
       // while (owners that had not yet seen our LEFT may still have routed one here).
       const bool idle = owner_->steps() == 0 && sender_->queued() == 0 &&
                         sender_->awaiting_ack() == 0 && now - last_step_ms_ >= kDrainQuietMs;
-      if (drained_ && idle) {
-        drained_->set_value();
-        drained_.reset();
-      }
-      if (operator_draining_ && !operator_drained_ && idle) FinishOperatorDrain();
+      drain_->AfterTurn(idle);
       PublishStats();
     }
-  }
-
-  // An operator's drain (connexctl drain: a LEFT of our epoch we did not ask for): no new work
-  // from now on; what is in flight finishes (FinishOperatorDrain).
-  void StartOperatorDrain() {
-    operator_draining_ = true;
-    draining_ = true;
-    draining_flag_.store(true);
-    CONNEX_LOG_WARN(
-        "pp {}: drained by the operator: no new work; finishing the steps in flight "
-        "({} requests owned here)",
-        lid_.ToString(), owner_->requests());
-  }
-
-  // Nothing of ours is in flight any more: an owner's requests that did not end hand over (a
-  // server-side Unavailable, which connex-proxy resumes on another replica); then OnDrained.
-  void FinishOperatorDrain() {
-    operator_drained_ = true;
-    const size_t handed_over = owner_->FinishAll(absl::UnavailableError(
-        StrCat("pp: ", lid_.ToString(),
-               " was drained by the operator before the request ended; it continues on another "
-               "replica")));
-    CONNEX_LOG_WARN("pp {}: drained ({} requests handed over)", lid_.ToString(), handed_over);
-    std::function<void()> on_drained;
-    {
-      connex::MutexLock lock(&drained_mu_);
-      on_drained = on_drained_;
-    }
-    if (on_drained) on_drained();
-  }
-
-  // A node that lost its LID refuses everything from then on, and says so once, loudly. After an
-  // operator's drain that is expected (the heartbeat finds the epoch gone, possibly before the
-  // LEFT event came): the drain goes on.
-  void CheckRegistration() {
-    if (lost_) return;
-    absl::Status health = Health();
-    if (health.ok()) return;
-    if (reg_->operator_drain.load() || reg_->ended_by_leave.load()) {
-      reg_->operator_drain.store(true);
-      return;
-    }
-    lost_ = true;
-    CONNEX_LOG_ERROR("pp {}: {}; this node no longer serves", lid_.ToString(),
-                     AsStd(health.message()));
-    reg_->Fence();  // every step for any epoch is fenced from now on
-    owner_->FinishAll(health);
   }
 
   // Whether a step (or, on stage 0, its own step) may run under `epoch`, this incarnation's
@@ -743,7 +677,6 @@ class StageNode::Impl final : private OwnerHost {
   uint64_t owner_token_ = 0;
   std::unique_ptr<StepSender> sender_;  // the ring, queued sends, slots awaiting their ACK
   std::unique_ptr<StepReceiver> receiver_;
-  bool lost_ = false;
   int64_t last_prune_ms_ = 0;
   int64_t last_step_ms_ = 0;  // when the last STEP arrived (the drain gate)
   // Sender side.
@@ -759,13 +692,7 @@ class StageNode::Impl final : private OwnerHost {
   // Owner side.
   std::unique_ptr<RequestOwner> owner_;  // stage 0's requests and steps (others: answers only)
   std::unique_ptr<ReleaseQueue> releases_;
-  bool draining_ = false;
-  std::atomic<bool> draining_flag_{false};  // draining_, for health() from any thread
-  bool operator_draining_ = false;          // an operator's drain began (StartOperatorDrain)
-  bool operator_drained_ = false;           // ... and ended (FinishOperatorDrain)
-  connex::Mutex drained_mu_;
-  std::function<void()> on_drained_ ABSL_GUARDED_BY(drained_mu_);
-  std::shared_ptr<std::promise<void>> drained_;  // opened once nothing is in flight
+  std::unique_ptr<DrainState> drain_;  // draining (own LEAVE, an operator's drain), a lost LID
   StageNodeStats stats_;
 
   std::thread loop_;
