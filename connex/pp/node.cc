@@ -7,11 +7,9 @@
 #include <map>
 #include <optional>
 #include <random>
-#include <set>
 #include <thread>
 #include <variant>
 
-#include "absl/strings/match.h"
 #include "connex/base/check.h"
 #include "connex/base/clock.h"
 #include "connex/base/logging.h"
@@ -23,6 +21,7 @@
 #include "connex/pp/epoch_guard.h"
 #include "connex/pp/internal/recent_set.h"
 #include "connex/pp/internal/registration.h"
+#include "connex/pp/internal/work_queue.h"
 #include "connex/pp/messages.h"
 #include "connex/pp/release_queue.h"
 #include "connex/pp/request_owner.h"
@@ -39,21 +38,6 @@ constexpr size_t kGonePeers = 4096;
 constexpr int64_t kDrainQuietMs = 100;
 constexpr size_t kRetiredTransports = 2;
 constexpr int64_t kPruneEveryMs = 1000;
-
-// The lease of `lid` as this node's directory client holds it, for its EpochGuard.
-class DirectoryLease final : public LeaseSource {
- public:
-  DirectoryLease(directory::DirectoryClient& directory, Lid lid)
-      : dir_(directory), lid_(std::move(lid)) {}
-  std::optional<int64_t> RenewalAgeMs() const override { return dir_.RenewalAgeMs(lid_); }
-  std::optional<int64_t> LeaseLeftMs() const override { return dir_.LeaseLeftMs(lid_); }
-  int64_t heartbeat_ms() const override { return dir_.heartbeat_ms(); }
-  absl::StatusOr<uint64_t> Renew() override { return dir_.Renew(lid_); }
-
- private:
-  directory::DirectoryClient& dir_;
-  const Lid lid_;
-};
 
 }  // namespace
 
@@ -169,6 +153,7 @@ class StageNode::Impl final : private OwnerHost {
     joined_ = true;
     reg_->AdvanceEpoch(epoch);
     loop_ = std::thread([this] { Run(); });
+    queue_.LoopStarted();
     return absl::OkStatus();
   }
 
@@ -325,19 +310,10 @@ class StageNode::Impl final : private OwnerHost {
     return h;
   }
 
-  void Post(Item item) {
-    connex::MutexLock lock(&queue_mu_);
-    if (stopped_) return;
-    queue_.push_back(std::move(item));
-  }
+  void Post(Item item) { (void)queue_.Push(std::move(item)); }
 
   // False when the loop has stopped (the command was not queued).
-  bool PostCommand(Command cmd) {
-    connex::MutexLock lock(&queue_mu_);
-    if (stopped_ || !loop_.joinable()) return false;
-    queue_.push_back(std::move(cmd));
-    return true;
-  }
+  bool PostCommand(Command cmd) { return queue_.PushToLoop(std::move(cmd)); }
 
   // Runs `fn` on the loop and returns its answer; FailedPrecondition when the loop stopped first.
   absl::Status Call(std::function<absl::Status()> fn) {
@@ -353,25 +329,13 @@ class StageNode::Impl final : private OwnerHost {
     return absl::FailedPreconditionError(StrCat("pp: ", lid_.ToString(), " stopped"));
   }
 
-  bool IsStopped() {
-    connex::MutexLock lock(&queue_mu_);
-    return stopped_;
-  }
+  bool IsStopped() { return queue_.closed(); }
 
   void StopLoop() {
-    std::deque<Item> left;
-    {
-      connex::MutexLock lock(&queue_mu_);
-      if (stopped_) return;
-      stopped_ = true;
-    }
+    if (!queue_.Close()) return;
     stop_.store(true);
     if (loop_.joinable()) loop_.join();
-    {
-      connex::MutexLock lock(&queue_mu_);
-      left.swap(queue_);
-    }
-    for (Item& item : left) {
+    for (Item& item : queue_.TakeAll()) {
       if (auto* cmd = std::get_if<Command>(&item)) {
         if (cmd->cancel) cmd->cancel();
       }
@@ -393,16 +357,11 @@ class StageNode::Impl final : private OwnerHost {
   // ---- the loop ----
 
   void Run() {
+    CONNEX_CHECK(sender_ != nullptr && receiver_ != nullptr && guard_ != nullptr);  // Start's
     while (!stop_.load()) {
       int64_t now = NowMs();
       int64_t wait = std::max<int64_t>(0, std::min<int64_t>(20, NextTimer(now) - now));
-      std::deque<Item> items;
-      {
-        connex::MutexLock lock(&queue_mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) { return !queue_.empty(); };
-        queue_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(wait));
-        items.swap(queue_);
-      }
+      std::deque<Item> items = queue_.Take(absl::Milliseconds(wait));
       guard_->NoteAlive();
       drain_->BeforeTurn();
       for (Item& item : items) {
@@ -541,6 +500,7 @@ class StageNode::Impl final : private OwnerHost {
     HopFailedSignal f{
         step, attempt, lid_, hop, static_cast<uint32_t>(code), reason, reg_->epoch.load(), ticket};
     if (owner.lid == lid_) {
+      CONNEX_CHECK(o_.stage == 0);  // only stage 0 sends steps it owns
       owner_->OnHopFailed(f);
     } else {
       Send(owner.signal, f);
@@ -697,9 +657,7 @@ class StageNode::Impl final : private OwnerHost {
 
   std::thread loop_;
   std::atomic<bool> stop_{false};
-  connex::Mutex queue_mu_;
-  std::deque<Item> queue_ ABSL_GUARDED_BY(queue_mu_);
-  bool stopped_ ABSL_GUARDED_BY(queue_mu_) = false;
+  internal::WorkQueue<Item> queue_;  // frames, peer changes and commands for the loop
   mutable connex::Mutex stats_mu_;
   StageNodeStats stats_snapshot_ ABSL_GUARDED_BY(stats_mu_);
 };
