@@ -5,8 +5,14 @@
 #include "connex/base/check.h"
 #include "connex/base/logging.h"
 #include "connex/base/strings.h"
+#include "connex/directory/client.h"
 
 namespace connex::pp {
+
+std::optional<int64_t> DirectoryLease::RenewalAgeMs() const { return dir_.RenewalAgeMs(lid_); }
+std::optional<int64_t> DirectoryLease::LeaseLeftMs() const { return dir_.LeaseLeftMs(lid_); }
+int64_t DirectoryLease::heartbeat_ms() const { return dir_.heartbeat_ms(); }
+absl::StatusOr<uint64_t> DirectoryLease::Renew() { return dir_.Renew(lid_); }
 
 EpochGuard::EpochGuard(std::string name, const Clock* clock, int64_t stall_ms,
                        internal::Registration* registration, LeaseSource* lease)

@@ -16,11 +16,17 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "connex/base/clock.h"
+#include "connex/base/lid.h"
 #include "connex/pp/internal/registration.h"
+
+namespace connex::directory {
+class DirectoryClient;
+}  // namespace connex::directory
 
 namespace connex::pp {
 
@@ -37,6 +43,22 @@ class LeaseSource {
   // or NotFound when it no longer holds ours, Unavailable / DeadlineExceeded when it does not
   // answer.
   virtual absl::StatusOr<uint64_t> Renew() = 0;
+};
+
+// The lease of `lid` as a directory client holds it (a StageNode's own).
+class DirectoryLease final : public LeaseSource {
+ public:
+  // `directory` must outlive it.
+  DirectoryLease(directory::DirectoryClient& directory, Lid lid)
+      : dir_(directory), lid_(std::move(lid)) {}
+  std::optional<int64_t> RenewalAgeMs() const override;
+  std::optional<int64_t> LeaseLeftMs() const override;
+  int64_t heartbeat_ms() const override;
+  absl::StatusOr<uint64_t> Renew() override;
+
+ private:
+  directory::DirectoryClient& dir_;
+  const Lid lid_;
 };
 
 struct EpochGuardStats {

@@ -1,6 +1,7 @@
 #include "connex/pp/route_table.h"
 
 #include "connex/base/check.h"
+#include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/pp/signal_transport.h"
 
@@ -24,6 +25,48 @@ std::string RouteKey(const std::vector<Hop>& route) {
   std::string key;
   for (const Hop& h : route) key += StrCat(h.lid.ToString(), "@", h.epoch, ";");
   return key;
+}
+
+bool DealsWith(uint32_t stage, uint32_t group) {
+  return stage == 0 ? group != 0 : (group == 0 || group == stage + 1);
+}
+
+absl::Status RouteTable::Watch(directory::DirectoryClient& directory,
+                               transport::TransferEngine* transfer, const Lid& self,
+                               std::function<void(const elastic::PeerChange&)> on_change) {
+  for (uint32_t g = 0; g < peers_.size(); ++g) {
+    if (!DealsWith(self.group, g)) continue;
+    transport::TransferEngine* watch = (self.group != 0 && g == 0) ? nullptr : transfer;
+    elastic::ElasticPeerSetOptions po;
+    po.model = self.model;
+    po.group = g;
+    po.own_replica = self.replica;
+    po.reporter = self.ToString();
+    po.shard = 0;
+    po.member_address_prefix = std::string(kSignalScheme);
+    auto set = std::make_unique<elastic::ElasticPeerSet>(directory, watch, po);
+    set->OnChange(on_change);
+    CONNEX_RETURN_IF_ERROR(set->Start());
+    Set(g, std::move(set));
+  }
+  return absl::OkStatus();
+}
+
+bool RouteTable::FromMember(const Signal& signal, const Lid& self, bool ack_matched) const {
+  if (const auto* s = std::get_if<StepSignal>(&signal)) {
+    return Usable(s->owner.lid, s->owner.epoch) || s->owner.lid == self;
+  }
+  if (const auto* r = std::get_if<ResultSignal>(&signal)) return Usable(r->from, r->from_epoch);
+  if (const auto* m = std::get_if<MissingSignal>(&signal)) return Usable(m->from, m->from_epoch);
+  if (const auto* f = std::get_if<HopFailedSignal>(&signal)) return Usable(f->from, f->from_epoch);
+  if (const auto* e = std::get_if<StepErrorSignal>(&signal)) return Usable(e->from, e->from_epoch);
+  if (const auto* p = std::get_if<PongSignal>(&signal)) return Usable(p->from, p->epoch);
+  if (const auto* p = std::get_if<PingSignal>(&signal)) return IsMemberSignal(p->from, p->reply_to);
+  if (const auto* r = std::get_if<ReleaseSignal>(&signal)) {
+    return IsMemberSignal(r->from, r->reply_to);
+  }
+  if (std::holds_alternative<AckSignal>(signal)) return ack_matched;
+  return false;
 }
 
 void RouteTable::Set(uint32_t group, std::unique_ptr<elastic::ElasticPeerSet> peers) {

@@ -8,6 +8,7 @@
 #define CONNEX_PP_ROUTE_TABLE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,10 @@ Hop HopFromRecord(const directory::Record& record);
 // A route's identity, LIDs and epochs: steps on one route are counted together (K in flight).
 std::string RouteKey(const std::vector<Hop>& route);
 
+// Whether stage `stage` exchanges steps with stage `group` (another one): the owner (stage 0)
+// with every later stage, a later stage with the owners and the next stage.
+bool DealsWith(uint32_t stage, uint32_t group);
+
 class RouteTable {
  public:
   explicit RouteTable(uint32_t stages) : peers_(stages) {}
@@ -36,6 +41,15 @@ class RouteTable {
   void Set(uint32_t group, std::unique_ptr<elastic::ElasticPeerSet> peers);
   // The peer set of `group`, nullptr when this node does not deal with that stage.
   elastic::ElasticPeerSet* peers(uint32_t group) const;
+  // Starts a peer set for every stage of the pipeline that `self` (stage `self.group`) deals
+  // with. The owner watches stages 1..N-1 through `transfer` (a peer's death is a failover); a
+  // later stage watches the next one (it forwards there: a dead target frees its slots at once)
+  // and follows the owners through the directory alone (an owner's death drops its requests'
+  // state, which is not on the critical path; watching every owner's transport would cost
+  // connections and heartbeats on every stage). Every change goes to `on_change`, on the peer
+  // set's thread. The first peer set that does not start returns its error.
+  absl::Status Watch(directory::DirectoryClient& directory, transport::TransferEngine* transfer,
+                     const Lid& self, std::function<void(const elastic::PeerChange&)> on_change);
   // Drops every peer set (none of their callbacks runs after this returns).
   void Clear();
 
@@ -54,6 +68,12 @@ class RouteTable {
   // Why no route can be built: for every stage without a live replica, what its peer set shows
   // ("stage 2: r0@17 failed, r1@18 draining"), "" when every stage has one.
   std::string Problem() const;
+  // Whether `signal` came from a live member of a stage this node (`self`) deals with: contact
+  // with the peers that would report it if they could not reach it. A STEP counts when its owner
+  // is live (or is `self`); RESULT, MISSING, HOP_FAILED, STEP_ERROR and PONG when their sender's
+  // incarnation is; PING and RELEASE, which carry no epoch, when their sender is a member at the
+  // address it names; an ACK when it matched a send of ours (`ack_matched`).
+  bool FromMember(const Signal& signal, const Lid& self, bool ack_matched) const;
   // Evicts (lid, epoch) for this sender and every other (the peer set reports it without
   // blocking); the eviction comes back as a kFailed change.
   void MarkFailed(const Lid& lid, uint64_t epoch);

@@ -139,5 +139,39 @@ TEST_F(RouteTableTest, NamesTheStageThatHasNoLiveReplica) {
   EXPECT_THAT(empty.Problem(), HasSubstr("stage 1: no replica registered"));
 }
 
+TEST(DealsWithTest, TheOwnerDealsWithEveryLaterStageALaterStageWithOwnersAndTheNext) {
+  EXPECT_FALSE(DealsWith(0, 0));
+  EXPECT_TRUE(DealsWith(0, 1));
+  EXPECT_TRUE(DealsWith(0, 3));
+  EXPECT_TRUE(DealsWith(1, 0));
+  EXPECT_FALSE(DealsWith(1, 1));
+  EXPECT_TRUE(DealsWith(1, 2));
+  EXPECT_FALSE(DealsWith(1, 3));
+  EXPECT_TRUE(DealsWith(2, 0));
+  EXPECT_FALSE(DealsWith(2, 1));
+}
+
+TEST_F(RouteTableTest, ASignalCountsAsContactOnlyFromALiveMember) {
+  uint64_t e10 = Register(1, 0, 10);
+  StartTable();
+  ASSERT_TRUE(WaitUntil([&] { return table_.Usable(Lid{kModel, 1, 0, 0}, e10); }, 3000));
+  const Lid self{kModel, 0, 0, 1};
+  const Lid member{kModel, 1, 0, 0};
+  EXPECT_TRUE(table_.FromMember(ResultSignal{1, 1, member, {}, {}, e10, 7}, self, false));
+  EXPECT_FALSE(table_.FromMember(ResultSignal{1, 1, member, {}, {}, e10 + 1, 7}, self, false));
+  EXPECT_TRUE(table_.FromMember(PongSignal{3, member, e10}, self, false));
+  // Without an epoch: a member at the address it names.
+  EXPECT_TRUE(table_.FromMember(PingSignal{3, member, "pp+mem://10"}, self, false));
+  EXPECT_FALSE(table_.FromMember(PingSignal{3, member, "pp+mem://99"}, self, false));
+  // An ACK counts when it matched a send; a STEP of our own as owner counts.
+  EXPECT_TRUE(table_.FromMember(AckSignal{1, member, 0, ""}, self, true));
+  EXPECT_FALSE(table_.FromMember(AckSignal{1, member, 0, ""}, self, false));
+  StepSignal own;
+  own.owner = Hop{self, 5, "pp+mem://1", {}};
+  EXPECT_TRUE(table_.FromMember(own, self, false));
+  own.owner.lid = Lid{kModel, 0, 0, 0};
+  EXPECT_FALSE(table_.FromMember(own, self, false));
+}
+
 }  // namespace
 }  // namespace connex::pp

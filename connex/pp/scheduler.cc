@@ -39,4 +39,29 @@ uint64_t MaxStepTokens(uint64_t engine_bytes_per_token, uint64_t measured_bytes_
   return std::max<uint64_t>(1, budget / per_token);
 }
 
+TensorDict StepInput(const std::vector<uint64_t>& ids, const std::vector<int32_t>& starts,
+                     const std::vector<int32_t>& counts, const std::vector<int32_t>& tokens,
+                     const std::vector<Sampling>& sampling) {
+  CONNEX_CHECK(starts.size() == ids.size() && counts.size() == ids.size() &&
+               sampling.size() == ids.size());
+  TensorDict in;
+  SetBatch(in, ids, starts, counts);
+  in.Set(kTokens, Tensor::Of<int32_t>({static_cast<int64_t>(tokens.size())}, tokens));
+  bool sampled = false;
+  for (const Sampling& s : sampling) sampled |= !s.greedy();
+  if (sampled) SetSampling(in, sampling);
+  return in;
+}
+
+uint64_t MeasuredBytesPerToken(const TensorDict& out, size_t tokens) {
+  if (tokens == 0) return 0;
+  const int64_t n = static_cast<int64_t>(tokens);
+  uint64_t per_token = 0;
+  for (const auto& [name, t] : out.tensors()) {
+    if (name == kRequestIds || name == kStartPositions || name == kNumTokens) continue;
+    if (!t.shape.empty() && t.shape[0] == n) per_token += t.data.size() / tokens;
+  }
+  return per_token;
+}
+
 }  // namespace connex::pp

@@ -12,6 +12,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "connex/pp/engine.h"
+#include "connex/pp/tensor_dict.h"
+
 namespace connex::pp {
 
 // A request ready for a step: it has `total` tokens, of which stage 0 holds the first `cached`
@@ -46,6 +49,18 @@ std::vector<PlannedStep> PlanSteps(const std::vector<ReadyRequest>& ready,
 // known or the pipeline has a single stage (nothing is sent).
 uint64_t MaxStepTokens(uint64_t engine_bytes_per_token, uint64_t measured_bytes_per_token,
                        uint64_t payload_capacity, uint64_t overhead, uint32_t stages);
+
+// Stage 0's input of a step: the batch keys (request ids[i] covers `counts[i]` tokens from
+// `starts[i]`), the tokens of all of them in that order, and the sampling keys (one per request)
+// when any request samples — greedy steps carry none.
+TensorDict StepInput(const std::vector<uint64_t>& ids, const std::vector<int32_t>& starts,
+                     const std::vector<int32_t>& counts, const std::vector<int32_t>& tokens,
+                     const std::vector<Sampling>& sampling);
+
+// Bytes per token of the output of a step that carried `tokens` tokens: the rows of its tensors
+// that have one row per token (the batch keys and other per-request tensors are the fixed part
+// a chunk's budget already leaves room for). 0 for a step of no tokens.
+uint64_t MeasuredBytesPerToken(const TensorDict& out, size_t tokens);
 
 }  // namespace connex::pp
 

@@ -66,5 +66,32 @@ TEST(MaxStepTokensTest, FitsTheOutputOfAStepIntoASlot) {
   EXPECT_EQ(MaxStepTokens(1 << 20, 0, 4000, 4096, 2), 1u);
 }
 
+TEST(StepInputTest, CarriesTheBatchTheTokensAndSamplingOnlyWhenARequestSamples) {
+  Sampling seeded;
+  seeded.temperature = 0.7f;
+  seeded.seed = 5;
+  TensorDict greedy = StepInput({1, 2}, {0, 4}, {3, 1}, {7, 8, 9, 10}, {Sampling{}, Sampling{}});
+  absl::StatusOr<Batch> batch = GetBatch(greedy);
+  ASSERT_TRUE(batch.ok());
+  EXPECT_THAT(batch->request_ids, ElementsAre(1u, 2u));
+  EXPECT_THAT(batch->start_positions, ElementsAre(0, 4));
+  EXPECT_THAT(batch->num_tokens, ElementsAre(3, 1));
+  absl::StatusOr<const Tensor*> tokens = greedy.Get(kTokens, DType::kI32, 1);
+  ASSERT_TRUE(tokens.ok());
+  EXPECT_THAT((*tokens)->values<int32_t>(), ElementsAre(7, 8, 9, 10));
+  const size_t without = greedy.tensors().size();
+  TensorDict sampled = StepInput({1, 2}, {0, 4}, {3, 1}, {7, 8, 9, 10}, {Sampling{}, seeded});
+  EXPECT_GT(sampled.tensors().size(), without);  // the sampling keys travel with it
+}
+
+TEST(MeasuredBytesPerTokenTest, CountsOnlyTheRowsOfPerTokenTensors) {
+  TensorDict out;
+  SetBatch(out, {1, 2}, {0, 0}, {2, 2});
+  out.Set("hidden", Tensor::Of<float>({4, 3}, std::vector<float>(12, 1.0f)));  // 12 bytes a row
+  out.Set("per_request", Tensor::Of<int32_t>({2}, std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(MeasuredBytesPerToken(out, 4), 12u);
+  EXPECT_EQ(MeasuredBytesPerToken(out, 0), 0u);
+}
+
 }  // namespace
 }  // namespace connex::pp

@@ -13,6 +13,30 @@
 #include "connex/pp/send_ring.h"
 
 namespace connex::pp {
+
+absl::StatusOr<Signal> LastStageAnswer(const StepSignal& s, const TensorDict& out, const Lid& self,
+                                       uint64_t epoch) {
+  absl::StatusOr<Batch> b = GetBatch(out);
+  if (!b.ok()) {
+    return absl::InvalidArgumentError(StrCat("the engine's last-stage output of step ", s.step,
+                                             " has no valid batch: ", b.status().message()));
+  }
+  absl::StatusOr<const Tensor*> next = out.Get(kNextTokens, DType::kI32, 1);
+  if (!next.ok()) {
+    return StepErrorSignal{s.step,
+                           s.attempt,
+                           self,
+                           b->request_ids,
+                           static_cast<uint32_t>(absl::StatusCode::kInternal),
+                           StrCat(self.ToString(), ": the engine returned no ", kNextTokens),
+                           epoch,
+                           s.ticket};
+  }
+  auto tokens = (*next)->values<int32_t>();
+  return ResultSignal{
+      s.step, s.attempt, self, b->request_ids, std::vector<int32_t>(tokens.begin(), tokens.end()),
+      epoch,  s.ticket};
+}
 namespace {
 
 constexpr size_t kSeenCorrs = 8192;

@@ -29,6 +29,13 @@
 
 namespace connex::pp {
 
+// The last stage's answer to the owner about step `step`, which produced `output` here (`self`
+// under `epoch`): RESULT with the sampled tokens, or, when the engine's output lacks
+// kNextTokens, STEP_ERROR (Internal) for the requests of its batch. InvalidArgument when the
+// output has no valid batch either (nothing can be said to the owner).
+absl::StatusOr<Signal> LastStageAnswer(const StepSignal& step, const TensorDict& output,
+                                       const Lid& self, uint64_t epoch);
+
 struct StepReceiverOptions {
   Lid self;
   uint32_t stage = 0;

@@ -221,5 +221,31 @@ TEST_F(StepReceiverTest, OnlyTheOwnersTokenReleasesAndARelasedRequestsLateStepDo
   EXPECT_TRUE(Sent<MissingSignal>().empty());
 }
 
+TEST(LastStageAnswerTest, ResultsWithTheTokensOrAStepErrorWithoutThem) {
+  StepSignal s;
+  s.step = 8;
+  s.attempt = 2;
+  s.ticket = 77;
+  const Lid self{"m", 2, 0, 0};
+  TensorDict out;
+  SetBatch(out, {5, 6}, {0, 0}, {1, 1});
+  absl::StatusOr<Signal> error = LastStageAnswer(s, out, self, 9);
+  ASSERT_TRUE(error.ok());
+  const auto& e = std::get<StepErrorSignal>(*error);
+  EXPECT_THAT(e.request_ids, ElementsAre(5u, 6u));
+  EXPECT_EQ(e.code, static_cast<uint32_t>(absl::StatusCode::kInternal));
+  EXPECT_EQ(e.ticket, 77u);
+  out.Set(kNextTokens, Tensor::Of<int32_t>({2}, std::vector<int32_t>{40, 41}));
+  absl::StatusOr<Signal> result = LastStageAnswer(s, out, self, 9);
+  ASSERT_TRUE(result.ok());
+  const auto& r = std::get<ResultSignal>(*result);
+  EXPECT_EQ(r.step, 8u);
+  EXPECT_EQ(r.attempt, 2u);
+  EXPECT_EQ(r.from, self);
+  EXPECT_EQ(r.from_epoch, 9u);
+  EXPECT_THAT(r.tokens, ElementsAre(40, 41));
+  EXPECT_FALSE(LastStageAnswer(s, TensorDict{}, self, 9).ok());  // no batch: nothing to say
+}
+
 }  // namespace
 }  // namespace connex::pp

@@ -4,8 +4,29 @@
 #include <vector>
 
 #include "connex/base/strings.h"
+#include "connex/pp/engine.h"
 
 namespace connex::pp {
+
+absl::StatusOr<PendingSend> NextHop(const StepSignal& s, TensorDict output, const Hop& origin) {
+  if (s.hop + 1 >= s.route.size()) {
+    return absl::InvalidArgumentError(StrCat("step ", s.step, " has no hop after ", s.hop));
+  }
+  absl::StatusOr<Batch> b = GetBatch(output);
+  if (!b.ok()) {
+    return absl::InvalidArgumentError(StrCat("the engine's output of step ", s.step,
+                                             " has no valid batch: ", b.status().message()));
+  }
+  PendingSend p;
+  p.signal = s;
+  p.signal.hop = s.hop + 1;
+  p.signal.origin = origin;
+  p.signal.request_ids = b->request_ids;
+  p.signal.start_positions = b->start_positions;
+  p.signal.num_tokens = b->num_tokens;
+  p.payload = std::move(output);
+  return p;
+}
 
 StepSender::StepSender(StepSenderOptions options, std::unique_ptr<SendRing> ring, SendSignal send,
                        OnFailure on_failure)

@@ -43,6 +43,12 @@ struct SendFailure {
   std::string reason;
 };
 
+// The send of step `step` to its next hop after this stage ran (or replayed) it: the same step
+// one hop on, from `origin` (this stage), with `output` as payload and the requests of its batch
+// (those that ran here, not those reported missing). InvalidArgument naming the step when it has
+// no hop after this one or `output` no valid batch.
+absl::StatusOr<PendingSend> NextHop(const StepSignal& step, TensorDict output, const Hop& origin);
+
 struct StepSenderOptions {
   Lid self;                       // for messages
   int64_t ack_timeout_ms = 5000;  // a slot not acknowledged this long is given up

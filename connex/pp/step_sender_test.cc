@@ -10,6 +10,7 @@
 namespace connex::pp {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 class StepSenderTest : public ::testing::Test {
@@ -124,6 +125,32 @@ TEST_F(StepSenderTest, APayloadLargerThanASlotFailsAtOnce) {
   EXPECT_THAT(failures_[0].reason, HasSubstr("CONNEX_PP_SLOT_BYTES"));
   EXPECT_EQ(sender_->slots_in_use(), 0u);
   EXPECT_EQ(sender_->queued(), 0u);
+}
+
+TEST(NextHopTest, MovesTheStepOneHopOnWithTheRequestsThatRanHere) {
+  StepSignal s;
+  s.step = 4;
+  s.hop = 0;
+  s.route = {Hop{Lid{"m", 1, 0, 0}, 2, "pp+mem://1", {}},
+             Hop{Lid{"m", 2, 0, 0}, 3, "pp+mem://2", {}}};
+  s.request_ids = {1, 2};
+  s.start_positions = {0, 0};
+  s.num_tokens = {3, 3};
+  TensorDict out;
+  SetBatch(out, {2}, {0}, {3});  // request 1 was reported missing here
+  const Hop self = s.route[0];
+  absl::StatusOr<PendingSend> next = NextHop(s, out, self);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->signal.hop, 1u);
+  EXPECT_EQ(next->signal.target(), s.route[1]);
+  EXPECT_EQ(next->signal.origin, self);
+  EXPECT_THAT(next->signal.request_ids, ElementsAre(2u));
+  EXPECT_THAT(next->signal.num_tokens, ElementsAre(3));
+  // The last hop has none after it; an output without a batch cannot go on.
+  s.hop = 1;
+  EXPECT_THAT(NextHop(s, out, self).status().message(), HasSubstr("step 4 has no hop after 1"));
+  s.hop = 0;
+  EXPECT_EQ(NextHop(s, TensorDict{}, self).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // A StageNode incarnation's registration: the epoch it holds, whether the directory evicted it
 // and why, and the notices of its own LEAVE and of an operator's drain. Shared between the node's
 // loop, its EpochGuard and the directory client's callbacks (which may outlive the node), so
-// every field is atomic or guarded.
+// every field is atomic or guarded. OnChange and OnEvent are those callbacks' rules.
 #ifndef CONNEX_PP_INTERNAL_REGISTRATION_H_
 #define CONNEX_PP_INTERNAL_REGISTRATION_H_
 
@@ -12,8 +12,14 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "connex/base/lid.h"
 #include "connex/base/logging.h"
 #include "connex/base/mutex.h"
+
+namespace connex::directory {
+struct Event;
+struct RegistrationChange;
+}  // namespace connex::directory
 
 namespace connex::pp::internal {
 
@@ -57,6 +63,16 @@ struct Registration {
     connex::MutexLock lock(&mu);
     return revoked_why;
   }
+
+  // The directory client's notice about a registration; only `lid`'s (ours) counts. A rejoin
+  // advances the epoch; a registration given up loses the LID (`lost`), and notes whether its
+  // epoch ended by a LEAVE (ours, or an operator's drain whose LEFT event may come later).
+  void OnChange(const Lid& lid, const directory::RegistrationChange& change);
+  // A directory event; only `lid`'s (ours) counts. A FAILED of the epoch held (a sender's report,
+  // a lease run out) revokes it at once: its steps are refused while the client joins again. A
+  // LEFT of it that is not our own LEAVE is an operator's drain (only the holder or the admin
+  // token can end an epoch gracefully): no fence; the node drains.
+  void OnEvent(const Lid& lid, const directory::Event& event);
 };
 
 }  // namespace connex::pp::internal
