@@ -81,8 +81,7 @@ void RequestOwner::OnResult(const ResultSignal& r) {
     ++stats_.late_dropped;
     return;
   }
-  Step& st = it->second;
-  if (!Believe(st, r.from, r.from_epoch, r.ticket, /*last_only=*/true)) {
+  if (!Believe(it->second, r.from, r.from_epoch, r.ticket, /*last_only=*/true)) {
     ++stats_.forged_dropped;
     CONNEX_LOG_WARN("pp {}: dropped a RESULT of step {} from {} epoch {}: not the step's last hop",
                     name_, r.step, r.from.ToString(), r.from_epoch);
@@ -91,7 +90,11 @@ void RequestOwner::OnResult(const ResultSignal& r) {
   last_progress_ms_ = NowMs();
   for (size_t i = 0; i < r.request_ids.size(); ++i) {
     uint64_t id = r.request_ids[i];
-    if (!st.remaining.erase(id)) continue;
+    // Looked up afresh: a callback below may end other requests of this step (a cancel from
+    // on_token), and with the last of them the step itself.
+    auto step = steps_.find(r.step);
+    if (step == steps_.end()) break;  // every request still in it has ended
+    if (!step->second.remaining.erase(id)) continue;
     auto req = requests_.find(id);
     if (req == requests_.end()) continue;
     Request& q = req->second;
@@ -380,7 +383,9 @@ void RequestOwner::RunTimers(int64_t now) {
     if (q.deadline > 0 && q.deadline <= now) late.push_back(id);
   }
   for (uint64_t id : late) {
-    const Request& q = requests_[id];
+    auto late_request = requests_.find(id);
+    if (late_request == requests_.end()) continue;  // ended by an earlier one's callback
+    const Request& q = late_request->second;
     std::string where = "waiting to be scheduled";
     if (q.step != 0) {
       auto st = steps_.find(q.step);

@@ -83,12 +83,20 @@ void RequestOwner::Schedule(int64_t now) {
     limits.max_steps = static_cast<size_t>(o_.inflight - inflight[key]);
     std::vector<ReadyRequest> waiting;
     for (uint64_t id : ids) {
-      const Request& q = requests_[id];
-      waiting.push_back(ReadyRequest{id, q.cached, q.tokens.size()});
+      auto q = requests_.find(id);  // a callback of an earlier Finish may have ended it
+      if (q == requests_.end() || q->second.step != 0) continue;
+      waiting.push_back(ReadyRequest{id, q->second.cached, q->second.tokens.size()});
     }
     for (PlannedStep& step : PlanSteps(waiting, limits)) {
       stats_.chunked += step.chunked;
-      CreateStep(step.ids, step.ends, routes[key]);
+      // An earlier step's callbacks (a single stage's tokens, an engine error) may have ended
+      // some of these requests: those left wait for the next round.
+      bool intact = true;
+      for (uint64_t id : step.ids) {
+        auto q = requests_.find(id);
+        intact &= q != requests_.end() && q->second.step == 0;
+      }
+      if (intact) CreateStep(step.ids, step.ends, routes[key]);
     }
   }
 }
@@ -99,7 +107,9 @@ bool RequestOwner::CreateStep(const std::vector<uint64_t>& ids, const std::vecto
   CONNEX_CHECK(!ids.empty() && ids.size() == ends.size());
   std::vector<int32_t> starts, counts, tokens;
   for (size_t i = 0; i < ids.size(); ++i) {
-    Request& q = requests_[ids[i]];
+    auto found = requests_.find(ids[i]);
+    CONNEX_CHECK(found != requests_.end());  // Schedule passes running requests only
+    Request& q = found->second;
     CONNEX_CHECK(q.cached < ends[i] && ends[i] <= q.tokens.size());  // PlanSteps' contract
     starts.push_back(static_cast<int32_t>(q.cached));
     counts.push_back(static_cast<int32_t>(ends[i] - q.cached));

@@ -211,6 +211,43 @@ TEST_F(RequestOwnerTest, ARequestCompletesWithItsTokensStreamedInOrderAndIsRelea
   EXPECT_GE(owner_->last_step(), second.step);
 }
 
+// A stop string seen in request 1's token cancels request 2 of the same step from on_token, on
+// the loop (StageNode::Cancel runs inline there): with 2 the last request the step waited for,
+// the step ends inside the callback, and the RESULT's other tokens must not touch it.
+TEST_F(RequestOwnerTest, ACallbackThatEndsTheRestOfItsStepLeavesTheResultSafe) {
+  std::vector<int32_t> prompt = {1, 2, 3};
+  ASSERT_TRUE(owner_
+                  ->Add(
+                      1, prompt, 4,
+                      [this](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
+                        outcomes_.emplace(rid, std::move(r));
+                      },
+                      [this](uint64_t rid, int32_t t) {
+                        streamed_[rid].push_back(t);
+                        owner_->Finish(2, absl::CancelledError("a stop string in request 1"));
+                      },
+                      Sampling{}, 0)
+                  .ok());
+  Submit(2, 3, 4);
+  owner_->Schedule(clock_.NowMs());
+  ASSERT_EQ(host_.forwarded_.size(), 1u);
+  const StepSignal step = Last();
+  ASSERT_THAT(step.request_ids, ElementsAre(1u, 2u));  // one step for both
+
+  owner_->OnResult(ResultOf(step, 10));
+  EXPECT_THAT(streamed_[1], ElementsAre(10));
+  EXPECT_TRUE(streamed_[2].empty());  // ended before its token was delivered
+  ASSERT_EQ(outcomes_.count(2), 1u);
+  EXPECT_EQ(outcomes_.at(2).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(owner_->Running(1));
+  EXPECT_FALSE(owner_->Running(2));
+  EXPECT_EQ(owner_->steps(), 0u);
+  // Request 1 goes on alone.
+  owner_->Schedule(clock_.NowMs());
+  ASSERT_EQ(host_.forwarded_.size(), 2u);
+  EXPECT_THAT(Last().request_ids, ElementsAre(1u));
+}
+
 TEST_F(RequestOwnerTest, AStepThroughAFailedHopIsResentToAnotherReplicaAndTheOldAttemptIsDropped) {
   Submit(1, 3, 1);
   owner_->Schedule(clock_.NowMs());
