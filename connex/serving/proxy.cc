@@ -25,8 +25,8 @@
 #include "connex/serving/metrics.h"
 #include "connex/serving/openai_api.h"
 #include "connex/serving/openai_response.h"
+#include "connex/serving/openai_stream.h"
 #include "connex/serving/router.h"
-#include "nlohmann/json.hpp"
 
 namespace connex::serving {
 namespace {
@@ -35,16 +35,13 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
-using Json = nlohmann::json;
 using SteadyClock = std::chrono::steady_clock;
 using internal::ErrorMessageOf;
-using internal::ParseUpstreamEvent;
 using internal::ReplicaBalancer;
 using internal::UpstreamBody;
-using internal::UpstreamEvent;
 
 // An upstream error body (before the stream) or event larger than this is a broken upstream.
-constexpr size_t kMaxUpstreamMessageBytes = 1 << 20;
+constexpr size_t kMaxUpstreamMessageBytes = kMaxSseEventBytes;
 constexpr int64_t kFirstBackoffMs = 50;
 constexpr int64_t kMaxBackoffMs = 1'000;
 
@@ -236,7 +233,7 @@ class ResumeProxy::Impl {
     http::request<http::string_body> request;
     http::response_parser<http::string_body> parser;
     Replica replica;
-    std::string events;  // streamed bytes not yet split into events
+    OpenAiStreamReader events;  // the streamed answer
     bool streaming = false;
     bool over = false;  // closed; late completions are ignored
   };
@@ -254,7 +251,6 @@ class ResumeProxy::Impl {
     std::string text;                    // delivered (non-streaming: the response's text)
     std::optional<FinishReason> finish;
     bool stream_started = false;
-    bool first_chunk_sent = false;
     bool ended = false;
     int attempts = 0;
     std::optional<SteadyClock::time_point>
@@ -424,7 +420,7 @@ class ResumeProxy::Impl {
           if (a->over) return;
           std::string& body = a->parser.get().body();
           if (a->streaming) {
-            a->events.append(body);
+            a->events.Feed(body);
             body.clear();
             if (!TakeEvents(p, a)) return;  // the attempt is over
           } else if (body.size() > kMaxUpstreamMessageBytes) {
@@ -438,80 +434,60 @@ class ResumeProxy::Impl {
         });
   }
 
-  // Splits what was streamed into events and acts on each. False when the attempt is over.
+  // Acts on each event streamed whole so far. False when the attempt is over.
   bool TakeEvents(const ProxiedPtr& p, const AttemptPtr& a) {
-    size_t start = 0;
     while (true) {
-      size_t end = a->events.find("\n\n", start);
-      if (end == std::string::npos) break;
-      std::string_view block(a->events.data() + start, end - start);
-      start = end + 2;
-      for (size_t line_start = 0; line_start < block.size();) {
-        size_t line_end = block.find('\n', line_start);
-        if (line_end == std::string_view::npos) line_end = block.size();
-        std::string_view line = block.substr(line_start, line_end - line_start);
-        line_start = line_end + 1;
-        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-        if (line.rfind("data:", 0) != 0) continue;  // comments, other SSE fields
-        line.remove_prefix(5);
-        if (!line.empty() && line.front() == ' ') line.remove_prefix(1);
-        if (!OnEvent(p, a, line)) return false;
+      absl::StatusOr<std::optional<StreamEvent>> event = a->events.Next();
+      if (!event.ok()) {
+        AttemptFailed(p, a, std::string(event.status().message()));
+        return false;
       }
+      if (!*event) return true;
+      if (!OnEvent(p, a, **event)) return false;
     }
-    a->events.erase(0, start);
-    if (a->events.size() > kMaxUpstreamMessageBytes) {
-      AttemptFailed(p, a, "an event over 1 MiB");
-      return false;
-    }
-    return true;
   }
 
-  bool OnEvent(const ProxiedPtr& p, const AttemptPtr& a, std::string_view data) {
-    absl::StatusOr<UpstreamEvent> event = ParseUpstreamEvent(data);
-    if (!event.ok()) {
-      AttemptFailed(p, a, std::string(event.status().message()));
-      return false;
-    }
-    switch (event->kind) {
-      case UpstreamEvent::Kind::kUsage:
+  bool OnEvent(const ProxiedPtr& p, const AttemptPtr& a, const StreamEvent& event) {
+    switch (event.kind) {
+      case StreamEvent::Kind::kUsage:
         return true;
-      case UpstreamEvent::Kind::kDone:
+      case StreamEvent::Kind::kDone:
         CloseAttempt(p, a);
         Complete(p);
         return false;
-      case UpstreamEvent::Kind::kError:
-        if (event->server_error) {
-          AttemptFailed(p, a, StrCat("it answered: ", event->error_message));
+      case StreamEvent::Kind::kError:
+        if (event.server_error) {
+          AttemptFailed(p, a, StrCat("it answered: ", event.error_message));
         } else {
           CloseAttempt(p, a);
-          FailWith(p, 400, event->error_json);  // the request's fault (invalid_request_error)
+          FailWith(p, 400, event.error_json);  // the request's fault (invalid_request_error)
         }
         return false;
-      case UpstreamEvent::Kind::kChunk:
+      case StreamEvent::Kind::kChunk:
         break;
     }
-    if (p->prompt.empty()) p->prompt = event->prompt_token_ids;
-    if (event->finish) p->finish = event->finish;
-    if (event->text.empty() && event->token_ids.empty() && !event->finish) return true;
+    if (p->prompt.empty()) p->prompt = event.prompt_token_ids;
+    if (event.finish) p->finish = event.finish;
+    if (event.text.empty() && event.token_ids.empty() && !event.finish) return true;
     const int64_t now = NowUs();
-    for (size_t i = 0; i < event->token_ids.size(); ++i) {
+    for (size_t i = 0; i < event.token_ids.size(); ++i) {
       if (p->tokens.empty() && i == 0) {
         requests_.FirstToken();
         requests_.ttft.Observe(static_cast<double>(now - p->start_us) / 1e6);
       } else {
         requests_.itl.Observe(static_cast<double>(now - p->last_token_us) / 1e6 /
-                              static_cast<double>(event->token_ids.size()));
+                              static_cast<double>(event.token_ids.size()));
       }
     }
-    if (!event->token_ids.empty()) {
+    if (!event.token_ids.empty()) {
       p->last_token_us = now;
-      requests_.generation_tokens.Increment(static_cast<double>(event->token_ids.size()));
+      requests_.generation_tokens.Increment(static_cast<double>(event.token_ids.size()));
       // Progress: a later failure starts a new outage, with a new budget.
       p->outage_deadline.reset();
       p->backoff_ms = 0;
     }
-    p->tokens.insert(p->tokens.end(), event->token_ids.begin(), event->token_ids.end());
-    p->text += event->text;
+    p->tokens.insert(p->tokens.end(), event.token_ids.begin(), event.token_ids.end());
+    p->text += event.text;
     if (p->chunks) {
       if (!p->stream_started) {
         p->stream_started = true;
@@ -523,11 +499,8 @@ class ResumeProxy::Impl {
           return false;
         }
       }
-      std::span<const int32_t> prompt_ids;
-      if (!p->first_chunk_sent) prompt_ids = p->prompt;
-      p->first_chunk_sent = true;
       if (!p->exchange->Send(
-              p->chunks->Delta(event->text, event->token_ids, prompt_ids, event->finish))) {
+              p->chunks->Delta(event.text, event.token_ids, p->prompt, event.finish))) {
         Cancel(p);
         return false;
       }
@@ -670,15 +643,10 @@ class ResumeProxy::Impl {
         if (!x.StartStream()) return;
       }
       if (!p->finish) {  // the end was ours (max_tokens reached across a resume)
-        std::span<const int32_t> prompt_ids;
-        if (!p->first_chunk_sent) prompt_ids = p->prompt;
-        x.Send(p->chunks->Delta("", {}, prompt_ids, finish));
+        x.Send(p->chunks->Delta("", {}, p->prompt, finish));
       }
-      if (p->request.include_usage) {
-        x.Send(p->chunks->UsageChunk(
-            Usage{static_cast<int64_t>(p->prompt.size()), static_cast<int64_t>(p->tokens.size())}));
-      }
-      x.Send(std::string(kSseDone));
+      x.Send(p->chunks->End(
+          Usage{static_cast<int64_t>(p->prompt.size()), static_cast<int64_t>(p->tokens.size())}));
       x.EndStream();
       return;
     }
@@ -704,10 +672,7 @@ class ResumeProxy::Impl {
     failures_->Increment();
     HttpExchange& x = *p->exchange;
     if (p->stream_started) {  // the client has chunks already: the error is one more event
-      Json envelope = Json::parse(body, nullptr, false);
-      x.Send(envelope.is_object() ? SseEvent(envelope.dump())
-                                  : ChunkBuilder::ErrorEvent(absl::InternalError(body)));
-      x.Send(std::string(kSseDone));
+      x.Send(ChunkBuilder::ErrorEnd(std::string_view(body)));
       x.EndStream();
       return;
     }
