@@ -8,6 +8,7 @@ if(CONNEX_FUZZ)
     ${PROJECT_SOURCE_DIR}/connex/serving/chat_template.cc
     ${PROJECT_SOURCE_DIR}/connex/serving/openai_api.cc
     ${PROJECT_SOURCE_DIR}/connex/serving/openai_response.cc
+    ${PROJECT_SOURCE_DIR}/connex/serving/openai_stream.cc
     ${PROJECT_SOURCE_DIR}/connex/serving/stop_strings.cc)
   target_compile_options(fuzz_openai_request PRIVATE -fsanitize=fuzzer)
   target_link_options(fuzz_openai_request PRIVATE -fsanitize=fuzzer)

@@ -10,6 +10,7 @@
 #include "connex/serving/chat_template.h"
 #include "connex/serving/openai_api.h"
 #include "connex/serving/openai_response.h"
+#include "connex/serving/openai_stream.h"
 #include "connex/serving/stop_strings.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

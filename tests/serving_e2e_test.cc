@@ -19,6 +19,7 @@
 #include "connex/base/wait.h"
 #include "connex/directory/client.h"
 #include "connex/serving/chat_template.h"
+#include "connex/serving/openai_stream.h"
 #include "connex/serving/testing/http_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -231,28 +232,24 @@ class ServingE2eTest : public ::testing::Test {
     return nlohmann::json::parse(*line);
   }
 
-  // The token ids of every chunk of an SSE body, in order; `finish` gets the last finish_reason.
+  // The token ids of every chunk of an SSE body (or of its start), in order; `finish` gets the
+  // last finish_reason, `text` (if set) the chunks' text.
   static std::vector<int32_t> StreamedTokens(const std::string& body, std::string* finish,
-                                             bool* done) {
+                                             bool* done, std::string* text = nullptr) {
     std::vector<int32_t> tokens;
-    *done = false;
-    size_t at = 0;
-    while ((at = body.find("data: ", at)) != std::string::npos) {
-      size_t end = body.find("\n\n", at);
-      if (end == std::string::npos) break;
-      std::string data = body.substr(at + 6, end - at - 6);
-      at = end;
-      if (data == "[DONE]") {
-        *done = true;
-        continue;
-      }
-      nlohmann::json j = nlohmann::json::parse(data);
-      EXPECT_FALSE(j.contains("error")) << data;
-      for (const auto& choice : j["choices"]) {
-        for (int32_t t : choice["token_ids"]) tokens.push_back(t);
-        if (!choice["finish_reason"].is_null()) *finish = choice["finish_reason"];
-      }
+    serving::OpenAiStreamReader reader;
+    reader.Feed(body);
+    while (true) {
+      absl::StatusOr<std::optional<serving::StreamEvent>> event = reader.Next();
+      EXPECT_TRUE(event.ok()) << event.status();
+      if (!event.ok() || !*event) break;
+      const serving::StreamEvent& e = **event;
+      EXPECT_NE(e.kind, serving::StreamEvent::Kind::kError) << e.error_json;
+      tokens.insert(tokens.end(), e.token_ids.begin(), e.token_ids.end());
+      if (e.finish) *finish = std::string(serving::FinishReasonName(*e.finish));
+      if (text) *text += e.text;
     }
+    *done = reader.done();
     return tokens;
   }
 
@@ -490,16 +487,9 @@ TEST_F(ServingE2eTest, ThroughTheProxyNoKillChangesAToken) {
         const std::string& body = connections[i]->parser().get().body();
         std::string finish;
         bool done = false;
-        tokens = StreamedTokens(body, &finish, &done);
+        tokens = StreamedTokens(body, &finish, &done, &text);
         EXPECT_TRUE(done);
         EXPECT_EQ(finish, "length");
-        size_t at = 0;
-        while ((at = body.find("data: {", at)) != std::string::npos) {
-          size_t end = body.find("\n\n", at);
-          nlohmann::json chunk = nlohmann::json::parse(body.substr(at + 6, end - at - 6));
-          for (const auto& choice : chunk["choices"]) text += choice["text"].get<std::string>();
-          at = end;
-        }
       } else {
         auto r = connections[i]->Read();
         ASSERT_TRUE(r.has_value());

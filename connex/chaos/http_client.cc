@@ -9,7 +9,7 @@
 #include "boost/beast/core.hpp"
 #include "boost/beast/http.hpp"
 #include "connex/base/strings.h"
-#include "nlohmann/json.hpp"
+#include "connex/serving/openai_stream.h"
 
 namespace connex::chaos {
 namespace {
@@ -27,61 +27,41 @@ beast::error_code Connect(beast::tcp_stream& stream, const HostPort& at) {
   return ec;
 }
 
-// Parses the complete server-sent events of `body` from `*at` on; appends what they carry.
-// Returns false once [DONE] has been seen.
-bool TakeEvents(const std::string& body, size_t* at, int64_t now, StreamResult* out, bool* done,
+// Takes the events `reader` has whole (fed the body as it arrives); appends what they carry.
+// Returns false once [DONE] has been read.
+bool TakeEvents(serving::OpenAiStreamReader& reader, int64_t now, StreamResult* out,
                 const std::function<void(int32_t, int64_t)>& on_token) {
-  while (true) {
-    size_t begin = body.find("data: ", *at);
-    if (begin == std::string::npos) return true;
-    size_t end = body.find("\n\n", begin);
-    if (end == std::string::npos) return true;
-    std::string data = body.substr(begin + 6, end - begin - 6);
-    *at = end + 2;
-    if (data == "[DONE]") {
-      *done = true;
-      return false;
-    }
-    nlohmann::json j = nlohmann::json::parse(data, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
-      if (out->error.empty()) out->error = "malformed event: " + data.substr(0, 200);
+  while (!reader.done()) {
+    absl::StatusOr<std::optional<serving::StreamEvent>> event = reader.Next();
+    if (!event.ok()) {  // a malformed event: noted, and the stream read on
+      if (out->error.empty()) out->error = std::string(event.status().message());
+      if (reader.broken()) return false;
       continue;
     }
-    if (j.contains("error")) {
-      if (out->error.empty()) out->error = "error event: " + j["error"].dump();
+    if (!*event) return true;
+    const serving::StreamEvent& e = **event;
+    if (e.kind == serving::StreamEvent::Kind::kError) {
+      if (out->error.empty()) out->error = "error event: " + e.error_json;
       continue;
     }
-    if (j.contains("id") && j["id"].is_string()) {
-      const std::string id = j["id"].get<std::string>();
-      if (std::find(out->response_ids.begin(), out->response_ids.end(), id) ==
-          out->response_ids.end()) {
-        out->response_ids.push_back(id);
-      }
+    if (!e.id.empty() && std::find(out->response_ids.begin(), out->response_ids.end(), e.id) ==
+                             out->response_ids.end()) {
+      out->response_ids.push_back(e.id);
     }
-    if (j.contains("usage") && j["usage"].is_object()) {
-      const nlohmann::json& u = j["usage"];
-      out->prompt_tokens = u.value("prompt_tokens", int64_t{-1});
-      out->completion_tokens = u.value("completion_tokens", int64_t{-1});
-      out->total_tokens = u.value("total_tokens", int64_t{-1});
+    if (e.total_tokens >= 0 || e.prompt_tokens >= 0 || e.completion_tokens >= 0) {
+      out->prompt_tokens = e.prompt_tokens;
+      out->completion_tokens = e.completion_tokens;
+      out->total_tokens = e.total_tokens;
     }
-    if (!j.contains("choices") || !j["choices"].is_array()) continue;
-    for (const auto& choice : j["choices"]) {
-      if (choice.contains("token_ids") && choice["token_ids"].is_array()) {
-        for (const auto& t : choice["token_ids"]) {
-          if (!t.is_number_integer()) continue;
-          out->tokens.push_back(t.get<int32_t>());
-          out->token_ns.push_back(now);
-          if (on_token) on_token(out->tokens.back(), now);
-        }
-      }
-      if (choice.contains("text") && choice["text"].is_string()) {
-        out->text += choice["text"].get<std::string>();
-      }
-      if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
-        out->finish_reason = choice["finish_reason"].get<std::string>();
-      }
+    for (int32_t token : e.token_ids) {
+      out->tokens.push_back(token);
+      out->token_ns.push_back(now);
+      if (on_token) on_token(token, now);
     }
+    out->text += e.text;
+    if (e.finish) out->finish_reason = std::string(serving::FinishReasonName(*e.finish));
   }
+  return false;
 }
 
 }  // namespace
@@ -166,10 +146,14 @@ StreamResult StreamCompletion(const HostPort& at, const std::string& body, int64
   if (auto retry = parser.get().find(http::field::retry_after); retry != parser.get().end()) {
     out.retry_after = std::string(retry->value());
   }
-  size_t taken = 0;
-  bool done = false;
-  while (!done) {
-    if (!TakeEvents(parser.get().body(), &taken, MonotonicNowNs(), &out, &done, on_token)) break;
+  serving::OpenAiStreamReader reader;
+  while (true) {
+    if (out.http_status == 200) {
+      std::string& bytes = parser.get().body();
+      reader.Feed(bytes);
+      bytes.clear();
+      if (!TakeEvents(reader, MonotonicNowNs(), &out, on_token)) break;
+    }
     if (parser.is_done()) break;
     if (MonotonicNowNs() >= deadline_ns) return finish("no end within the request timeout");
     arm();
@@ -183,7 +167,7 @@ StreamResult StreamCompletion(const HostPort& at, const std::string& body, int64
   if (out.http_status != 200) {
     return finish(StrCat("HTTP ", out.http_status, ": ", parser.get().body().substr(0, 300)));
   }
-  if (!done) return finish("the stream ended without [DONE]");
+  if (!reader.done()) return finish("the stream ended without [DONE]");
   if (out.finish_reason.empty()) return finish("the stream ended without a finish_reason");
   beast::error_code ignored;
   stream.socket().shutdown(tcp::socket::shutdown_both, ignored);

@@ -3,41 +3,18 @@
 #include <utility>
 
 #include "connex/base/strings.h"
-#include "connex/serving/api_error.h"
+#include "connex/serving/internal/openai_json.h"
 #include "nlohmann/json.hpp"
 
 namespace connex::serving {
 namespace {
 
 using Json = nlohmann::json;
-
-std::string Dump(const Json& json) {
-  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-bool IsChat(const ResponseHeader& header) { return header.endpoint == Endpoint::kChatCompletions; }
-
-Json Envelope(const ResponseHeader& header, std::string_view object) {
-  return Json{{"id", header.id},
-              {"object", std::string(object)},
-              {"created", header.created},
-              {"model", header.model}};
-}
-
-Json FinishJson(std::optional<FinishReason> finish) {
-  if (!finish) return nullptr;
-  return std::string(FinishReasonName(*finish));
-}
-
-Json UsageJson(const Usage& usage) {
-  return Json{{"prompt_tokens", usage.prompt_tokens},
-              {"completion_tokens", usage.completion_tokens},
-              {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
-}
-
-Json Ids(std::span<const int32_t> ids) {
-  return Json(std::vector<int32_t>(ids.begin(), ids.end()));
-}
+using internal::Dump;
+using internal::Envelope;
+using internal::Ids;
+using internal::IsChat;
+using internal::UsageJson;
 
 }  // namespace
 
@@ -66,44 +43,6 @@ std::string CompletionResponse(const ResponseHeader& header, const Completion& c
   body["usage"] = UsageJson({static_cast<int64_t>(completion.prompt_token_ids.size()),
                              static_cast<int64_t>(completion.token_ids.size())});
   return Dump(body);
-}
-
-std::string SseEvent(std::string_view json) { return StrCat("data: ", json, "\n\n"); }
-
-ChunkBuilder::ChunkBuilder(ResponseHeader header, bool include_usage)
-    : header_(std::move(header)), include_usage_(include_usage) {}
-
-std::string ChunkBuilder::Delta(std::string_view text, std::span<const int32_t> token_ids,
-                                std::span<const int32_t> prompt_token_ids,
-                                std::optional<FinishReason> finish) {
-  Json choice = {
-      {"index", 0}, {"finish_reason", FinishJson(finish)}, {"token_ids", Ids(token_ids)}};
-  if (first_) choice["prompt_token_ids"] = Ids(prompt_token_ids);
-  if (IsChat(header_)) {
-    Json delta = Json::object();
-    if (first_) delta["role"] = "assistant";
-    if (first_ || !text.empty()) delta["content"] = std::string(text);
-    choice["delta"] = std::move(delta);
-  } else {
-    choice["text"] = std::string(text);
-    choice["logprobs"] = nullptr;
-  }
-  first_ = false;
-  Json chunk = Envelope(header_, IsChat(header_) ? "chat.completion.chunk" : "text_completion");
-  chunk["choices"] = Json::array({std::move(choice)});
-  if (include_usage_) chunk["usage"] = nullptr;
-  return SseEvent(Dump(chunk));
-}
-
-std::string ChunkBuilder::UsageChunk(const Usage& usage) const {
-  Json chunk = Envelope(header_, IsChat(header_) ? "chat.completion.chunk" : "text_completion");
-  chunk["choices"] = Json::array();
-  chunk["usage"] = UsageJson(usage);
-  return SseEvent(Dump(chunk));
-}
-
-std::string ChunkBuilder::ErrorEvent(const absl::Status& status) {
-  return SseEvent(ErrorEnvelope(status));
 }
 
 std::string ModelsResponse(std::span<const std::string> models, int64_t created) {

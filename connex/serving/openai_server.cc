@@ -14,6 +14,7 @@
 #include "connex/serving/chat_template.h"
 #include "connex/serving/node_metrics.h"
 #include "connex/serving/openai_response.h"
+#include "connex/serving/openai_stream.h"
 #include "connex/serving/stop_strings.h"
 
 namespace connex::serving {
@@ -51,7 +52,6 @@ struct OpenAiServer::Generation {
   std::optional<StopStringFilter> stop;
   std::vector<int32_t> tokens;                    // generated so far
   std::deque<std::pair<int32_t, size_t>> unsent;  // tokens not in a chunk yet, with their bytes
-  bool first_chunk = true;
   bool stopped_by_string = false;
   pp::SubmitOptions submit;  // sampling; on_token is set when it starts
   int64_t kv_cost = 0;       // its charge against the KV budget while admitted
@@ -403,8 +403,7 @@ void OpenAiServer::StartGeneration(StageProcess& stage, const std::shared_ptr<Ge
                       static_cast<int64_t>(g->prompt.size()), 0, NowUs() - g->start_us,
                       AsStd(submitted.message())});
     if (req.stream) {
-      exchange->Send(ChunkBuilder::ErrorEvent(submitted));
-      exchange->Send(std::string(kSseDone));
+      exchange->Send(ChunkBuilder::ErrorEnd(submitted));
       exchange->EndStream();
     } else {
       exchange->Respond(ErrorResponse(submitted));
@@ -432,10 +431,7 @@ void OpenAiServer::OnToken(const std::shared_ptr<Generation>& g, int32_t token) 
   const std::string safe = g->stop->Append(text);  // before a stop string, if one completed
   if (g->chunks && !safe.empty()) {
     std::vector<int32_t> ids = g->TakeTokens(safe.size());
-    std::span<const int32_t> prompt_ids;
-    if (g->first_chunk) prompt_ids = g->prompt;
-    g->first_chunk = false;
-    g->exchange->Send(g->chunks->Delta(safe, ids, prompt_ids));
+    g->exchange->Send(g->chunks->Delta(safe, ids, g->prompt));
   }
   if (g->stop->stopped() && !g->stopped_by_string) {
     g->stopped_by_string = true;
@@ -450,7 +446,6 @@ void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
   requests_.Ended(/*got_token=*/!g->tokens.empty());
   const int64_t latency_us = NowUs() - g->start_us;
   requests_.e2e.Observe(static_cast<double>(latency_us) / 1e6);
-  const CompletionRequest& req = g->request;
   HttpExchange& x = *g->exchange;
   auto access = [&](int status, std::string_view outcome) {
     LogRequestAccess({g->header.id, EndpointPath(g->request.endpoint), status,
@@ -464,8 +459,7 @@ void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
     if (x.cancelled()) return;  // the client is gone: nobody to tell
     CONNEX_LOG_WARN("serving: request {} failed: {}", g->id, result.status().ToString());
     if (g->chunks) {
-      x.Send(ChunkBuilder::ErrorEvent(result.status()));
-      x.Send(std::string(kSseDone));
+      x.Send(ChunkBuilder::ErrorEnd(result.status()));
       x.EndStream();
     } else {
       x.Respond(ErrorResponse(result.status()));
@@ -483,14 +477,9 @@ void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
   std::string rest = g->stop->stopped() ? std::string() : g->stop->Finish();
   if (g->chunks) {
     std::vector<int32_t> ids = g->TakeAllTokens();
-    std::span<const int32_t> prompt_ids;
-    if (g->first_chunk) prompt_ids = g->prompt;
-    x.Send(g->chunks->Delta(rest, ids, prompt_ids, finish));
-    if (req.include_usage) {
-      x.Send(g->chunks->UsageChunk(
-          Usage{static_cast<int64_t>(g->prompt.size()), static_cast<int64_t>(g->tokens.size())}));
-    }
-    x.Send(std::string(kSseDone));
+    x.Send(g->chunks->Delta(rest, ids, g->prompt, finish));
+    x.Send(g->chunks->End(
+        Usage{static_cast<int64_t>(g->prompt.size()), static_cast<int64_t>(g->tokens.size())}));
     x.EndStream();
     return;
   }

@@ -2,51 +2,37 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
-#include <map>
 #include <optional>
 #include <random>
-#include <span>
 #include <thread>
 #include <unordered_set>
 
 #include "boost/asio.hpp"
-#include "boost/beast/core.hpp"
-#include "boost/beast/http.hpp"
 #include "connex/base/logging.h"
 #include "connex/base/mutex.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/serving/api_error.h"
-#include "connex/serving/deployment.h"
 #include "connex/serving/internal/replica_balancer.h"
+#include "connex/serving/internal/retry_policy.h"
 #include "connex/serving/internal/upstream.h"
-#include "connex/serving/listen_address.h"
 #include "connex/serving/metrics.h"
 #include "connex/serving/openai_api.h"
 #include "connex/serving/openai_response.h"
+#include "connex/serving/openai_stream.h"
 #include "connex/serving/router.h"
-#include "nlohmann/json.hpp"
 
 namespace connex::serving {
 namespace {
 
 namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = asio::ip::tcp;
-using Json = nlohmann::json;
 using SteadyClock = std::chrono::steady_clock;
 using internal::ErrorMessageOf;
-using internal::ParseUpstreamEvent;
+using internal::MakeUpstreamRequest;
 using internal::ReplicaBalancer;
-using internal::UpstreamBody;
-using internal::UpstreamEvent;
-
-// An upstream error body (before the stream) or event larger than this is a broken upstream.
-constexpr size_t kMaxUpstreamMessageBytes = 1 << 20;
-constexpr int64_t kFirstBackoffMs = 50;
-constexpr int64_t kMaxBackoffMs = 1'000;
+using internal::RetryPolicy;
+using internal::UpstreamCall;
+using AttemptPtr = internal::UpstreamCall::Ptr;
 
 int64_t NowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -79,41 +65,6 @@ absl::Status ProxyOptions::Validate() const {
     return absl::InvalidArgumentError("the connect and idle timeouts must be at least 1 ms");
   }
   return absl::OkStatus();
-}
-
-std::vector<Replica> StageZeroReplicas(const std::vector<directory::Record>& view,
-                                       std::string_view model) {
-  std::vector<Replica> out;
-  for (const directory::Record& r : view) {
-    if (r.lid.model != model || r.lid.group != 0) continue;
-    auto http_address = r.metadata.find("http");
-    if (http_address == r.metadata.end() || http_address->second.empty()) continue;
-    out.push_back(Replica{StrCat(r.lid.ToString(), "@", r.epoch), http_address->second});
-  }
-  return out;
-}
-
-std::string ChainProblem(const std::vector<directory::Record>& view, std::string_view model) {
-  for (const ServedModel& m : ServedModels(view)) {
-    if (m.model != model || m.ready()) continue;
-    std::string stages;
-    for (uint32_t s : m.missing_stages) stages += StrCat(stages.empty() ? "" : ", ", s);
-    return StrCat("no live replica of stage ", stages, " (of ", m.stages, ")");
-  }
-  return "";
-}
-
-absl::StatusOr<uint64_t> WatchReplicas(directory::DirectoryClient& directory,
-                                       const std::string& model, ResumeProxy& proxy) {
-  CONNEX_RETURN_IF_ERROR(directory.Watch(model));
-  auto update = [&directory, &proxy, model] {
-    std::vector<directory::Record> view = directory.View(model);
-    proxy.SetReplicas(StageZeroReplicas(view, model));
-    proxy.SetChainProblem(ChainProblem(view, model));
-  };
-  const uint64_t id = directory.Subscribe([update](const directory::Event&) { update(); });
-  update();
-  return id;
 }
 
 class ResumeProxy::Impl {
@@ -228,22 +179,10 @@ class ResumeProxy::Impl {
   }
 
  private:
-  // One upstream attempt of a request: a connection to one replica and its streamed answer.
-  struct Attempt {
-    explicit Attempt(asio::io_context& io) : stream(io) {}
-    beast::tcp_stream stream;
-    beast::flat_buffer buffer;
-    http::request<http::string_body> request;
-    http::response_parser<http::string_body> parser;
-    Replica replica;
-    std::string events;  // streamed bytes not yet split into events
-    bool streaming = false;
-    bool over = false;  // closed; late completions are ignored
-  };
-
   // One client request. Touched on the I/O thread only (after Accept posts it there).
   struct Proxied {
-    explicit Proxied(asio::io_context& io) : wait(io) {}
+    Proxied(asio::io_context& io, const ProxyOptions& o)
+        : retry(o.max_attempts, o.retry_budget_ms), wait(io) {}
     uint64_t id = 0;
     std::shared_ptr<HttpExchange> exchange;
     CompletionRequest request;
@@ -254,22 +193,15 @@ class ResumeProxy::Impl {
     std::string text;                    // delivered (non-streaming: the response's text)
     std::optional<FinishReason> finish;
     bool stream_started = false;
-    bool first_chunk_sent = false;
     bool ended = false;
-    int attempts = 0;
-    std::optional<SteadyClock::time_point>
-        outage_deadline;  // set by a failure, cleared by progress
-    int64_t backoff_ms = 0;
-    std::string avoid;  // the replica that failed last
-    std::string last_error;
-    std::shared_ptr<Attempt> attempt;
+    RetryPolicy retry;  // attempts, the outage's budget, the backoff, the replica to avoid
+    AttemptPtr attempt;
     asio::steady_timer wait;  // backing off / waiting for a replica
     bool waiting = false;
     int64_t start_us = 0;
     int64_t last_token_us = 0;
   };
   using ProxiedPtr = std::shared_ptr<Proxied>;
-  using AttemptPtr = std::shared_ptr<Attempt>;
 
   void StopIo() {
     if (!io_thread_.joinable()) return;
@@ -295,7 +227,7 @@ class ResumeProxy::Impl {
       exchange->Respond(ErrorResponse(parsed.status()));
       return;
     }
-    auto p = std::make_shared<Proxied>(io_);
+    auto p = std::make_shared<Proxied>(io_, options_);
     p->request = *std::move(parsed);
     if (!p->request.seed) {
       // Chosen here, once, so that every attempt samples the same tokens at the same positions.
@@ -330,7 +262,7 @@ class ResumeProxy::Impl {
   // The least busy live replica, preferring one other than the last to fail; nullopt when none
   // is up.
   std::optional<Replica> PickReplica(const Proxied& p) {
-    return balancer_.Pick(replicas(), p.avoid, SteadyClock::now());
+    return balancer_.Pick(replicas(), p.retry.avoid(), SteadyClock::now());
   }
 
   // When the earliest replica that is down comes back, if any does.
@@ -345,207 +277,103 @@ class ResumeProxy::Impl {
     }
     std::optional<Replica> replica = PickReplica(*p);
     if (!replica) {
-      if (!p->outage_deadline) {
-        p->outage_deadline =
-            SteadyClock::now() + std::chrono::milliseconds(options_.retry_budget_ms);
-        p->last_error = StrCat("no stage-0 replica of ", options_.model, " is registered");
-      }
+      p->retry.NoReplica(SteadyClock::now(),
+                         StrCat("no stage-0 replica of ", options_.model, " is registered"));
       return WaitAndRetry(p, /*alternative=*/false);
     }
-    if (p->attempts >= options_.max_attempts) return GiveUp(p);
-    ++p->attempts;
+    if (!p->retry.StartAttempt()) return GiveUp(p);
     {
       MutexLock lock(&mu_);
       ++stats_.attempts;
     }
-    auto a = std::make_shared<Attempt>(io_);
-    a->replica = *replica;
-    balancer_.Started(a->replica.name);
+    AttemptPtr a = UpstreamCall::Create(io_, *std::move(replica));
+    balancer_.Started(a->replica().name);
     p->attempt = a;
-
-    // A resume continues from the prompt's tokens plus those delivered.
-    std::vector<int32_t> resume_prompt;
-    const bool resume = !p->tokens.empty();
-    Endpoint endpoint = p->request.endpoint;
-    if (resume) {
-      resume_prompt = p->prompt;
-      resume_prompt.insert(resume_prompt.end(), p->tokens.begin(), p->tokens.end());
-      endpoint = Endpoint::kCompletions;
-    }
-    a->request.method(http::verb::post);
-    a->request.target(std::string(EndpointPath(endpoint)));
-    a->request.version(11);
-    a->request.set(http::field::host, a->replica.http_address);
-    a->request.set(http::field::content_type, "application/json");
-    a->request.set(http::field::accept, "text/event-stream");
-    a->request.body() = UpstreamBody(p->request, resume_prompt, left);
-    a->request.prepare_payload();
-    // A stream's bytes are consumed as they come, so its length is not bounded here (not
-    // boost::none: Beast 1.74 then refuses every body with a Content-Length).
-    a->parser.body_limit(std::numeric_limits<uint64_t>::max());
-    a->parser.header_limit(16 * 1024);
-
-    HttpServerOptions parsed;
-    absl::Status address = ParseListenAddress("http", a->replica.http_address, &parsed);
-    boost::system::error_code ec;
-    asio::ip::address ip = asio::ip::make_address(parsed.host, ec);
-    if (!address.ok() || ec || parsed.port == 0) {
-      return AttemptFailed(
-          p, a, StrCat("its API address ", a->replica.http_address, " is not a numeric HOST:PORT"));
-    }
-    a->stream.expires_after(std::chrono::milliseconds(options_.connect_timeout_ms));
-    a->stream.async_connect(tcp::endpoint(ip, parsed.port), [this, p, a](beast::error_code ec) {
-      if (a->over) return;
-      if (ec) return AttemptFailed(p, a, StrCat("connect: ", ec.message()), /*connect=*/true);
-      balancer_.Connected(a->replica.name);
-      beast::error_code nodelay_ec;  // the request goes out at once, not behind Nagle
-      a->stream.socket().set_option(tcp::no_delay(true), nodelay_ec);
-      a->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
-      http::async_write(a->stream, a->request, [this, p, a](beast::error_code ec, size_t) {
-        if (a->over) return;
-        if (ec) return AttemptFailed(p, a, StrCat("sending the request: ", ec.message()));
-        a->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
-        http::async_read_header(
-            a->stream, a->buffer, a->parser, [this, p, a](beast::error_code ec, size_t) {
-              if (a->over) return;
-              if (ec) return AttemptFailed(p, a, StrCat("reading the answer: ", ec.message()));
-              a->streaming = a->parser.get().result_int() == 200;
-              Read(p, a);
-            });
-      });
-    });
+    // Every callback runs on the I/O thread while `p` is live (an ended request closed it).
+    std::weak_ptr<Proxied> weak = p;
+    UpstreamCall::Callbacks callbacks;
+    callbacks.on_connected = [this](const AttemptPtr& a) {
+      balancer_.Connected(a->replica().name);
+    };
+    callbacks.on_event = [this, weak](const AttemptPtr& a, const StreamEvent& event) {
+      if (ProxiedPtr p = weak.lock()) OnEvent(p, a, event);
+    };
+    callbacks.on_ended = [this, weak](const AttemptPtr& a, int status, std::string body) {
+      if (ProxiedPtr p = weak.lock()) AttemptEnded(p, a, status, std::move(body));
+    };
+    callbacks.on_failed = [this, weak](const AttemptPtr& a, std::string why, bool connect) {
+      if (ProxiedPtr p = weak.lock()) AttemptFailed(p, a, std::move(why), connect);
+    };
+    a->Start(MakeUpstreamRequest(p->request, p->prompt, p->tokens, left),
+             {options_.connect_timeout_ms, options_.idle_timeout_ms}, std::move(callbacks));
   }
 
-  void Read(const ProxiedPtr& p, const AttemptPtr& a) {
-    if (a->parser.is_done()) return AttemptEnded(p, a);
-    a->stream.expires_after(std::chrono::milliseconds(options_.idle_timeout_ms));
-    http::async_read_some(
-        a->stream, a->buffer, a->parser, [this, p, a](beast::error_code ec, size_t) {
-          if (a->over) return;
-          std::string& body = a->parser.get().body();
-          if (a->streaming) {
-            a->events.append(body);
-            body.clear();
-            if (!TakeEvents(p, a)) return;  // the attempt is over
-          } else if (body.size() > kMaxUpstreamMessageBytes) {
-            return AttemptFailed(p, a, "an error body over 1 MiB");
-          }
-          if (a->parser.is_done()) return AttemptEnded(p, a);
-          if (ec) {
-            return AttemptFailed(p, a, StrCat("the stream broke: ", ec.message()));
-          }
-          Read(p, a);
-        });
-  }
-
-  // Splits what was streamed into events and acts on each. False when the attempt is over.
-  bool TakeEvents(const ProxiedPtr& p, const AttemptPtr& a) {
-    size_t start = 0;
-    while (true) {
-      size_t end = a->events.find("\n\n", start);
-      if (end == std::string::npos) break;
-      std::string_view block(a->events.data() + start, end - start);
-      start = end + 2;
-      for (size_t line_start = 0; line_start < block.size();) {
-        size_t line_end = block.find('\n', line_start);
-        if (line_end == std::string_view::npos) line_end = block.size();
-        std::string_view line = block.substr(line_start, line_end - line_start);
-        line_start = line_end + 1;
-        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-        if (line.rfind("data:", 0) != 0) continue;  // comments, other SSE fields
-        line.remove_prefix(5);
-        if (!line.empty() && line.front() == ' ') line.remove_prefix(1);
-        if (!OnEvent(p, a, line)) return false;
-      }
-    }
-    a->events.erase(0, start);
-    if (a->events.size() > kMaxUpstreamMessageBytes) {
-      AttemptFailed(p, a, "an event over 1 MiB");
-      return false;
-    }
-    return true;
-  }
-
-  bool OnEvent(const ProxiedPtr& p, const AttemptPtr& a, std::string_view data) {
-    absl::StatusOr<UpstreamEvent> event = ParseUpstreamEvent(data);
-    if (!event.ok()) {
-      AttemptFailed(p, a, std::string(event.status().message()));
-      return false;
-    }
-    switch (event->kind) {
-      case UpstreamEvent::Kind::kUsage:
-        return true;
-      case UpstreamEvent::Kind::kDone:
+  // One event of the attempt's stream.
+  void OnEvent(const ProxiedPtr& p, const AttemptPtr& a, const StreamEvent& event) {
+    switch (event.kind) {
+      case StreamEvent::Kind::kUsage:
+        return;
+      case StreamEvent::Kind::kDone:
         CloseAttempt(p, a);
         Complete(p);
-        return false;
-      case UpstreamEvent::Kind::kError:
-        if (event->server_error) {
-          AttemptFailed(p, a, StrCat("it answered: ", event->error_message));
+        return;
+      case StreamEvent::Kind::kError:
+        if (event.server_error) {
+          AttemptFailed(p, a, StrCat("it answered: ", event.error_message));
         } else {
           CloseAttempt(p, a);
-          FailWith(p, 400, event->error_json);  // the request's fault (invalid_request_error)
+          FailWith(p, 400, event.error_json);  // the request's fault (invalid_request_error)
         }
-        return false;
-      case UpstreamEvent::Kind::kChunk:
+        return;
+      case StreamEvent::Kind::kChunk:
         break;
     }
-    if (p->prompt.empty()) p->prompt = event->prompt_token_ids;
-    if (event->finish) p->finish = event->finish;
-    if (event->text.empty() && event->token_ids.empty() && !event->finish) return true;
+    if (p->prompt.empty()) p->prompt = event.prompt_token_ids;
+    if (event.finish) p->finish = event.finish;
+    if (event.text.empty() && event.token_ids.empty() && !event.finish) return;
     const int64_t now = NowUs();
-    for (size_t i = 0; i < event->token_ids.size(); ++i) {
+    for (size_t i = 0; i < event.token_ids.size(); ++i) {
       if (p->tokens.empty() && i == 0) {
         requests_.FirstToken();
         requests_.ttft.Observe(static_cast<double>(now - p->start_us) / 1e6);
       } else {
         requests_.itl.Observe(static_cast<double>(now - p->last_token_us) / 1e6 /
-                              static_cast<double>(event->token_ids.size()));
+                              static_cast<double>(event.token_ids.size()));
       }
     }
-    if (!event->token_ids.empty()) {
+    if (!event.token_ids.empty()) {
       p->last_token_us = now;
-      requests_.generation_tokens.Increment(static_cast<double>(event->token_ids.size()));
-      // Progress: a later failure starts a new outage, with a new budget.
-      p->outage_deadline.reset();
-      p->backoff_ms = 0;
+      requests_.generation_tokens.Increment(static_cast<double>(event.token_ids.size()));
+      p->retry.Progress();  // a later failure starts a new outage, with a new budget
     }
-    p->tokens.insert(p->tokens.end(), event->token_ids.begin(), event->token_ids.end());
-    p->text += event->text;
+    p->tokens.insert(p->tokens.end(), event.token_ids.begin(), event.token_ids.end());
+    p->text += event.text;
     if (p->chunks) {
       if (!p->stream_started) {
         p->stream_started = true;
         // Which replica began the answer (a resume may end it on another): for tools that
         // attribute a fault's cost to the requests of the faulted replica (connex-chaos).
         if (!p->exchange->StartStream(200, "text/event-stream",
-                                      {{std::string(kReplicaHeader), a->replica.name}})) {
-          Cancel(p);
-          return false;
+                                      {{std::string(kReplicaHeader), a->replica().name}})) {
+          return Cancel(p);
         }
       }
-      std::span<const int32_t> prompt_ids;
-      if (!p->first_chunk_sent) prompt_ids = p->prompt;
-      p->first_chunk_sent = true;
       if (!p->exchange->Send(
-              p->chunks->Delta(event->text, event->token_ids, prompt_ids, event->finish))) {
+              p->chunks->Delta(event.text, event.token_ids, p->prompt, event.finish))) {
         Cancel(p);
-        return false;
       }
     }
-    return true;
   }
 
   // The upstream's HTTP message ended (streaming or not).
-  void AttemptEnded(const ProxiedPtr& p, const AttemptPtr& a) {
-    const int status = a->parser.get().result_int();
-    if (a->streaming) {
+  void AttemptEnded(const ProxiedPtr& p, const AttemptPtr& a, int status, std::string body) {
+    if (status == 200) {
       if (p->finish) {  // only [DONE] was missing
         CloseAttempt(p, a);
         return Complete(p);
       }
       return AttemptFailed(p, a, "the stream ended before its last chunk");
     }
-    std::string body = std::move(a->parser.get().body());
     if (status >= 500 || status == 429) {
       std::string message = ErrorMessageOf(body);
       return AttemptFailed(p, a, StrCat("HTTP ", status, ": ", message));
@@ -556,35 +384,30 @@ class ResumeProxy::Impl {
   }
 
   void CloseAttempt(const ProxiedPtr& p, const AttemptPtr& a) {
-    if (a->over) return;
-    a->over = true;
-    beast::error_code ignored;
-    a->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    a->stream.close();
-    balancer_.Ended(a->replica.name);
+    if (a->closed()) return;
+    a->Close();
+    balancer_.Ended(a->replica().name);
     if (p->attempt == a) p->attempt.reset();
   }
 
   void AttemptFailed(const ProxiedPtr& p, const AttemptPtr& a, std::string why,
                      bool connect = false) {
-    if (a->over) return;
+    if (a->closed()) return;
     CloseAttempt(p, a);
     if (p->ended) return;
     if (p->finish) {
       // The chunk with finish_reason reached the client: the answer is whole, only the usage
       // chunk or [DONE] was lost. A resume would continue a finished response (past its EOS).
       CONNEX_LOG_INFO("proxy: request {}: replica {} broke after the last chunk ({}); completed",
-                      p->header.id, a->replica.name, why);
+                      p->header.id, a->replica().name, why);
       return Complete(p);
     }
-    balancer_.Failed(a->replica.name, connect, SteadyClock::now());
-    p->avoid = a->replica.name;
-    p->last_error = StrCat("replica ", a->replica.name, " at ", a->replica.http_address, ": ", why);
+    const Replica& r = a->replica();
+    const SteadyClock::time_point now = SteadyClock::now();
+    balancer_.Failed(r.name, connect, now);
+    p->retry.Failed(now, r.name, StrCat("replica ", r.name, " at ", r.http_address, ": ", why));
     CONNEX_LOG_WARN("proxy: request {} ({} tokens delivered): {}", p->header.id, p->tokens.size(),
-                    p->last_error);
-    if (!p->outage_deadline) {
-      p->outage_deadline = SteadyClock::now() + std::chrono::milliseconds(options_.retry_budget_ms);
-    }
+                    p->retry.last_error());
     {
       MutexLock lock(&mu_);
       ++stats_.retries;
@@ -596,30 +419,24 @@ class ResumeProxy::Impl {
   }
 
   // Retries now when another replica is up, else after a backoff (or when the replica set
-  // changes), within the outage's deadline and the attempts.
+  // changes), within the outage's budget and the attempts (RetryPolicy).
   void WaitAndRetry(const ProxiedPtr& p, bool alternative) {
-    const SteadyClock::time_point now = SteadyClock::now();
-    if (p->attempts >= options_.max_attempts ||
-        (p->outage_deadline && now >= *p->outage_deadline)) {
-      return GiveUp(p);
+    RetryPolicy::Decision next = p->retry.Next(SteadyClock::now(), alternative, NextReplicaUp());
+    switch (next.kind) {
+      case RetryPolicy::Decision::Kind::kGiveUp:
+        return GiveUp(p);
+      case RetryPolicy::Decision::Kind::kRetryNow:
+        asio::post(io_, [this, p] { StartAttempt(p); });
+        return;
+      case RetryPolicy::Decision::Kind::kWait:
+        p->waiting = true;
+        p->wait.expires_at(next.at);
+        p->wait.async_wait([this, p](boost::system::error_code) {
+          p->waiting = false;
+          StartAttempt(p);
+        });
+        return;
     }
-    if (alternative && p->backoff_ms == 0) {
-      p->backoff_ms = kFirstBackoffMs;
-      asio::post(io_, [this, p] { StartAttempt(p); });
-      return;
-    }
-    p->backoff_ms = std::clamp(p->backoff_ms * 2, kFirstBackoffMs, kMaxBackoffMs);
-    SteadyClock::time_point at = now + std::chrono::milliseconds(p->backoff_ms);
-    if (std::optional<SteadyClock::time_point> up = NextReplicaUp(); up && *up > now && *up < at) {
-      at = *up;
-    }
-    if (p->outage_deadline && *p->outage_deadline < at) at = *p->outage_deadline;
-    p->waiting = true;
-    p->wait.expires_at(at);
-    p->wait.async_wait([this, p](beast::error_code) {
-      p->waiting = false;
-      StartAttempt(p);
-    });
   }
 
   void WakeWaiting() {
@@ -629,12 +446,8 @@ class ResumeProxy::Impl {
   }
 
   void GiveUp(const ProxiedPtr& p) {
-    Fail(p, absl::UnavailableError(StrCat("model ", options_.model,
-                                          ": no replica completed the request within the retry "
-                                          "budget (",
-                                          options_.retry_budget_ms, " ms of outage, ", p->attempts,
-                                          " attempts made of ", options_.max_attempts,
-                                          "); last: ", p->last_error)));
+    Fail(p,
+         absl::UnavailableError(StrCat("model ", options_.model, ": ", p->retry.GiveUpReason())));
   }
 
   // Ends `p` (once): the gauges, the latency, the access line (`status`, and the finish reason
@@ -650,7 +463,8 @@ class ResumeProxy::Impl {
     live_.erase(p);
     LogRequestAccess({p->header.id, EndpointPath(p->request.endpoint), status,
                       static_cast<int64_t>(p->prompt.size()),
-                      static_cast<int64_t>(p->tokens.size()), latency_us, outcome, p->attempts});
+                      static_cast<int64_t>(p->tokens.size()), latency_us, outcome,
+                      p->retry.attempts()});
     return true;
   }
 
@@ -670,15 +484,10 @@ class ResumeProxy::Impl {
         if (!x.StartStream()) return;
       }
       if (!p->finish) {  // the end was ours (max_tokens reached across a resume)
-        std::span<const int32_t> prompt_ids;
-        if (!p->first_chunk_sent) prompt_ids = p->prompt;
-        x.Send(p->chunks->Delta("", {}, prompt_ids, finish));
+        x.Send(p->chunks->Delta("", {}, p->prompt, finish));
       }
-      if (p->request.include_usage) {
-        x.Send(p->chunks->UsageChunk(
-            Usage{static_cast<int64_t>(p->prompt.size()), static_cast<int64_t>(p->tokens.size())}));
-      }
-      x.Send(std::string(kSseDone));
+      x.Send(p->chunks->End(
+          Usage{static_cast<int64_t>(p->prompt.size()), static_cast<int64_t>(p->tokens.size())}));
       x.EndStream();
       return;
     }
@@ -704,10 +513,7 @@ class ResumeProxy::Impl {
     failures_->Increment();
     HttpExchange& x = *p->exchange;
     if (p->stream_started) {  // the client has chunks already: the error is one more event
-      Json envelope = Json::parse(body, nullptr, false);
-      x.Send(envelope.is_object() ? SseEvent(envelope.dump())
-                                  : ChunkBuilder::ErrorEvent(absl::InternalError(body)));
-      x.Send(std::string(kSseDone));
+      x.Send(ChunkBuilder::ErrorEnd(std::string_view(body)));
       x.EndStream();
       return;
     }
