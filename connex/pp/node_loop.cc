@@ -1,0 +1,192 @@
+// StageNode::Impl's loop (internal/node_impl.h): frames, peer changes and commands taken from
+// the queue and dispatched to the rooms, timers, stats, and what the owner asks of the node.
+#include "connex/pp/internal/node_impl.h"
+
+namespace connex::pp {
+
+void StageNode::Impl::Run() {
+  CONNEX_CHECK(sender_ != nullptr && receiver_ != nullptr && guard_ != nullptr);  // Start's
+  while (!stop_.load()) {
+    int64_t now = NowMs();
+    int64_t wait = std::max<int64_t>(0, std::min<int64_t>(20, NextTimer(now) - now));
+    std::deque<Item> items = queue_.Take(absl::Milliseconds(wait));
+    guard_->NoteAlive();
+    drain_->BeforeTurn();
+    for (Item& item : items) {
+      guard_->NoteAlive();
+      if (stop_.load()) {
+        if (auto* cmd = std::get_if<Command>(&item)) {
+          if (cmd->cancel) cmd->cancel();
+        }
+        continue;
+      }
+      if (auto* frame = std::get_if<std::string>(&item)) {
+        HandleFrame(*frame);
+      } else if (auto* pc = std::get_if<elastic::PeerChange>(&item)) {
+        HandlePeerChange(*pc);
+      } else if (auto* cmd = std::get_if<Command>(&item)) {
+        cmd->run();
+      }
+    }
+    now = NowMs();
+    RunTimers(now);
+    sender_->Flush();
+    if (o_.stage == 0) {
+      if (!drain_->draining() && !drain_->lost()) owner_->Schedule(now);
+      releases_->Flush(now, owner_->last_step(), signals_->address());
+    }
+    if (now - last_prune_ms_ >= kPruneEveryMs) {
+      last_prune_ms_ = now;
+      Prune();
+    }
+    // The drain gate opens once nothing of ours is in flight and no step arrived for a short
+    // while (owners that had not yet seen our LEFT may still have routed one here).
+    const bool idle = owner_->steps() == 0 && sender_->queued() == 0 &&
+                      sender_->awaiting_ack() == 0 && now - last_step_ms_ >= kDrainQuietMs;
+    drain_->AfterTurn(idle);
+    PublishStats();
+  }
+}
+
+void StageNode::Impl::PublishStats() {
+  stats_.ring_in_use = sender_ ? sender_->slots_in_use() : 0;
+  stats_.backpressured = sender_ ? sender_->backpressured() : 0;
+  const RequestOwnerStats& owned = owner_->stats();
+  stats_.late_dropped = owned.late_dropped;
+  stats_.resends = owned.resends;
+  stats_.failovers = owned.failovers;
+  stats_.reprefills = owned.reprefills;
+  stats_.aborted = owned.aborted;
+  stats_.completed = owned.completed;
+  stats_.chunked = owned.chunked;
+  stats_.requests_in_flight = owner_->requests();
+  stats_.stalled_ms = owner_->stalled_ms(NowMs());
+  stats_.steps_in_flight = owner_->steps() + (sender_ ? sender_->queued() : 0);
+  if (receiver_) {
+    const StepReceiverStats& r = receiver_->stats();
+    stats_.steps_executed = r.steps_executed + owned.steps_executed;
+    stats_.steps_replayed = r.steps_replayed;
+    stats_.duplicates_dropped = r.duplicates_dropped;
+    stats_.fenced = r.fenced;
+    stats_.missing_reported = r.missing_reported;
+    stats_.released = r.released;
+    stats_.forged_dropped = r.forged_dropped + owned.forged_dropped + acks_forged_dropped_;
+    stats_.strangers_ignored = strangers_ignored_;
+    stats_.held_requests = receiver_->held_requests();
+    stats_.replay_bytes = receiver_->replay_bytes();
+  }
+  stats_.releases_pending = releases_ ? releases_->pending() : 0;
+  stats_.epoch = reg_->epoch.load();
+  stats_.epoch_checks = guard_->stats().epoch_checks;
+  stats_.steps_on_lease = guard_->stats().steps_on_lease;
+  ledger_.Hold(stats_.epoch);
+  stats_.epochs = ledger_.epochs();
+  connex::MutexLock lock(&stats_mu_);
+  stats_snapshot_ = stats_;
+}
+
+void StageNode::Impl::HandleFrame(const std::string& frame) {
+  absl::StatusOr<Signal> signal = Decode(frame);
+  if (!signal.ok()) {
+    CONNEX_LOG_WARN("pp {}: dropped a malformed signal: {}", lid_.ToString(),
+                    AsStd(signal.status().message()));
+    return;
+  }
+  std::visit([this](auto& s) { On(s); }, *signal);
+  // After the frame was handled: a step that arrives after a silence is admitted (or not)
+  // before it counts as contact (Admit, "on the lease").
+  if (routes_.FromMember(*signal, lid_, last_ack_matched_)) guard_->NotePeer();
+}
+
+void StageNode::Impl::Deliver(const StepSignal& s, const TensorDict& out) {
+  if (o_.stage + 1 == o_.stages) {
+    absl::StatusOr<Signal> answer = LastStageAnswer(s, out, lid_, reg_->epoch.load());
+    if (!answer.ok() || std::holds_alternative<StepErrorSignal>(*answer)) {
+      CONNEX_LOG_ERROR("pp {}: the engine's last-stage output lacks {}", lid_.ToString(),
+                       kNextTokens);
+    }
+    if (answer.ok()) Send(s.owner.signal, *answer);
+    return;
+  }
+  absl::StatusOr<PendingSend> next = NextHop(s, out, Self());
+  if (!next.ok()) {
+    CONNEX_LOG_ERROR("pp {}: {}", lid_.ToString(), AsStd(next.status().message()));
+    return;
+  }
+  sender_->Forward(*std::move(next));
+}
+
+void StageNode::Impl::HopFailed(const Hop& owner, uint64_t step, uint32_t attempt, uint64_t ticket,
+                                uint32_t hop, absl::StatusCode code, const std::string& reason) {
+  HopFailedSignal f{
+      step, attempt, lid_, hop, static_cast<uint32_t>(code), reason, reg_->epoch.load(), ticket};
+  if (owner.lid == lid_) {
+    CONNEX_CHECK(o_.stage == 0);  // only stage 0 sends steps it owns
+    owner_->OnHopFailed(f);
+  } else {
+    Send(owner.signal, f);
+  }
+}
+
+void StageNode::Impl::On(ReleaseSignal& r) {
+  // An owner's RELEASE that is not believed is re-sent until acknowledged (ReleaseQueue), so
+  // one that arrives before this node has seen the owner join is only late, not lost.
+  if (!KnownMember(r.from, r.reply_to)) {
+    ++strangers_ignored_;
+    return;
+  }
+  receiver_->OnRelease(r);
+}
+
+void StageNode::Impl::On(PingSignal& p) {
+  if (!KnownMember(p.from, p.reply_to)) {
+    ++strangers_ignored_;
+    return;
+  }
+  Send(p.reply_to, PongSignal{p.nonce, lid_, reg_->epoch.load()});
+}
+
+void StageNode::Impl::HandlePeerChange(const elastic::PeerChange& c) {
+  const Lid& lid = c.record.lid;
+  const bool owner = lid.group == 0 && o_.stage != 0;
+  switch (c.kind) {
+    case elastic::PeerChange::Kind::kFailed:
+      if (owner) receiver_->OwnerFailed(lid, c.record.epoch);
+      PeerGone(lid, c.record.epoch, c.reason.empty() ? "FAILED" : c.reason);
+      // Its socket is not needed any more (a restart under the LID has a new address).
+      signals_->Forget(HopFromRecord(c.record).signal);
+      break;
+    case elastic::PeerChange::Kind::kLeft:
+      if (owner) receiver_->OwnerLeft(lid, c.record.epoch, NowMs() + o_.owner_grace_ms);
+      break;
+    case elastic::PeerChange::Kind::kSuspected:
+      CONNEX_LOG_INFO("pp {}: {} suspected ({})", lid_.ToString(), lid.ToString(), c.reason);
+      break;  // only a suspicion: the step timeout and the probe decide
+    case elastic::PeerChange::Kind::kJoined:
+      if (owner) receiver_->OwnerJoined(lid, c.record.epoch);
+      break;
+    case elastic::PeerChange::Kind::kMigrated:
+      // A migrated hop keeps its state: steps fenced at the old epoch come back as
+      // HOP_FAILED and are re-sent along the refreshed route.
+      break;
+  }
+}
+
+void StageNode::Impl::PeerGone(const Lid& lid, uint64_t epoch, const std::string& why) {
+  if (lid == lid_) return;
+  if (!gone_peers_.Insert({lid, epoch})) return;
+  CONNEX_LOG_INFO("pp {}: {} epoch {} is gone ({})", lid_.ToString(), lid.ToString(), epoch, why);
+  // Slots waiting for the dead peer's acknowledgement are free; its steps fail over.
+  sender_->PeerGone(lid, why);
+  if (o_.stage != 0) return;
+  owner_->PeerGone(lid, epoch, why);
+}
+
+void StageNode::Impl::RunTimers(int64_t now) {
+  // Unacknowledged slots: give them up (the header check stops a late reader).
+  sender_->Expire(now);
+  if (o_.stage != 0) return;
+  owner_->RunTimers(now);
+}
+
+}  // namespace connex::pp
