@@ -41,6 +41,23 @@ absl::StatusOr<std::string> WaitForMatch(Subprocess& p, const std::string& what,
 
 }  // namespace
 
+absl::Status MakeModel(const std::string& bin_dir, const std::string& path,
+                       const std::vector<std::string>& flags) {
+  std::vector<std::string> argv = {bin_dir + "/connex-mkmodel", "--out", path};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  SubprocessOptions so;
+  so.capture_stderr = true;
+  std::string error;
+  std::optional<Subprocess> mk = Subprocess::Start(argv, so, &error);
+  if (!mk) return absl::InternalError("connex-mkmodel: " + error);
+  while (mk->ReadLine(60'000)) {
+  }
+  if (mk->Wait(60'000) != 0) {
+    return absl::InternalError("connex-mkmodel failed: " + mk->transcript());
+  }
+  return absl::OkStatus();
+}
+
 std::map<std::string, double> ParseMetrics(const std::string& text) {
   std::map<std::string, double> out;
   size_t at = 0;
@@ -119,18 +136,7 @@ absl::Status Cluster::StartAll() {
   if (model_path_.empty()) {
     std::filesystem::create_directories(o.work_dir + "/" + o.model_name);
     model_path_ = o.work_dir + "/" + o.model_name + "/model.safetensors";
-    std::vector<std::string> argv = {o.bin_dir + "/connex-mkmodel", "--out", model_path_};
-    argv.insert(argv.end(), kMkmodelFlags.begin(), kMkmodelFlags.end());
-    SubprocessOptions so;
-    so.capture_stderr = true;
-    std::string error;
-    std::optional<Subprocess> mk = Subprocess::Start(argv, so, &error);
-    if (!mk) return absl::InternalError("connex-mkmodel: " + error);
-    while (mk->ReadLine(60'000)) {
-    }
-    if (mk->Wait(60'000) != 0) {
-      return absl::InternalError("connex-mkmodel failed: " + mk->transcript());
-    }
+    CONNEX_RETURN_IF_ERROR(MakeModel(o.bin_dir, model_path_, kMkmodelFlags));
   }
   // The directory.
   {
@@ -169,11 +175,20 @@ absl::Status Cluster::StartAll() {
     so.stderr_path = o.work_dir + "/proxy.log";
     if (o.netns) so.env.push_back("CONNEX_INSECURE=1");
     std::string error;
-    proxy_process_ =
-        Subprocess::Start({o.bin_dir + "/connex-proxy", "--directory", directory_, "--model",
-                           o.model_name, "--listen", host_ + ":0", "--idle-timeout-ms",
-                           StrCat(o.proxy_idle_timeout_ms), "--log-level", "warn"},
-                          so, &error);
+    so.env.insert(so.env.end(), o.proxy_env.begin(), o.proxy_env.end());
+    std::vector<std::string> argv = {o.bin_dir + "/connex-proxy",
+                                     "--directory",
+                                     directory_,
+                                     "--model",
+                                     o.model_name,
+                                     "--listen",
+                                     host_ + ":0",
+                                     "--log-level",
+                                     "warn"};
+    if (o.proxy_idle_timeout_ms > 0) {
+      argv.insert(argv.end(), {"--idle-timeout-ms", StrCat(o.proxy_idle_timeout_ms)});
+    }
+    proxy_process_ = Subprocess::Start(argv, so, &error);
     if (!proxy_process_) return absl::InternalError("connex-proxy: " + error);
     CONNEX_ASSIGN_OR_RETURN(std::string at,
                             WaitForMatch(*proxy_process_, "connex-proxy",
@@ -221,7 +236,8 @@ std::string Cluster::log_path(uint32_t stage, uint32_t replica) const {
   return StrCat(options_.work_dir, "/stage-", stage, "-r", replica, ".log");
 }
 
-absl::Status Cluster::StartStage(uint32_t stage, uint32_t replica) {
+absl::Status Cluster::StartStage(uint32_t stage, uint32_t replica,
+                                 const std::vector<std::string>& extra_env) {
   const ClusterOptions& o = options_;
   const std::string host = StageHost(stage, replica);
   std::vector<std::string> argv = {o.bin_dir + "/connex-stage",
@@ -251,6 +267,7 @@ absl::Status Cluster::StartStage(uint32_t stage, uint32_t replica) {
   if (o.inflight > 0) so.env.push_back(StrCat("CONNEX_PP_INFLIGHT=", o.inflight));
   if (o.netns) so.env.push_back("CONNEX_INSECURE=1");  // the tool's own test network
   so.env.insert(so.env.end(), o.stage_env.begin(), o.stage_env.end());
+  so.env.insert(so.env.end(), extra_env.begin(), extra_env.end());
   so.stderr_path = log_path(stage, replica);
   if (o.netns) so.netns = NetnsName(stage, replica);
   const std::string what = StrCat("connex-stage ", stage, " of replica ", replica);
@@ -398,29 +415,41 @@ int64_t Cluster::PeakRssBytes(uint32_t stage, uint32_t replica) const {
 
 absl::StatusOr<int> Cluster::Drain(uint32_t stage, uint32_t replica, int64_t timeout_ms) {
   if (attached_) return absl::FailedPreconditionError("faults need processes this tool started");
+  if (!at(stage, replica).process) return absl::FailedPreconditionError("not running");
+  CONNEX_RETURN_IF_ERROR(watcher_->Evict(lid(stage, replica)));
+  absl::StatusOr<int> code = WaitExit(stage, replica, timeout_ms);
+  if (absl::IsDeadlineExceeded(code.status())) {
+    return absl::DeadlineExceededError(StrCat(
+        "stage ", stage, "/r", replica, " did not exit within ", timeout_ms, " ms of its drain"));
+  }
+  return code;
+}
+
+absl::StatusOr<int> Cluster::WaitExit(uint32_t stage, uint32_t replica, int64_t timeout_ms) {
+  if (attached_) return absl::FailedPreconditionError("faults need processes this tool started");
   StageProc& s = at(stage, replica);
   if (!s.process) return absl::FailedPreconditionError("not running");
-  CONNEX_RETURN_IF_ERROR(watcher_->Evict(lid(stage, replica)));
   std::optional<int> code = s.process->Wait(timeout_ms);
   if (!code) {
     s.process->Signal(SIGKILL);
     s.process->Wait(10'000);
     s.process.reset();
-    return absl::DeadlineExceededError(StrCat(
-        "stage ", stage, "/r", replica, " did not exit within ", timeout_ms, " ms of its drain"));
+    return absl::DeadlineExceededError(
+        StrCat("stage ", stage, "/r", replica, " did not exit within ", timeout_ms, " ms"));
   }
   s.process.reset();
   return *code;
 }
 
-absl::Status Cluster::Restart(uint32_t stage, uint32_t replica) {
+absl::Status Cluster::Restart(uint32_t stage, uint32_t replica,
+                              std::vector<std::string> extra_env) {
   if (attached_) return absl::FailedPreconditionError("faults need processes this tool started");
   StageProc& s = at(stage, replica);
   if (s.process && !s.process->Exited()) {
     return absl::FailedPreconditionError(StrCat("stage ", stage, "/r", replica, " is running"));
   }
   s.process.reset();
-  return StartStage(stage, replica);
+  return StartStage(stage, replica, extra_env);
 }
 
 absl::Status Cluster::WaitHealthy(uint32_t replica, int64_t timeout_ms) {

@@ -32,7 +32,7 @@ struct ClusterOptions {
   std::string model_name = "tiny";
   uint32_t replicas = 2;
   uint32_t stages = 4;
-  std::string backend = "tcp";  // the stages' data plane (tcp in netns mode)
+  std::string backend = "tcp";  // the stages' data plane (tcp in netns mode; "auto": theirs)
   bool proxy = true;
   bool netns = false;
   int inflight = 0;  // CONNEX_PP_INFLIGHT of the stages; 0: their default (4)
@@ -44,9 +44,10 @@ struct ClusterOptions {
   int64_t step_timeout_ms = 1000;
   int64_t probe_timeout_ms = 300;
   // A replica whose response stays silent this long is taken as dead by the proxy (a hung or
-  // cut-off stage 0), which resumes the request elsewhere.
+  // cut-off stage 0), which resumes the request elsewhere; 0: the proxy's default.
   int64_t proxy_idle_timeout_ms = 1500;
   std::vector<std::string> stage_env;  // more NAME=VALUE for every stage
+  std::vector<std::string> proxy_env;  // more NAME=VALUE for the proxy
   int64_t start_timeout_ms = 60'000;
 };
 
@@ -69,6 +70,9 @@ class Cluster {
   const ClusterOptions& options() const { return options_; }
   const std::string& model_path() const { return model_path_; }
   const std::string& directory() const { return directory_; }
+  // The operator's secret of the directory it started (CONNEX_DIRECTORY_ADMIN_TOKEN), for a
+  // `connexctl drain` of one's own; empty when attached.
+  const std::string& admin_token() const { return admin_token_; }
   // Stage 0's API of `replica`, and the proxy's (when it runs).
   HostPort api(uint32_t replica) const;
   std::optional<HostPort> proxy() const { return proxy_; }
@@ -104,10 +108,14 @@ class Cluster {
   // An operator's drain (`connexctl drain`: its LID LEFT with the admin token of the directory
   // this tool started), then waits for the process to exit by itself; its exit code.
   absl::StatusOr<int> Drain(uint32_t stage, uint32_t replica, int64_t timeout_ms = 30'000);
+  // Waits for a stage to exit by itself (a drain someone else asked for); its exit code.
+  // DeadlineExceeded, after which it is SIGKILLed, when it does not within `timeout_ms`.
+  absl::StatusOr<int> WaitExit(uint32_t stage, uint32_t replica, int64_t timeout_ms);
   // The peak resident memory of a stage's process (VmHWM), in bytes; 0 when it cannot be read.
   int64_t PeakRssBytes(uint32_t stage, uint32_t replica) const;
-  // Starts a stage that is not running again, under the same LID, and waits for its ready line.
-  absl::Status Restart(uint32_t stage, uint32_t replica);
+  // Starts a stage that is not running again, under the same LID, and waits for its ready line;
+  // `extra_env` (NAME=VALUE) is added to its environment for this start only.
+  absl::Status Restart(uint32_t stage, uint32_t replica, std::vector<std::string> extra_env = {});
   // Waits until stage 0 of `replica` says healthy (the whole chain is in the directory).
   absl::Status WaitHealthy(uint32_t replica, int64_t timeout_ms);
   absl::Status WaitAllHealthy(int64_t timeout_ms);
@@ -131,7 +139,8 @@ class Cluster {
   };
   explicit Cluster(ClusterOptions options) : options_(std::move(options)) {}
   absl::Status StartAll();
-  absl::Status StartStage(uint32_t stage, uint32_t replica);
+  absl::Status StartStage(uint32_t stage, uint32_t replica,
+                          const std::vector<std::string>& extra_env = {});
   absl::Status MakeNetwork();
   void RemoveNetwork();
   std::string host() const { return host_; }
@@ -157,6 +166,11 @@ class Cluster {
   bool network_made_ = false;
   bool attached_ = false;  // Attach: processes of someone else's
 };
+
+// Makes a model of random weights at `path` (its folder must exist) with connex-mkmodel of
+// `bin_dir` and `flags` (--layers, --dim, ...); Internal with its output when it fails.
+absl::Status MakeModel(const std::string& bin_dir, const std::string& path,
+                       const std::vector<std::string>& flags);
 
 // Runs `ip` with `args` (the iproute2 binary), returning its error output when it fails.
 absl::Status RunIp(const std::vector<std::string>& args);

@@ -269,6 +269,14 @@ absl::Status Check(const CommonOptions& o, const std::string& model_path,
     if (out->result.ok()) specs.push_back(out->spec);
   }
   Progress(o, StrCat("computing the references of ", specs.size(), " completed requests"));
+  return Check(refs, outcomes);
+}
+
+absl::Status Check(References& refs, std::vector<std::shared_ptr<Outcome>>& outcomes) {
+  std::vector<RequestSpec> specs;
+  for (const auto& out : outcomes) {
+    if (out->result.ok()) specs.push_back(out->spec);
+  }
   if (absl::Status s = refs.Compute(specs); !s.ok()) return s;
   for (auto& out : outcomes) {
     if (!out->result.ok()) continue;

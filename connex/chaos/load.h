@@ -139,6 +139,9 @@ class Load {
 // completion for every campaign.
 absl::Status Check(const CommonOptions& o, const std::string& model_path,
                    std::vector<std::shared_ptr<Outcome>>& outcomes);
+// The same with the references of `refs`, which computes those it lacks (for a caller that
+// chose its requests by their references, as the serving e2e tests do).
+absl::Status Check(References& refs, std::vector<std::shared_ptr<Outcome>>& outcomes);
 
 // Totals over a set of outcomes: issued, completed, failed, correct, differing (completed, not
 // correct), tokens compared and mismatched.

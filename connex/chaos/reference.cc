@@ -1,7 +1,9 @@
 #include "connex/chaos/reference.h"
 
+#include <algorithm>
 #include <fstream>
 
+#include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/base/subprocess.h"
 #include "nlohmann/json.hpp"
@@ -17,6 +19,7 @@ std::string RequestSpec::Body(const std::string& model) const {
   if (temperature > 0) {
     j["temperature"] = temperature;
     j["seed"] = seed;
+    if (top_p < 1) j["top_p"] = top_p;
   } else {
     j["temperature"] = 0;
   }
@@ -24,61 +27,76 @@ std::string RequestSpec::Body(const std::string& model) const {
 }
 
 absl::Status References::Compute(const std::vector<RequestSpec>& specs) {
-  // One connex-generate per (max_tokens, temperature, seed), over the prompts not known yet.
-  std::map<std::tuple<int, float, uint64_t>, std::vector<std::string>> batches;
+  // One connex-generate per sampling setting over the one-line prompts not known yet (a prompts
+  // file, run as one batch); one of its own (--prompt) for a prompt of several lines, as a
+  // rendered chat is.
+  std::map<std::tuple<int, float, float, uint64_t>,
+           std::pair<RequestSpec, std::vector<std::string>>>
+      batches;
   for (const RequestSpec& s : specs) {
+    if (known_.count(Key(s.prompt, s.max_tokens, s.temperature, s.top_p, s.seed))) continue;
     if (s.prompt.find('\n') != std::string::npos) {
-      return absl::InvalidArgumentError("reference: a prompt must be one line");
+      CONNEX_RETURN_IF_ERROR(Generate(s, {s.prompt}));
+      continue;
     }
-    if (known_.count(Key(s.prompt, s.max_tokens, s.temperature, s.seed))) continue;
-    auto& batch = batches[{s.max_tokens, s.temperature, s.seed}];
+    auto& [sampling, batch] = batches[{s.max_tokens, s.temperature, s.top_p, s.seed}];
+    sampling = s;
     if (std::find(batch.begin(), batch.end(), s.prompt) == batch.end()) batch.push_back(s.prompt);
   }
-  int n = 0;
-  for (const auto& [key, prompts] : batches) {
-    const auto& [max_tokens, temperature, seed] = key;
-    const std::string file = StrCat(work_dir_, "/reference-prompts-", n++, ".txt");
-    {
-      std::ofstream out(file, std::ios::binary | std::ios::trunc);
-      for (const std::string& p : prompts) out << p << "\n";
-      if (!out) return absl::InternalError(StrCat("reference: cannot write ", file));
+  for (const auto& [key, batch] : batches) {
+    CONNEX_RETURN_IF_ERROR(Generate(batch.first, batch.second));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status References::Generate(const RequestSpec& sampling,
+                                  const std::vector<std::string>& prompts) {
+  std::vector<std::string> argv = {
+      generate_, "--model",  model_path_,    "--max-tokens", StrCat(sampling.max_tokens),
+      "--json",  "--stages", StrCat(stages_)};
+  if (prompts.size() == 1 && prompts[0].find('\n') != std::string::npos) {
+    argv.insert(argv.end(), {"--prompt", prompts[0]});
+  } else {
+    const std::string file = StrCat(work_dir_, "/reference-prompts-", runs_++, ".txt");
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    for (const std::string& p : prompts) out << p << "\n";
+    if (!out) return absl::InternalError(StrCat("reference: cannot write ", file));
+    argv.insert(argv.end(), {"--prompts-file", file});
+  }
+  if (sampling.temperature > 0) {
+    argv.insert(argv.end(),
+                {"--temperature", StrCat(sampling.temperature), "--seed", StrCat(sampling.seed)});
+    if (sampling.top_p < 1) argv.insert(argv.end(), {"--top-p", StrCat(sampling.top_p)});
+  }
+  SubprocessOptions options;
+  options.env = {"CONNEX_ENGINE_THREADS=1"};
+  options.stderr_path = work_dir_ + "/connex-generate.log";
+  std::string error;
+  std::optional<Subprocess> g = Subprocess::Start(argv, options, &error);
+  if (!g) return absl::InternalError("reference: " + error);
+  std::vector<Reference> lines;
+  while (std::optional<std::string> line = g->ReadLine(600'000)) {
+    nlohmann::json j = nlohmann::json::parse(*line, nullptr, false);
+    if (j.is_discarded() || !j.contains("tokens") || !j.contains("text")) {
+      return absl::InternalError("reference: connex-generate printed " + line->substr(0, 200));
     }
-    std::vector<std::string> argv = {
-        generate_,      "--model",          model_path_, "--prompts-file", file,
-        "--max-tokens", StrCat(max_tokens), "--json",    "--stages",       StrCat(stages_)};
-    if (temperature > 0) {
-      argv.insert(argv.end(), {"--temperature", StrCat(temperature), "--seed", StrCat(seed)});
-    }
-    SubprocessOptions options;
-    options.env = {"CONNEX_ENGINE_THREADS=1"};
-    options.stderr_path = work_dir_ + "/connex-generate.log";
-    std::string error;
-    std::optional<Subprocess> g = Subprocess::Start(argv, options, &error);
-    if (!g) return absl::InternalError("reference: " + error);
-    std::vector<Reference> lines;
-    while (std::optional<std::string> line = g->ReadLine(600'000)) {
-      nlohmann::json j = nlohmann::json::parse(*line, nullptr, false);
-      if (j.is_discarded() || !j.contains("tokens") || !j.contains("text")) {
-        return absl::InternalError("reference: connex-generate printed " + line->substr(0, 200));
-      }
-      lines.push_back({j["tokens"].get<std::vector<int32_t>>(), j["text"].get<std::string>()});
-    }
-    std::optional<int> code = g->Wait(60'000);
-    if (code != 0 || lines.size() != prompts.size()) {
-      return absl::InternalError(StrCat("reference: connex-generate exited ",
-                                        code ? StrCat(*code) : std::string("(hung)"), " with ",
-                                        lines.size(), " of ", prompts.size(), " lines (see ",
-                                        options.stderr_path, ")"));
-    }
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      known_[Key(prompts[i], max_tokens, temperature, seed)] = std::move(lines[i]);
-    }
+    lines.push_back({j["tokens"].get<std::vector<int32_t>>(), j["text"].get<std::string>()});
+  }
+  std::optional<int> code = g->Wait(60'000);
+  if (code != 0 || lines.size() != prompts.size()) {
+    return absl::InternalError(StrCat(
+        "reference: connex-generate exited ", code ? StrCat(*code) : std::string("(hung)"),
+        " with ", lines.size(), " of ", prompts.size(), " lines (see ", options.stderr_path, ")"));
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    known_[Key(prompts[i], sampling.max_tokens, sampling.temperature, sampling.top_p,
+               sampling.seed)] = std::move(lines[i]);
   }
   return absl::OkStatus();
 }
 
 const Reference* References::Find(const RequestSpec& spec) const {
-  auto it = known_.find(Key(spec.prompt, spec.max_tokens, spec.temperature, spec.seed));
+  auto it = known_.find(Key(spec.prompt, spec.max_tokens, spec.temperature, spec.top_p, spec.seed));
   return it == known_.end() ? nullptr : &it->second;
 }
 

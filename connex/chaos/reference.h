@@ -17,13 +17,14 @@ namespace connex::chaos {
 
 // One request of a campaign's load.
 struct RequestSpec {
-  std::string prompt;  // one line (connex-generate reads a prompts file)
+  std::string prompt;  // the completion's prompt (a chat's: its rendered template)
   int max_tokens = 32;
   float temperature = 0;  // 0: greedy
+  float top_p = 1;        // < 1: nucleus sampling, with temperature > 0
   uint64_t seed = 0;      // with temperature > 0
   // The /v1/completions body, streamed, with usage.
   std::string Body(const std::string& model) const;
-  auto Key() const { return std::tie(prompt, max_tokens, temperature, seed); }
+  auto Key() const { return std::tie(prompt, max_tokens, temperature, top_p, seed); }
 };
 
 // connex-generate's answer to one request.
@@ -46,11 +47,14 @@ class References {
   const Reference* Find(const RequestSpec& spec) const;
 
  private:
-  using Key = std::tuple<std::string, int, float, uint64_t>;
+  using Key = std::tuple<std::string, int, float, float, uint64_t>;
+  // One connex-generate run of `prompts` with the sampling of `sampling`.
+  absl::Status Generate(const RequestSpec& sampling, const std::vector<std::string>& prompts);
   std::string generate_, model_path_;
   uint32_t stages_;
   std::string work_dir_;
   std::map<Key, Reference> known_;
+  int runs_ = 0;  // connex-generate runs of a prompts file, for its name
 };
 
 // How `got` compares with `want`: tokens compared (the longer of the two lengths) and how many
