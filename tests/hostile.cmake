@@ -8,7 +8,7 @@ set(connex_hostile_runs
   "connex_pp_test|RobustnessTest.PingsAndReleasesAreAnsweredOnlyAtAMembersOwnAddress:ZmqSignalTest.SocketsKeptForDestinationsAreBounded:RobustnessTest.ForgedResultsAndReleasesAreDropped"
   "connex_directory_test|RegistryTest.AMembersReportsAreScopedToItsPeerGroupsAndRateLimited:RegistryTest.ReportFailedFromAStrangerIsRefused:DirectoryTest.ASnapshotLostAcrossARestartIsAskedAgainAtOnce"
   "directory_process_test|SecureByDefaultTest.*:LimitedDirectoryTest.AConnectionStormsMemoryIsGivenBack:LimitedDirectoryTest.AFloodOfOversizedJunkDelaysNobody"
-  "serving_e2e_test|ServingE2eTest.AConnectionThatEndsAfterExtraBytesCancelsItsRequestOnEveryStage:ServingE2eTest.HostileClientsGetA4xxAndBothTheStageAndTheProxyKeepServing:ServingE2eTest.StageZeroAdmitsWhatFitsItsKvBudgetQueuesABoundedNumberAndRefusesTheRest")
+  "serving_e2e_hostile_test|ServingE2eTest.*")
 foreach(run ${connex_hostile_runs})
   string(REPLACE "|" ";" parts "${run}")
   list(GET parts 0 binary)

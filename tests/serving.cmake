@@ -1,9 +1,16 @@
-# The serving stack end to end (label e2e): real connex-directory and connex-stage processes.
-connex_test(serving_e2e_test
-  SRCS ${CMAKE_CURRENT_LIST_DIR}/serving_e2e_test.cc
-  LIBS connex_subprocess connex_serving connex_directory connex_base nlohmann_json::nlohmann_json
-  LABELS e2e)
-add_dependencies(serving_e2e_test connex-stage connex-proxy connex-directory connex-mkmodel
-                 connex-generate connexctl)
+# The serving stack end to end (label e2e): real connex-directory, connex-stage and connex-proxy
+# processes, started with connex-chaos's Cluster (the fixture), completions checked with its
+# chaos::Check. One binary per behaviour: a stage 0's API, the proxy, hostile clients.
+add_library(serving_e2e_fixture STATIC ${CMAKE_CURRENT_LIST_DIR}/serving_e2e_fixture.cc)
+target_link_libraries(serving_e2e_fixture PUBLIC connex_chaos connex_subprocess connex_base
+                      nlohmann_json::nlohmann_json GTest::gtest)
+foreach(test serving_e2e_test serving_e2e_proxy_test serving_e2e_hostile_test)
+  connex_test(${test}
+    SRCS ${CMAKE_CURRENT_LIST_DIR}/${test}.cc
+    LIBS serving_e2e_fixture connex_serving connex_directory nlohmann_json::nlohmann_json
+    LABELS e2e)
+  add_dependencies(${test} connex-stage connex-proxy connex-directory connex-mkmodel
+                   connex-generate connexctl)
+endforeach()
 # The OpenAI client test runs tests/openai-client/stream.mjs (its node_modules: scripts/install-deps.sh).
-target_compile_definitions(serving_e2e_test PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+target_compile_definitions(serving_e2e_proxy_test PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
