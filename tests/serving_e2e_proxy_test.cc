@@ -33,10 +33,6 @@ using serving::testing::TestConnection;
 // repeated — and every killed stage, restarted under its LID, takes traffic again.
 TEST_F(ServingE2eTest, ThroughTheProxyNoKillChangesAToken) {
   constexpr int kTokens = 120;
-  struct Job {
-    chaos::RequestSpec spec;
-    bool stream = true;
-  };
   // Prompts and seeds whose generation runs the whole length (no EOS), so that kills land
   // mid-response.
   auto full = [&](const std::string& prompt, float temperature, float top_p) {

@@ -3,8 +3,6 @@
 // with connex-chaos's Cluster). Completions (greedy and sampled, whole and streamed) must be
 // exactly connex-generate's for the same prompt and seed (chaos::Check) — also when a stage is
 // killed with SIGKILL while the response streams.
-#include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
