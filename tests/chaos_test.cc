@@ -298,6 +298,48 @@ TEST(ChaosUnitTest, TokensAreComparedPositionByPosition) {
   EXPECT_EQ(c.mismatched, 2);  // one differs, one is missing
 }
 
+// A request's body carries its sampling as connex-generate is given it: temperature 0 alone when
+// greedy; temperature, seed and (below 1) top_p when sampled.
+TEST(ChaosUnitTest, RequestBodiesCarryTheirSampling) {
+  const nlohmann::json greedy =
+      nlohmann::json::parse(RequestSpec{.prompt = "p", .max_tokens = 4}.Body("tiny"));
+  EXPECT_EQ(greedy["temperature"], 0);
+  EXPECT_FALSE(greedy.contains("seed"));
+  EXPECT_FALSE(greedy.contains("top_p"));
+  EXPECT_EQ(greedy["stream_options"]["include_usage"], true);
+  const nlohmann::json nucleus = nlohmann::json::parse(
+      RequestSpec{.prompt = "p", .max_tokens = 4, .temperature = 0.5f, .top_p = 0.5f, .seed = 9}
+          .Body("tiny"));
+  EXPECT_EQ(nucleus["temperature"], 0.5);
+  EXPECT_EQ(nucleus["top_p"], 0.5);
+  EXPECT_EQ(nucleus["seed"], 9);
+}
+
+// References of one-line prompts are computed in batches, a prompt of several lines (a rendered
+// chat) alone; each sampling setting, top_p included, is a reference of its own.
+TEST(ChaosTest, ReferencesOfEveryKindOfPromptAreFound) {
+  const std::string work = ::testing::TempDir() + "/chaos-refs-" + std::to_string(getpid());
+  std::filesystem::create_directories(work);
+  const std::string model = work + "/model.safetensors";
+  ASSERT_TRUE(MakeModel(BinDir(), model, {"--layers", "2", "--dim", "64", "--ffn", "128"}).ok());
+  References refs(BinDir() + "/connex-generate", model, 2, work);
+  const std::vector<RequestSpec> specs = {
+      {.prompt = "one line", .max_tokens = 6},
+      {.prompt = "another line", .max_tokens = 6},
+      {.prompt = "<|user|>\nseveral\nlines\n<|assistant|>\n", .max_tokens = 6},
+      {.prompt = "one line", .max_tokens = 6, .temperature = 0.8f, .top_p = 0.9f, .seed = 3}};
+  absl::Status computed = refs.Compute(specs);
+  ASSERT_TRUE(computed.ok()) << computed;
+  for (const RequestSpec& spec : specs) {
+    const Reference* want = refs.Find(spec);
+    ASSERT_NE(want, nullptr) << spec.prompt;
+    EXPECT_FALSE(want->tokens.empty()) << spec.prompt;
+  }
+  EXPECT_EQ(refs.Find({.prompt = "one line", .max_tokens = 6, .temperature = 0.8f, .seed = 3}),
+            nullptr);
+  std::filesystem::remove_all(work);
+}
+
 TEST(ChaosUnitTest, HostPortsAreCheckedByName) {
   EXPECT_EQ(ParseHostPort("x", "127.0.0.1:80")->port, 80);
   EXPECT_THAT(std::string(ParseHostPort("--proxy", "nowhere").status().message()),
