@@ -6,14 +6,15 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "connex/base/wait.h"
+#include "connex/serving/openai_stream.h"
 #include "connex/serving/testing/http_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "tests/serving_e2e_fixture.h"
 
 namespace connex::testing {
@@ -22,19 +23,18 @@ namespace {
 using serving::testing::TestConnection;
 using ::testing::HasSubstr;
 
-// The token ids of every chunk of a streamed body read so far, in order (a stream read in part).
+// The token ids of every chunk of a streamed body read so far, in order (a stream read in part),
+// read with the serving stack's own stream reader.
 std::vector<int32_t> StreamedTokens(const std::string& body) {
   std::vector<int32_t> tokens;
-  size_t at = 0;
-  while ((at = body.find("data: {", at)) != std::string::npos) {
-    size_t end = body.find("\n\n", at);
-    if (end == std::string::npos) break;
-    nlohmann::json j = nlohmann::json::parse(body.substr(at + 6, end - at - 6));
-    EXPECT_FALSE(j.contains("error")) << j.dump();
-    for (const auto& choice : j["choices"]) {
-      for (int32_t t : choice["token_ids"]) tokens.push_back(t);
-    }
-    at = end;
+  serving::OpenAiStreamReader reader;
+  reader.Feed(body);
+  while (true) {
+    absl::StatusOr<std::optional<serving::StreamEvent>> event = reader.Next();
+    EXPECT_TRUE(event.ok()) << event.status();
+    if (!event.ok() || !*event) break;
+    EXPECT_NE((*event)->kind, serving::StreamEvent::Kind::kError) << (*event)->error_json;
+    tokens.insert(tokens.end(), (*event)->token_ids.begin(), (*event)->token_ids.end());
   }
   return tokens;
 }
