@@ -206,6 +206,9 @@ class MemPeer : public Peer {
 class ConformanceTest : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
+    if (GetParam() == Backend::kUcx && !CONNEX_HAVE_UCX) {
+      GTEST_SKIP() << "this build has no UCX backend (-DCONNEX_UCX=OFF)";
+    }
     // From the environment, as the peer processes do (e.g. UCX_TLS=tcp with
     // CONNEX_TRANSPORT_UCX_PEER_ERRORS=on|off, as CMake's extra ucx runs set them).
     TransportOptions o = TransportOptions::FromEnv(self_).value();
