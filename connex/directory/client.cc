@@ -74,10 +74,9 @@ absl::StatusOr<std::unique_ptr<DirectoryStore>> OpenStore(const DirectoryClientO
                ": this program was built without the etcd backend (it links "
                "connex_directory_etcd and calls RegisterEtcdBackend() where it accepts etcd://)"));
   }
-  return absl::InvalidArgumentError(
-      StrCat("directory '", address,
-             "' must look like tcp://HOST:PORT (connex-directory) or "
-             "etcd://HOST:PORT[,HOST:PORT...]"));
+  return absl::InvalidArgumentError(StrCat("directory '", address,
+                                           "' must look like tcp://HOST:PORT (connex-directory) or "
+                                           "etcd://HOST:PORT[,HOST:PORT...]"));
 }
 
 }  // namespace
