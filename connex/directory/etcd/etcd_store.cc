@@ -153,14 +153,24 @@ absl::Status EtcdStore::GrantLease() {
   MutexLock lock(&mu_);
   if (keepalive_) keepalive_->Stop();
   keepalive_ = std::move(keepalive);
+  if (lease_id_ != 0) previous_leases_.insert(lease_id_);
   lease_id_ = grant.id;
   lease_ttl_ms_ = ttl_ms;
   return absl::OkStatus();
 }
 
 absl::Status EtcdStore::RenewLease() {
+  // One grant for every caller that found the lease lost at once (the lease keeper's rejoin and a
+  // holder's own Renew): a second grant would bind the LIDs the first rejoined to a lease that is
+  // no longer kept alive.
+  MutexLock renewing(&renew_mu_);
   if (lease_status().ok()) return absl::OkStatus();
   return GrantLease();
+}
+
+bool EtcdStore::WasOurLease(int64_t lease) const {
+  MutexLock lock(&mu_);
+  return previous_leases_.count(lease) > 0;
 }
 
 absl::Status EtcdStore::lease_status() const {

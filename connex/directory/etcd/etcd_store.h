@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -117,7 +118,8 @@ class EtcdStore {
   // holder's check of its own incarnation, with the embedded directory's heartbeat answers
   // (Registry::Heartbeat): FailedPrecondition when another epoch holds the LID or this one left
   // (drained or its own LEAVE) — stop claiming the LID; NotFound when it was evicted (reported,
-  // or its lease ran out) and nobody holds it — join again. The message names what happened.
+  // or its lease ran out) and nobody holds it, or it is still bound to a lease this store held
+  // before an outage made it grant a new one — join again. The message names what happened.
   absl::Status Confirm(const Lid& lid, uint64_t epoch);
 
   // Graceful LEAVE by the holder (`caller.credential`) or an operator's drain
@@ -153,6 +155,7 @@ class EtcdStore {
   // The end marker's lease (a fresh one per marker: ends are rare).
   absl::StatusOr<int64_t> MarkerLease();
   absl::Status CheckAdmin(std::string_view token, std::string_view what) const;
+  bool WasOurLease(int64_t lease) const;
   // The remaining TTL of `lease` for messages ("" when unknown).
   std::string LeaseLeft(int64_t lease);
 
@@ -160,6 +163,10 @@ class EtcdStore {
   EtcdStoreOptions options_;
   mutable Mutex mu_;
   int64_t lease_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // The leases this store held before lease_id_ (lost in outages): a record still bound to one
+  // is this process's own, to join again, not another process's.
+  std::set<int64_t> previous_leases_ ABSL_GUARDED_BY(mu_);
+  Mutex renew_mu_;  // RenewLease: one grant at a time
   int64_t lease_ttl_ms_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<EtcdKeepAlive> keepalive_ ABSL_GUARDED_BY(mu_);
 };

@@ -214,6 +214,12 @@ absl::Status EtcdStore::Confirm(const Lid& lid, uint64_t epoch) {
                                                 " is superseded by ", held.record->mod_revision));
   }
   if (held.record->lease != lease_id()) {
+    if (WasOurLease(held.record->lease)) {
+      // Ours, on the lease this process held before an outage made it grant a new one: join
+      // again (the holder's credential moves the record to the current lease).
+      return absl::NotFoundError(StrCat("epoch ", epoch, " of ", lid.ToString(),
+                                        " is bound to this process's previous etcd lease"));
+    }
     return absl::FailedPreconditionError(
         StrCat("epoch ", epoch, " of ", lid.ToString(), " is bound to another process's lease"));
   }
