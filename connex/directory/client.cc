@@ -89,14 +89,21 @@ void RegisterStore(const std::string& scheme, StoreFactory factory) {
 }  // namespace internal
 
 // The client, written once: the store of the address's backend, the lease keeper above it and
-// the watched view it feeds. Destroyed in that order's reverse: the keeper stops renewing, the
-// store stops its threads, then the view goes.
+// the watched view it feeds. The keeper uses the store (renewals) and the store's threads use
+// the keeper (through the view: an epoch of ours that ended), so they stop in three steps: the
+// keeper's thread, then the store's threads, then the keeper goes, then the view.
 class DirectoryClient::Impl {
  public:
   explicit Impl(DirectoryClientOptions options)
       : options_(std::move(options)),
         clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()),
         view_(clock_) {}
+
+  ~Impl() {
+    if (keeper_) keeper_->Stop();
+    store_.reset();
+    keeper_.reset();
+  }
 
   absl::Status Open() {
     CONNEX_ASSIGN_OR_RETURN(store_, internal::OpenStore(options_, &view_));

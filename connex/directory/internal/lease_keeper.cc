@@ -26,7 +26,9 @@ LeaseKeeper::LeaseKeeper(DirectoryStore* store, const DirectoryClientOptions& op
   thread_ = std::thread([this] { Run(); });
 }
 
-LeaseKeeper::~LeaseKeeper() {
+LeaseKeeper::~LeaseKeeper() { Stop(); }
+
+void LeaseKeeper::Stop() {
   {
     std::lock_guard<std::mutex> lock(wake_mu_);
     stop_ = true;

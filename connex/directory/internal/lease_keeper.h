@@ -33,7 +33,12 @@ class LeaseKeeper {
  public:
   // `store` and `clock` must outlive the keeper.
   LeaseKeeper(DirectoryStore* store, const DirectoryClientOptions& options, Clock* clock);
-  ~LeaseKeeper();  // stops renewing, without leaving: the leases run out as after a crash
+  ~LeaseKeeper();  // Stop()s
+
+  // Stops renewing, without leaving: the leases run out as after a crash. The keeper stays
+  // usable for the store's threads (RenewNowIfHeld is then a no-op) until it is destroyed, so
+  // that the store can be stopped after it. Idempotent.
+  void Stop();
 
   LeaseKeeper(const LeaseKeeper&) = delete;
   LeaseKeeper& operator=(const LeaseKeeper&) = delete;
