@@ -16,6 +16,13 @@ bool Unreachable(const absl::Status& status) {
   return absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status);
 }
 
+// Whether a refused rejoin ends the registration: another process holds the LID (an exclusive
+// JOIN is refused), or this client may not hold it at all. Anything else is retried.
+bool GivesUp(const absl::Status& status) {
+  return absl::IsFailedPrecondition(status) || absl::IsPermissionDenied(status) ||
+         absl::IsInvalidArgument(status);
+}
+
 }  // namespace
 
 LeaseKeeper::LeaseKeeper(DirectoryStore* store, const DirectoryClientOptions& options, Clock* clock)
@@ -321,9 +328,12 @@ void LeaseKeeper::Rejoin(const Lid& lid, uint64_t old_epoch) {
       r.renewing = false;
       r.next_renewal_ms = clock_->NowMs() + heartbeat_ms_;
       r.renewed_ms = clock_->NowMs();
-    } else if (Unreachable(joined.status()) || joins_in_flight_.count(lid)) {
-      // Unreachable: the next renewal tells us again. A Join of ours in flight (a migration)
-      // took the LID first, or will report why it could not.
+    } else if (!GivesUp(joined.status()) || joins_in_flight_.count(lid)) {
+      // Unreachable, or a passing refusal (on etcd: a JOIN made with the lease that expired
+      // under it, before the store noticed): the next renewal tells us again. A Join of ours in
+      // flight (a migration) took the LID first, or will report why it could not.
+      CONNEX_LOG_WARN("directory client: {} epoch {}: joining again failed ({}); retrying",
+                      lid.ToString(), old_epoch, AsStd(joined.status().message()));
       r.renewing = false;
       return;
     } else {
