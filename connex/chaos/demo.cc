@@ -217,11 +217,20 @@ absl::StatusOr<json> Demo::KillMidGeneration(uint32_t stage, uint32_t replica) {
   // middle stage).
   json noticed = nullptr;
   if (stage == 0) {
-    if (resumes_before) {
-      if (std::optional<double> after = WaitForIncrease(
-              [&] { return ProxyMetric("connex_proxy_resumes_total"); }, *resumes_before)) {
+    // A request the killed replica had not started streaming is sent again (a retry), one it
+    // had, resumed: either shows the proxy felt the kill.
+    if (resumes_before && retries_before) {
+      auto sent_again = [&]() -> std::optional<double> {
+        std::optional<double> resumes = ProxyMetric("connex_proxy_resumes_total");
+        std::optional<double> retries = ProxyMetric("connex_proxy_retries_total");
+        if (!resumes || !retries) return std::nullopt;
+        return *resumes + *retries;
+      };
+      if (WaitForIncrease(sent_again, *resumes_before + *retries_before)) {
         noticed = StrCat("connex_proxy_resumes_total ", Fixed(*resumes_before, 0), " -> ",
-                         Fixed(*after, 0));
+                         Fixed(ProxyMetric("connex_proxy_resumes_total").value_or(0), 0),
+                         ", connex_proxy_retries_total ", Fixed(*retries_before, 0), " -> ",
+                         Fixed(ProxyMetric("connex_proxy_retries_total").value_or(0), 0));
       }
     }
   } else if (std::optional<double> after = WaitForIncrease(
