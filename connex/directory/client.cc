@@ -109,9 +109,8 @@ class DirectoryClient::Impl {
     CONNEX_ASSIGN_OR_RETURN(store_, internal::OpenStore(options_, &view_));
     keeper_ = std::make_unique<internal::LeaseKeeper>(store_.get(), options_, clock_);
     // No watch runs yet: the view delivers nothing before this is set.
-    view_.OnEpochEnded([keeper = keeper_.get()](const Lid& lid, uint64_t epoch) {
-      keeper->RenewNowIfHeld(lid, epoch);
-    });
+    view_.OnEpochEnded(
+        [keeper = keeper_.get()](const Event& event) { keeper->OnEpochEnded(event); });
     return absl::OkStatus();
   }
 
@@ -149,6 +148,10 @@ absl::StatusOr<uint64_t> DirectoryClient::Renew(const Lid& lid) {
 std::optional<uint64_t> DirectoryClient::EpochOf(const Lid& lid) const {
   return impl_->keeper_->EpochOf(lid);
 }
+std::shared_ptr<const HeldLease> DirectoryClient::Lease(const Lid& lid) {
+  return impl_->keeper_->Lease(lid);
+}
+
 void DirectoryClient::OnRegistrationChange(std::function<void(const RegistrationChange&)> cb) {
   impl_->keeper_->OnRegistrationChange(std::move(cb));
 }

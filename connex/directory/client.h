@@ -25,6 +25,7 @@
 #include "connex/base/clock.h"
 #include "connex/base/curve.h"
 #include "connex/base/lid.h"
+#include "connex/directory/held_lease.h"
 #include "connex/directory/protocol.h"
 
 namespace connex::directory {
@@ -115,6 +116,12 @@ class DirectoryClient {
   absl::StatusOr<uint64_t> Renew(const Lid& lid);
   // The epoch under which this client holds `lid`, if it does.
   std::optional<uint64_t> EpochOf(const Lid& lid) const;
+  // What this client knows of its hold on `lid` (held_lease.h): the epoch, an eviction it is
+  // rejoining from, a loss and why, an operator's drain — kept up to date by the client, read
+  // from any thread, and valid after the client is gone. The same handle for every call and
+  // every Join of `lid`; asking before the Join is fine (epoch 0, not held). FAILED and LEFT
+  // events reach it only for the models this client watches; renewals find the rest.
+  std::shared_ptr<const HeldLease> Lease(const Lid& lid);
   void OnRegistrationChange(std::function<void(const RegistrationChange&)> callback);
 
   // ---- requests ----

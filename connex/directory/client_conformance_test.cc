@@ -267,8 +267,13 @@ TEST_P(ClientConformanceTest, AReportedHolderJoinsAgainUnderANewEpoch) {
   auto holder = Client();
   ChangeLog changes;
   holder->OnRegistrationChange([&](const RegistrationChange& c) { changes.Add(c); });
+  std::shared_ptr<const HeldLease> lease = holder->Lease(lid(0));  // asked before the Join
+  EXPECT_EQ(lease->epoch(), 0u);
+  EXPECT_FALSE(lease->held());
   auto epoch = holder->Join(lid(0), {"tcp://127.0.0.1:1"});
   ASSERT_TRUE(epoch.ok()) << epoch.status();
+  EXPECT_EQ(lease->epoch(), *epoch);
+  EXPECT_TRUE(lease->held());
   // A member of the model vouches for the report with the credential of a LID it holds.
   auto reporter = Client();
   ASSERT_TRUE(reporter->Join(lid(1), {"tcp://127.0.0.1:2"}).ok());
@@ -285,6 +290,13 @@ TEST_P(ClientConformanceTest, AReportedHolderJoinsAgainUnderANewEpoch) {
   EXPECT_FALSE(change->left);
   EXPECT_EQ(holder->EpochOf(lid(0)), change->new_epoch);
   EXPECT_TRUE(ViewHolds(*watcher, lid(0), change->new_epoch));
+  // The lease says both: the evicted epoch, and the new one it is held under.
+  EXPECT_EQ(lease->evicted_epoch(), *epoch);
+  EXPECT_FALSE(lease->eviction().empty());
+  EXPECT_EQ(lease->epoch(), change->new_epoch);
+  EXPECT_TRUE(lease->held());
+  EXPECT_TRUE(lease->lost().ok()) << lease->lost();
+  EXPECT_EQ(holder->Lease(lid(0)), lease);  // one handle per LID
   // The same epoch reported again: already gone.
   auto again = reporter->ReportFailed(lid(0), *epoch, "conformance");
   ASSERT_TRUE(again.ok()) << again.status();
@@ -327,6 +339,12 @@ TEST_P(ClientConformanceTest, AnOperatorsTakeoverMakesTheHolderGiveTheLidUp) {
   EXPECT_EQ(change->new_epoch, 0u);
   EXPECT_FALSE(change->left);
   EXPECT_EQ(holder->EpochOf(lid(0)), std::nullopt);
+  std::shared_ptr<const HeldLease> lease = holder->Lease(lid(0));
+  EXPECT_FALSE(lease->held());
+  EXPECT_EQ(lease->lost().code(), absl::StatusCode::kFailedPrecondition) << lease->lost();
+  EXPECT_FALSE(lease->ended_by_leave());
+  EXPECT_EQ(lease->epoch(), *epoch);  // the last one held
+  EXPECT_EQ(lease->evicted_epoch(), *epoch);
   // Renewing what it no longer holds is NotFound; its Leave is too.
   EXPECT_EQ(holder->Renew(lid(0)).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(holder->Leave(lid(0)).code(), absl::StatusCode::kNotFound);
@@ -347,6 +365,35 @@ TEST_P(ClientConformanceTest, AnOperatorsDrainIsMarkedLeft) {
   EXPECT_TRUE(change->left) << change->status;
   EXPECT_EQ(change->new_epoch, 0u);
   EXPECT_EQ(holder->EpochOf(lid(0)), std::nullopt);
+  std::shared_ptr<const HeldLease> lease = holder->Lease(lid(0));
+  EXPECT_FALSE(lease->held());
+  EXPECT_TRUE(lease->ended_by_leave());
+  EXPECT_EQ(lease->evicted_epoch(), 0u);  // a drain is no eviction
+}
+
+// A holder that watches its model sees the LEFT of an operator's drain in its lease (or, when
+// its renewal came first, the loss by a LEAVE), never its own LEAVE's.
+TEST_P(ClientConformanceTest, TheLeaseOfAWatchingHolderTellsAnOperatorsDrainFromItsOwnLeave) {
+  EventLog log;
+  auto holder = Client();
+  holder->Subscribe([&log](const Event& e) { log.Add(e); });
+  ASSERT_TRUE(holder->Watch(model_).ok());
+  auto own = holder->Join(lid(0), {"tcp://127.0.0.1:1"});
+  ASSERT_TRUE(own.ok()) << own.status();
+  ASSERT_TRUE(holder->Leave(lid(0)).ok());
+  EXPECT_TRUE(log.Await(EventKind::kLeft, lid(0), *own));
+  std::shared_ptr<const HeldLease> left = holder->Lease(lid(0));
+  EXPECT_FALSE(left->drained());
+  EXPECT_FALSE(left->ended_by_leave());
+  EXPECT_EQ(left->evicted_epoch(), 0u);
+
+  auto drained = holder->Join(lid(1), {"tcp://127.0.0.1:2"});
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  ASSERT_TRUE(Client(/*admin=*/true)->Evict(lid(1)).ok());
+  EXPECT_TRUE(log.Await(EventKind::kLeft, lid(1), *drained));
+  std::shared_ptr<const HeldLease> lease = holder->Lease(lid(1));
+  EXPECT_TRUE(lease->drained() || lease->ended_by_leave());
+  EXPECT_EQ(lease->evicted_epoch(), 0u);
 }
 
 TEST_P(ClientConformanceTest, RenewConfirmsTheEpochAndTheLeaseIsReadable) {

@@ -4,6 +4,7 @@
 
 #include "connex/base/check.h"
 #include "connex/base/logging.h"
+#include "connex/base/status.h"
 #include "connex/base/strings.h"
 
 namespace connex::pp {
@@ -30,7 +31,7 @@ void DrainState::BeforeTurn() {
   if (!lost_) {
     absl::Status health = lost_status();
     if (!health.ok()) {
-      if (reg_->operator_drain.load() || reg_->ended_by_leave.load()) {
+      if (reg_->operator_drain.load() || reg_->lease->ended_by_leave()) {
         reg_->operator_drain.store(true);
       } else {
         lost_ = true;
@@ -40,6 +41,7 @@ void DrainState::BeforeTurn() {
       }
     }
   }
+  if (reg_->lease->drained()) reg_->operator_drain.store(true);
   if (reg_->operator_drain.load() && !operator_draining_) StartOperatorDrain();
 }
 
@@ -94,8 +96,10 @@ absl::Status DrainState::health() const {
 }
 
 absl::Status DrainState::lost_status() const {
-  connex::MutexLock lock(&reg_->mu);
-  return reg_->lost;
+  absl::Status lost = reg_->lease->lost();
+  if (lost.ok()) return lost;
+  return Annotate(lost, StrCat("pp: ", reg_->lease->lid().ToString(), " lost its LID (epoch ",
+                               reg_->lease->epoch(), ")"));
 }
 
 void DrainState::OnDrained(std::function<void()> callback) {

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <vector>
 
+#include "connex/directory/held_lease.h"
+#include "connex/pp/internal/registration.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,17 +23,17 @@ class DrainStateTest : public ::testing::Test {
               return requests_;
             },
             [this] { return requests_; }) {
-    reg_.AdvanceEpoch(7);
+    held_->Advance(7, /*fresh=*/true);
     drain_.OnDrained([this] { ++drained_; });
   }
 
   void Lose(bool left) {
-    if (left) reg_.ended_by_leave.store(true);
-    connex::MutexLock lock(&reg_.mu);
-    reg_.lost = absl::FailedPreconditionError("superseded by epoch 9");
+    held_->Lose(absl::FailedPreconditionError("superseded by epoch 9"), left);
   }
 
-  internal::Registration reg_;
+  std::shared_ptr<directory::HeldLease> held_ =
+      std::make_shared<directory::HeldLease>(Lid{"m", 0, 0, 0});
+  internal::Registration reg_{held_};
   size_t requests_ = 3;
   std::vector<absl::Status> ended_;
   int drained_ = 0;
@@ -73,13 +75,33 @@ TEST_F(DrainStateTest, ALostLidFencesEveryEpochAndEndsTheRequestsOnce) {
   drain_.BeforeTurn();
   EXPECT_TRUE(drain_.lost());
   EXPECT_TRUE(reg_.fenced.load());
-  EXPECT_EQ(reg_.epoch.load(), 0u);
+  EXPECT_EQ(reg_.epoch(), 0u);
   ASSERT_EQ(ended_.size(), 1u);
   EXPECT_EQ(ended_[0].code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(drain_.health().code(), absl::StatusCode::kFailedPrecondition);
   drain_.BeforeTurn();
   EXPECT_EQ(ended_.size(), 1u);
   EXPECT_FALSE(drain_.draining());
+}
+
+TEST_F(DrainStateTest, ALostLidSaysWhichAndWhy) {
+  Lose(/*left=*/false);
+  drain_.BeforeTurn();
+  EXPECT_THAT(drain_.health().message(), HasSubstr("pp: m/g0/s0/r0 lost its LID (epoch 7)"));
+  EXPECT_THAT(drain_.health().message(), HasSubstr("superseded by epoch 9"));
+}
+
+// The client saw a LEFT of the epoch held that it did not send: an operator's drain.
+TEST_F(DrainStateTest, ALeaseDrainedByAnOperatorDrainsTheNode) {
+  held_->Drain(6);  // an older epoch's: nothing
+  drain_.BeforeTurn();
+  EXPECT_FALSE(drain_.draining());
+  held_->Drain(7);
+  drain_.BeforeTurn();
+  EXPECT_TRUE(drain_.draining());
+  EXPECT_TRUE(reg_.operator_drain.load());
+  EXPECT_FALSE(reg_.fenced.load());  // no fence
+  EXPECT_EQ(reg_.epoch(), 7u);
 }
 
 TEST_F(DrainStateTest, AnEpochEndedByALeaveIsADrainNotALoss) {

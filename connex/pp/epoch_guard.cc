@@ -30,8 +30,8 @@ EpochGuard::EpochGuard(std::string name, const Clock* clock, int64_t stall_ms,
 void EpochGuard::NoteAlive() {
   const int64_t now = clock_->NowMs();
   if (alive_ms_ != 0 && now - alive_ms_ > stall_ms_ && unconfirmed_epoch_ == 0 &&
-      reg_->epoch.load() != 0) {
-    unconfirmed_epoch_ = reg_->epoch.load();
+      reg_->epoch() != 0) {
+    unconfirmed_epoch_ = reg_->epoch();
     stalled_ms_ = now - alive_ms_;
     next_confirm_ms_ = 0;
     CONNEX_LOG_INFO(
@@ -44,9 +44,12 @@ void EpochGuard::NoteAlive() {
 
 absl::Status EpochGuard::Admit(uint64_t epoch) {
   NoteAlive();  // a freeze right before this step counts
-  if (reg_->revoked.load() == epoch) {
+  if (reg_->lease->evicted_epoch() == epoch) {
     return absl::FailedPreconditionError(
-        StrCat("the directory evicted it (", reg_->RevokedWhy(), "); joining again"));
+        StrCat("the directory evicted it (", reg_->lease->eviction(), "); joining again"));
+  }
+  if (refused_epoch_ == epoch) {
+    return absl::FailedPreconditionError(StrCat("the directory evicted it (", refused_why_, ")"));
   }
   if (unconfirmed_epoch_ == 0) {
     // Cut off rather than frozen (a partition: the loop ran on, but neither the directory nor
@@ -88,15 +91,15 @@ absl::Status EpochGuard::Admit(uint64_t epoch) {
     return absl::OkStatus();
   }
   if (held.ok()) {
-    reg_->AdvanceEpoch(*held);  // a JOIN of ours whose reply was lost
+    // A JOIN of ours whose reply was lost: the client's lease holds the new epoch now.
     return absl::FailedPreconditionError(StrCat("the directory holds epoch ", *held, " now"));
   }
   if (held.status().code() == absl::StatusCode::kFailedPrecondition ||
       held.status().code() == absl::StatusCode::kNotFound) {
-    std::string why = StrCat("no longer current after a stall of ", stalled_ms_,
-                             " ms: ", held.status().message());
-    reg_->Revoke(epoch, why);
-    return absl::FailedPreconditionError(StrCat("the directory evicted it (", why, ")"));
+    refused_epoch_ = epoch;
+    refused_why_ = StrCat("no longer current after a stall of ", stalled_ms_,
+                          " ms: ", held.status().message());
+    return absl::FailedPreconditionError(StrCat("the directory evicted it (", refused_why_, ")"));
   }
   next_confirm_ms_ = now + stall_ms_;  // unreachable: refuse meanwhile, ask again later
   return absl::UnavailableError(

@@ -4,8 +4,8 @@
 //  - the stall detector: a gap between two signs of life of the node's loop (NoteAlive) longer
 //    than the stall bound, or a lease unrenewed for a heartbeat plus the stall bound while no
 //    peer was heard from, leaves the epoch unconfirmed; the next step is admitted only after the
-//    directory confirms it (LeaseSource::Renew), refused if it evicted it (the epoch is then
-//    revoked), refused and asked again a stall bound later if it does not answer;
+//    directory confirms it (LeaseSource::Renew), refused if it evicted it (the client's lease then
+//    shows the epoch evicted), refused and asked again a stall bound later if it does not answer;
 //  - on the lease: a lease unrenewed (the directory down, restarting, unreachable) while the
 //    peers answer (NotePeer within the stall bound) and the lease cannot have run out (its
 //    LeaseLeftMs above the stall bound) admits steps without asking.
@@ -94,6 +94,10 @@ class EpochGuard {
   EpochGuardStats stats_;
   int64_t alive_ms_ = 0;            // the loop's last sign of life
   uint64_t unconfirmed_epoch_ = 0;  // held across a stall, not confirmed since (0: none)
+  // The epoch our own confirmation found gone (the client's lease says so too while the LID is
+  // held; this holds after it was given up as well), and why.
+  uint64_t refused_epoch_ = 0;
+  std::string refused_why_;
   int64_t stalled_ms_ = 0;
   int64_t next_confirm_ms_ = 0;    // after an unanswered confirmation
   int64_t peer_heard_ms_ = 0;      // the last signal from a member (0: none yet)

@@ -45,32 +45,25 @@ absl::Status StageNode::Impl::Start() {
   CONNEX_ASSIGN_OR_RETURN(
       receiver_,
       StepReceiver::Create(
-          recv, engine_, *transfer_, [reg = reg_] { return reg->epoch.load(); },
+          recv, engine_, *transfer_, [reg = reg_] { return reg->epoch(); },
           [this](const std::string& a, const Signal& sig) { Send(a, sig); },
           [this](const StepSignal& step, const TensorDict& out) { Deliver(step, out); }));
   signals_->SetReceiver([this](std::string frame) { Post(std::move(frame)); });
-  // The client may outlive this node: the callback holds the shared registration state, not
-  // the node.
-  dir_.OnRegistrationChange(
-      [reg = reg_, lid = lid_](const directory::RegistrationChange& c) { reg->OnChange(lid, c); });
+  // The model is watched: the FAILED and LEFT events of our own epochs reach our lease (reg_).
   CONNEX_RETURN_IF_ERROR(dir_.Watch(o_.model));
   // One peer set per stage this node deals with: the one place that knows its live, draining
   // and failed members (directory events, and the transport's peer-death events of the peers
   // it watches).
   CONNEX_RETURN_IF_ERROR(routes_.Watch(dir_, transfer_.get(), lid_,
                                        [this](const elastic::PeerChange& c) { Post(c); }));
-  // Our own epoch's FAILED (a fence) and LEFT (an operator's drain, unless we asked for it).
-  subscription_ =
-      dir_.Subscribe([reg = reg_, lid = lid_](const directory::Event& e) { reg->OnEvent(lid, e); });
   const int64_t lease = dir_.lease_ttl_ms() > 0 ? dir_.lease_ttl_ms() : o_.probe_timeout_ms;
   const int64_t stall_ms = o_.stall_confirm_ms > 0
                                ? o_.stall_confirm_ms
                                : std::max<int64_t>(1, std::min(o_.probe_timeout_ms, lease) / 2);
   guard_ =
       std::make_unique<EpochGuard>(lid_.ToString(), clock_, stall_ms, reg_.get(), &lease_source_);
-  CONNEX_ASSIGN_OR_RETURN(uint64_t epoch, dir_.Join(lid_, Addresses(), JoinMetadata()));
+  CONNEX_RETURN_IF_ERROR(dir_.Join(lid_, Addresses(), JoinMetadata()).status());
   joined_ = true;
-  reg_->AdvanceEpoch(epoch);
   loop_ = std::thread([this] { Run(); });
   queue_.LoopStarted();
   return absl::OkStatus();
@@ -135,7 +128,6 @@ void StageNode::Impl::Stop(bool leave, int64_t drain_timeout_ms) {
     cmd.run = [this, drained] { drain_->BeginLeave(drained); };
     cmd.cancel = [drained] { drained->set_value(); };
     if (PostCommand(std::move(cmd))) {
-      reg_->leaving.store(true);
       if (joined_) (void)dir_.Leave(lid_);
       joined_ = false;
       (void)future.wait_for(std::chrono::milliseconds(drain_timeout_ms));
@@ -152,7 +144,6 @@ absl::Status StageNode::Impl::Migrate(std::unique_ptr<SignalTransport> signals) 
     std::unique_ptr<SignalTransport> old = std::move(signals_);
     signals_.reset(new ForwardingTransport(std::move(s)));
     absl::StatusOr<uint64_t> epoch = dir_.Join(lid_, Addresses(), JoinMetadata());
-    if (epoch.ok()) reg_->AdvanceEpoch(*epoch);
     old->Close();
     retired_.push_back(std::move(old));
     while (retired_.size() > kRetiredTransports) retired_.pop_front();
@@ -173,7 +164,7 @@ std::map<std::string, std::string> StageNode::Impl::JoinMetadata() const {
 Hop StageNode::Impl::Self() const {
   Hop h;
   h.lid = lid_;
-  h.epoch = reg_->epoch.load();
+  h.epoch = reg_->epoch();
   h.signal = signals_->address();
   h.addresses = transfer_->LocalAddresses();
   return h;
@@ -198,7 +189,6 @@ void StageNode::Impl::StopLoop() {
       if (cmd->cancel) cmd->cancel();
     }
   }
-  if (subscription_ != 0) dir_.Unsubscribe(subscription_);
   routes_.Clear();  // no peer-set callbacks after this
   signals_->Close();
   owner_->DropAll(absl::CancelledError(StrCat("pp: ", lid_.ToString(), " stopped")));

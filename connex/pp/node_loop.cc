@@ -76,7 +76,7 @@ void StageNode::Impl::PublishStats() {
     stats_.replay_bytes = receiver_->replay_bytes();
   }
   stats_.releases_pending = releases_ ? releases_->pending() : 0;
-  stats_.epoch = reg_->epoch.load();
+  stats_.epoch = reg_->epoch();
   stats_.epoch_checks = guard_->stats().epoch_checks;
   stats_.steps_on_lease = guard_->stats().steps_on_lease;
   ledger_.Hold(stats_.epoch);
@@ -100,7 +100,7 @@ void StageNode::Impl::HandleFrame(const std::string& frame) {
 
 void StageNode::Impl::Deliver(const StepSignal& s, const TensorDict& out) {
   if (o_.stage + 1 == o_.stages) {
-    absl::StatusOr<Signal> answer = LastStageAnswer(s, out, lid_, reg_->epoch.load());
+    absl::StatusOr<Signal> answer = LastStageAnswer(s, out, lid_, reg_->epoch());
     if (!answer.ok() || std::holds_alternative<StepErrorSignal>(*answer)) {
       CONNEX_LOG_ERROR("pp {}: the engine's last-stage output lacks {}", lid_.ToString(),
                        kNextTokens);
@@ -118,8 +118,8 @@ void StageNode::Impl::Deliver(const StepSignal& s, const TensorDict& out) {
 
 void StageNode::Impl::HopFailed(const Hop& owner, uint64_t step, uint32_t attempt, uint64_t ticket,
                                 uint32_t hop, absl::StatusCode code, const std::string& reason) {
-  HopFailedSignal f{
-      step, attempt, lid_, hop, static_cast<uint32_t>(code), reason, reg_->epoch.load(), ticket};
+  HopFailedSignal f{step,   attempt,       lid_,  hop, static_cast<uint32_t>(code),
+                    reason, reg_->epoch(), ticket};
   if (owner.lid == lid_) {
     CONNEX_CHECK(o_.stage == 0);  // only stage 0 sends steps it owns
     owner_->OnHopFailed(f);
@@ -143,7 +143,7 @@ void StageNode::Impl::On(PingSignal& p) {
     ++strangers_ignored_;
     return;
   }
-  Send(p.reply_to, PongSignal{p.nonce, lid_, reg_->epoch.load()});
+  Send(p.reply_to, PongSignal{p.nonce, lid_, reg_->epoch()});
 }
 
 void StageNode::Impl::HandlePeerChange(const elastic::PeerChange& c) {

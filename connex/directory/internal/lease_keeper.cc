@@ -112,6 +112,8 @@ absl::StatusOr<uint64_t> LeaseKeeper::Join(const Lid& lid, std::vector<std::stri
     // outcome is ignored as stale, so it must not hold the next renewals back.
     r.renewing = false;
     r.rejoining = false;
+    r.lease = LeaseLocked(lid);
+    r.lease->Advance(joined->epoch, /*fresh=*/true);
     return joined->epoch;
   }
 }
@@ -205,14 +207,38 @@ Caller LeaseKeeper::Voucher(const Lid& lid, std::string_view reporter) const {
   return caller;
 }
 
-void LeaseKeeper::RenewNowIfHeld(const Lid& lid, uint64_t epoch) {
+std::shared_ptr<HeldLease> LeaseKeeper::LeaseLocked(const Lid& lid) {
+  std::shared_ptr<HeldLease>& lease = leases_[lid];
+  if (!lease) lease = std::make_shared<HeldLease>(lid);
+  return lease;
+}
+
+std::shared_ptr<const HeldLease> LeaseKeeper::Lease(const Lid& lid) {
+  MutexLock lock(&mu_);
+  return LeaseLocked(lid);
+}
+
+void LeaseKeeper::OnEpochEnded(const Event& event) {
+  const Lid& lid = event.record.lid;
+  const uint64_t epoch = event.record.epoch;
   {
     MutexLock lock(&mu_);
     auto it = registrations_.find(lid);
     if (it == registrations_.end() || it->second.epoch != epoch) return;
-    if (it->second.renewing || it->second.rejoining) return;
+    Registration& r = it->second;
+    if (event.kind == EventKind::kLeft) {
+      // Our own LEAVE erased the registration before it was sent: this LEFT is an operator's.
+      r.lease->Drain(epoch);
+    } else if (event.kind == EventKind::kFailed) {
+      r.lease->Evict(epoch, event.reason.empty()
+                                ? std::string(EventKindName(event.kind))
+                                : StrCat(EventKindName(event.kind), " (", event.reason, ")"));
+    } else {
+      return;
+    }
+    if (r.renewing || r.rejoining) return;
     CONNEX_LOG_INFO("directory client: {} epoch {} ended: renewing now", lid.ToString(), epoch);
-    it->second.next_renewal_ms = 0;
+    r.next_renewal_ms = 0;
   }
   Wake();
 }
@@ -260,6 +286,11 @@ void LeaseKeeper::OnRenewal(const Held& held, const absl::StatusOr<Renewal>& res
     auto it = registrations_.find(lid);
     if (it == registrations_.end() || it->second.epoch != held.epoch) return;  // left, migrated
     Registration& r = it->second;
+    // The epoch is no longer current, whatever comes of it (a rejoin, giving the LID up) — unless
+    // a LEAVE ended it: an operator's drain is no eviction.
+    if (!result.ok() && !Unreachable(result.status()) && !EndedByLeave(result.status())) {
+      r.lease->Evict(held.epoch, StrCat("renewal refused: ", result.status().message()));
+    }
     if (r.rejoining) return;  // the rejoin's JOIN decides (and re-arms the renewals)
     if (scheduled) r.renewing = false;
     if (result.ok()) {
@@ -272,6 +303,7 @@ void LeaseKeeper::OnRenewal(const Held& held, const absl::StatusOr<Renewal>& res
       r.epoch = now_held = result->epoch;
       r.credential = result->credential;
       r.renewed_ms = clock_->NowMs();
+      r.lease->Advance(now_held, /*fresh=*/false);
       adopted = true;
     } else if (Unreachable(result.status()) || joins_in_flight_.count(lid)) {
       return;  // the directory is unreachable, or a Join of ours decides: keep on
@@ -279,6 +311,10 @@ void LeaseKeeper::OnRenewal(const Held& held, const absl::StatusOr<Renewal>& res
       r.renewing = true;  // no renewals until the JOIN is answered
       r.rejoining = rejoin = true;
     } else {
+      r.lease->Lose(absl::IsNotFound(result.status())
+                        ? absl::FailedPreconditionError(result.status().message())
+                        : result.status(),
+                    EndedByLeave(result.status()));
       registrations_.erase(it);
     }
   }
@@ -328,6 +364,7 @@ void LeaseKeeper::Rejoin(const Lid& lid, uint64_t old_epoch) {
       r.renewing = false;
       r.next_renewal_ms = clock_->NowMs() + heartbeat_ms_;
       r.renewed_ms = clock_->NowMs();
+      r.lease->Advance(joined->epoch, /*fresh=*/false);
     } else if (!GivesUp(joined.status()) || joins_in_flight_.count(lid)) {
       // Unreachable, or a passing refusal (on etcd: a JOIN made with the lease that expired
       // under it, before the store noticed): the next renewal tells us again. A Join of ours in
@@ -337,6 +374,7 @@ void LeaseKeeper::Rejoin(const Lid& lid, uint64_t old_epoch) {
       r.renewing = false;
       return;
     } else {
+      r.lease->Lose(joined.status(), /*ended_by_leave=*/false);
       registrations_.erase(it);
     }
   }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@
 #include "connex/base/clock.h"
 #include "connex/base/mutex.h"
 #include "connex/directory/client.h"
+#include "connex/directory/held_lease.h"
 #include "connex/directory/internal/store.h"
 
 namespace connex::directory::internal {
@@ -36,7 +38,7 @@ class LeaseKeeper {
   ~LeaseKeeper();  // Stop()s
 
   // Stops renewing, without leaving: the leases run out as after a crash. The keeper stays
-  // usable for the store's threads (RenewNowIfHeld is then a no-op) until it is destroyed, so
+  // usable for the store's threads (OnEpochEnded then renews nothing) until it is destroyed, so
   // that the store can be stopped after it. Idempotent.
   void Stop();
 
@@ -58,9 +60,13 @@ class LeaseKeeper {
   // Who reports `lid` failed: `reporter`, vouched for by a LID of the same model this client
   // holds (not `lid` itself), and the admin token if it has one.
   Caller Voucher(const Lid& lid, std::string_view reporter) const;
-  // An event ended `epoch` of `lid`: if it is ours, renew now, so that the refusal starts the
-  // rejoin at once rather than a heartbeat interval later.
-  void RenewNowIfHeld(const Lid& lid, uint64_t epoch);
+  // The handle of `lid` (held_lease.h), made on the first call; the same one across Joins.
+  std::shared_ptr<const HeldLease> Lease(const Lid& lid);
+  // A FAILED or LEFT event ended an epoch: if it is the one held of a LID of ours, its handle
+  // says so (an eviction, or an operator's drain: our own LEAVE stopped the renewals first), and
+  // the LID is renewed now, so that the refusal starts the rejoin (or the giving up) at once
+  // rather than a heartbeat interval later.
+  void OnEpochEnded(const Event& event);
 
  private:
   struct Registration {
@@ -72,6 +78,7 @@ class LeaseKeeper {
     bool renewing = false;   // a scheduled renewal is in flight
     bool rejoining = false;  // a rejoin's JOIN is in flight: no second one
     int64_t renewed_ms = 0;  // when the directory last confirmed `epoch` (JOIN or renewal)
+    std::shared_ptr<HeldLease> lease;  // what the holder reads
   };
 
   void Run();
@@ -79,6 +86,7 @@ class LeaseKeeper {
   void OnRenewal(const Held& held, const absl::StatusOr<Renewal>& result, bool scheduled);
   void Rejoin(const Lid& lid, uint64_t old_epoch);
   void Notify(const RegistrationChange& change);
+  std::shared_ptr<HeldLease> LeaseLocked(const Lid& lid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Wake();
   int64_t RenewTimeoutMs() const;
 
@@ -89,6 +97,8 @@ class LeaseKeeper {
 
   mutable Mutex mu_;
   std::map<Lid, Registration> registrations_ ABSL_GUARDED_BY(mu_);
+  // Every LID's handle, held or not (a holder may ask before its Join, and keeps it after).
+  std::map<Lid, std::shared_ptr<HeldLease>> leases_ ABSL_GUARDED_BY(mu_);
   // Join calls (a migration) in flight per LID: while one is, a refused renewal or a failed
   // rejoin does not give the LID up — the Join's own outcome decides.
   std::map<Lid, int> joins_in_flight_ ABSL_GUARDED_BY(mu_);

@@ -24,7 +24,7 @@ WatchedView::~WatchedView() {
   if (delay_thread_.joinable()) delay_thread_.join();
 }
 
-void WatchedView::OnEpochEnded(std::function<void(const Lid&, uint64_t)> callback) {
+void WatchedView::OnEpochEnded(std::function<void(const Event&)> callback) {
   on_epoch_ended_ = std::move(callback);
 }
 
@@ -146,7 +146,7 @@ void WatchedView::DeliverNow(const std::vector<Event>& events) {
   if (on_epoch_ended_) {
     for (const Event& e : events) {
       if (e.kind == EventKind::kFailed || e.kind == EventKind::kLeft) {
-        on_epoch_ended_(e.record.lid, e.record.epoch);
+        on_epoch_ended_(e);
       }
     }
   }

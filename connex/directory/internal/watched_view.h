@@ -40,7 +40,7 @@ class WatchedView final : public WatchSink {
   WatchedView& operator=(const WatchedView&) = delete;
 
   // Called with each FAILED / LEFT event before subscribers see it. Set before any watch starts.
-  void OnEpochEnded(std::function<void(const Lid& lid, uint64_t epoch)> callback);
+  void OnEpochEnded(std::function<void(const Event& event)> callback);
 
   void OnSnapshot(const std::string& scope, Snapshot snapshot) override;
   void OnEvent(const Event& event) override;
@@ -68,7 +68,7 @@ class WatchedView final : public WatchSink {
   void RunDelayed();
 
   Clock* const clock_;
-  std::function<void(const Lid&, uint64_t)> on_epoch_ended_;
+  std::function<void(const Event&)> on_epoch_ended_;
 
   mutable Mutex mu_;
   std::map<Lid, Record> view_ ABSL_GUARDED_BY(mu_);

@@ -99,7 +99,7 @@ class StageNode::Impl final : private OwnerHost {
   absl::Status Migrate(std::unique_ptr<SignalTransport> signals);
 
   const Lid& lid() const { return lid_; }
-  uint64_t epoch() const { return reg_->epoch.load(); }
+  uint64_t epoch() const { return reg_->epoch(); }
   StageNodeStats Stats() const {
     connex::MutexLock lock(&stats_mu_);
     return stats_snapshot_;
@@ -259,7 +259,7 @@ class StageNode::Impl final : private OwnerHost {
   // ---- what the owner asks of the node (OwnerHost) ----
 
   absl::StatusOr<uint64_t> Admit() override {
-    const uint64_t epoch = reg_->epoch.load();
+    const uint64_t epoch = reg_->epoch();
     CONNEX_RETURN_IF_ERROR(Admit(epoch));
     return epoch;
   }
@@ -286,7 +286,8 @@ class StageNode::Impl final : private OwnerHost {
   std::deque<std::unique_ptr<SignalTransport>> retired_;
   directory::DirectoryClient& dir_;
   const Lid lid_;
-  std::shared_ptr<Registration> reg_ = std::make_shared<Registration>();
+  // Our LID's lease as the client keeps it, and what this node decided on top of it.
+  std::shared_ptr<Registration> reg_ = std::make_shared<Registration>(dir_.Lease(lid_));
   RouteTable routes_;  // the peer sets of the stages this node deals with, and routes
   bool joined_ = false;
 
@@ -306,7 +307,6 @@ class StageNode::Impl final : private OwnerHost {
   DirectoryLease lease_source_;
   std::unique_ptr<EpochGuard> guard_;
   bool last_ack_matched_ = false;  // the last ACK handled matched a send of ours (FromMember)
-  uint64_t subscription_ = 0;      // our own epoch's evictions
   // Owner side.
   std::unique_ptr<RequestOwner> owner_;  // stage 0's requests and steps (others: answers only)
   std::unique_ptr<ReleaseQueue> releases_;
