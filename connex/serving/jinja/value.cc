@@ -75,6 +75,8 @@ Value Value::Array(std::vector<Value> items) {
   return v;
 }
 
+Value Value::Object() { return Object(Members()); }
+
 Value Value::Object(Members members) {
   Value v;
   v.kind_ = Kind::kObject;

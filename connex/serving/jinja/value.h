@@ -21,28 +21,11 @@
 namespace connex::serving::jinja {
 
 class Value;
-
-// The arguments of a call: positional ones, then keyword ones in the order written.
-struct CallArgs {
-  std::vector<Value> positional;
-  std::vector<std::pair<std::string, Value>> keyword;
-  const Value* Keyword(std::string_view name) const;
-};
+class Members;
+struct CallArgs;
 
 // A callable value (raise_exception, namespace, a bound string method, …).
 using Function = std::function<absl::StatusOr<Value>(const CallArgs& args)>;
-
-// Insertion-ordered string-keyed members (a JavaScript Map).
-class Members {
- public:
-  const Value* Find(std::string_view key) const;
-  void Set(std::string key, Value value);
-  const std::vector<std::pair<std::string, Value>>& entries() const { return entries_; }
-  size_t size() const { return entries_.size(); }
-
- private:
-  std::vector<std::pair<std::string, Value>> entries_;
-};
 
 class Value {
  public:
@@ -66,8 +49,9 @@ class Value {
   static Value Float(double value);
   static Value String(std::string value);
   static Value Array(std::vector<Value> items);
-  static Value Object(Members members = {});
-  static Value Namespace(Members members = {});
+  static Value Object();
+  static Value Object(Members members);
+  static Value Namespace(Members members);
   static Value Callable(Function function);
 
   // JSON null/bool/number/string/array/object become none/bool/int or float/string/array/object
@@ -112,6 +96,25 @@ class Value {
   std::shared_ptr<const std::vector<Value>> array_;
   std::shared_ptr<Members> members_;
   std::shared_ptr<const Function> function_;
+};
+
+// The arguments of a call: positional ones, then keyword ones in the order written.
+struct CallArgs {
+  std::vector<Value> positional;
+  std::vector<std::pair<std::string, Value>> keyword;
+  const Value* Keyword(std::string_view name) const;
+};
+
+// Insertion-ordered string-keyed members (a JavaScript Map).
+class Members {
+ public:
+  const Value* Find(std::string_view key) const;
+  void Set(std::string key, Value value);
+  const std::vector<std::pair<std::string, Value>>& entries() const { return entries_; }
+  size_t size() const { return entries_.size(); }
+
+ private:
+  std::vector<std::pair<std::string, Value>> entries_;
 };
 
 // How `tojson` and the rendering of arrays and objects spell JSON.
