@@ -365,6 +365,12 @@ Members GlobalNames(std::function<std::tm()> local_time) {
                   if (args.positional.size() == 3) step = args.positional[2].int_value();
                 }
                 if (step == 0) return absl::InvalidArgumentError("range() step must not be zero");
+                // A bound on what a template can make us allocate (not in the reference).
+                constexpr int64_t kMaxItems = int64_t{1} << 20;
+                if ((stop - start) / step > kMaxItems) {
+                  return absl::InvalidArgumentError(
+                      absl::StrCat("range() of more than ", kMaxItems, " items"));
+                }
                 std::vector<Value> out;
                 for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
                   out.push_back(Value::Int(i));

@@ -108,10 +108,34 @@ class Parser {
   Result ParsePrimary();
 
   const std::vector<Token>& tokens_;
+  // Statements, expressions, `not`s and signs nest at most this deep: a template is read from a
+  // model's directory, and one nested without bound would overflow the stack of the parser and of
+  // the evaluator that walks its tree.
+  static constexpr int kMaxDepth = 200;
+  class DepthGuard {
+   public:
+    explicit DepthGuard(int* depth) : depth_(depth) { ++*depth_; }
+    ~DepthGuard() { --*depth_; }
+    DepthGuard(const DepthGuard&) = delete;
+    DepthGuard& operator=(const DepthGuard&) = delete;
+
+   private:
+    int* depth_;
+  };
+  absl::Status CheckDepth() const {
+    if (depth_ > kMaxDepth) {
+      return Error(absl::StrCat("the template nests deeper than ", kMaxDepth, " levels"));
+    }
+    return absl::OkStatus();
+  }
+
   size_t current_ = 0;
+  int depth_ = 0;
 };
 
 Parser::Result Parser::ParseAny() {
+  DepthGuard guard(&depth_);
+  CONNEX_RETURN_IF_ERROR(CheckDepth());
   const Token& token = tokens_[current_];
   switch (token.type) {
     case TokenType::kComment:
@@ -235,6 +259,8 @@ Parser::Result Parser::ParseSequence(bool primary) {
 }
 
 Parser::Result Parser::ParseExpression() {
+  DepthGuard guard(&depth_);
+  CONNEX_RETURN_IF_ERROR(CheckDepth());
   const Position position = Here();
   CONNEX_ASSIGN_OR_RETURN(NodePtr value, ParseOr());
   if (!IsName("if")) return value;
@@ -292,6 +318,8 @@ Parser::Result Parser::ParseAnd() {
 }
 
 Parser::Result Parser::ParseNot() {
+  DepthGuard guard(&depth_);
+  CONNEX_RETURN_IF_ERROR(CheckDepth());
   if (!IsName("not")) return ParseComparison();
   NodePtr node = Make(NodeKind::kUnary, Here());
   node->text = "not";
@@ -391,6 +419,8 @@ Parser::Result Parser::ParseFilter() {
 }
 
 Parser::Result Parser::ParseSign() {
+  DepthGuard guard(&depth_);
+  CONNEX_RETURN_IF_ERROR(CheckDepth());
   if ((Is(TokenType::kUnary) || Is(TokenType::kAdditive)) &&
       (tokens_[current_].value == "-" || tokens_[current_].value == "+")) {
     NodePtr node = Make(NodeKind::kUnary, Here());
