@@ -97,6 +97,22 @@ Value Value::Callable(Function function) {
   return v;
 }
 
+namespace {
+
+// The key as a JavaScript array index: a canonical decimal below 2^32 - 1.
+std::optional<uint32_t> ArrayIndex(const std::string& key) {
+  if (key.empty() || key.size() > 10 || (key.size() > 1 && key[0] == '0')) return std::nullopt;
+  uint64_t value = 0;
+  for (char c : key) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (value >= 4294967295u) return std::nullopt;
+  return static_cast<uint32_t>(value);
+}
+
+}  // namespace
+
 Value Value::FromJson(const nlohmann::ordered_json& json) {
   switch (json.type()) {
     case nlohmann::ordered_json::value_t::null:
@@ -124,8 +140,18 @@ Value Value::FromJson(const nlohmann::ordered_json& json) {
       return Array(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
+      // A JavaScript object lists its array-index keys ("0", "17", …) first, in numeric order,
+      // then the others as inserted; the reference's dicts come from such objects.
+      std::vector<std::pair<uint32_t, const std::string*>> indices;
+      for (const auto& [key, item] : json.items()) {
+        if (auto index = ArrayIndex(key)) indices.emplace_back(*index, &key);
+      }
+      std::sort(indices.begin(), indices.end());
       Members members;
-      for (const auto& [key, item] : json.items()) members.Set(key, FromJson(item));
+      for (const auto& [index, key] : indices) members.Set(*key, FromJson(json.at(*key)));
+      for (const auto& [key, item] : json.items()) {
+        if (!ArrayIndex(key)) members.Set(key, FromJson(item));
+      }
       return Object(std::move(members));
     }
     case nlohmann::ordered_json::value_t::binary:
