@@ -123,7 +123,7 @@ absl::StatusOr<Value> NumberFilter(std::string_view name, const Value& operand,
     }
   }
   const auto make = [integer](double d) {
-    return integer ? Value::Int(static_cast<int64_t>(std::trunc(d))) : Value::Float(d);
+    return integer ? Value::Number(std::trunc(d)) : Value::Float(d);
   };
   switch (operand.kind()) {
     case Value::Kind::kString: {
@@ -216,7 +216,7 @@ absl::StatusOr<Value> ApplyFilter(std::string_view name, const Value& operand,
     if (name == "replace" && args != nullptr) return ReplaceMethod(s, *args);
   } else if (operand.is_number() && args == nullptr) {
     if (name == "abs") {
-      return operand.kind() == Value::Kind::kInt ? Value::Int(std::llabs(operand.int_value()))
+      return operand.kind() == Value::Kind::kInt ? Value::Number(std::fabs(operand.number()))
                                                  : Value::Float(std::fabs(operand.float_value()));
     }
     if (name == "string") {

@@ -42,6 +42,8 @@ absl::Status At(const Node& node, const absl::Status& status) {
   return At(node, std::string(status.message()));
 }
 
+// Walks a program's tree: renders statements, evaluates expressions. Holds no state of its own
+// (the scopes carry the render's names), so one per render.
 class Evaluator {
  public:
   absl::Status RenderBlock(const std::vector<NodePtr>& block, Scope& scope, std::string* out);
@@ -284,7 +286,7 @@ absl::StatusOr<Value> Evaluator::Eval(const Node& node, Scope& scope) {
           return Value::Float(sign * argument.float_value());
         case Value::Kind::kInt:
         case Value::Kind::kBool:
-          return Value::Int(static_cast<int64_t>(sign * argument.number()));
+          return Value::Number(sign * argument.number());
         default:
           return At(node,
                     absl::StrCat("unary '", node.text, "' on a ", argument.TypeName(), " value"));

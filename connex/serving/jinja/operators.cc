@@ -26,12 +26,16 @@ absl::StatusOr<Value> Arithmetic(std::string_view op, const Value& left, const V
   if (both_int) {
     const int64_t x = left.int_value();
     const int64_t y = right.int_value();
-    if (op == "+") return Value::Int(x + y);
-    if (op == "-") return Value::Int(x - y);
-    if (op == "*") return Value::Int(x * y);
+    int64_t result = 0;
+    if (op == "+")
+      return __builtin_add_overflow(x, y, &result) ? Value::Float(a + b) : Value::Int(result);
+    if (op == "-")
+      return __builtin_sub_overflow(x, y, &result) ? Value::Float(a - b) : Value::Int(result);
+    if (op == "*")
+      return __builtin_mul_overflow(x, y, &result) ? Value::Float(a * b) : Value::Int(result);
     if (y == 0 && (op == "//" || op == "%")) return Value::Float(std::nan(""));
-    if (op == "//") return Value::Int(static_cast<int64_t>(std::floor(a / b)));
-    if (op == "%") return Value::Int(x % y);
+    if (op == "//") return Value::Number(std::floor(a / b));
+    if (op == "%") return Value::Int(y == -1 ? 0 : x % y);
   } else {
     if (op == "+") return Value::Float(a + b);
     if (op == "-") return Value::Float(a - b);
@@ -88,7 +92,7 @@ absl::StatusOr<Value> BinaryOperation(std::string_view op, const Value& left, co
     if (left.kind() == Value::Kind::kFloat || right.kind() == Value::Kind::kFloat || b < 0) {
       return Value::Float(result);
     }
-    return Value::Int(static_cast<int64_t>(result));
+    return Value::Number(result);
   } else if (left.is_array() && right.is_array()) {
     if (op == "+") {
       std::vector<Value> items = left.items();

@@ -61,6 +61,14 @@ Value Value::Float(double value) {
   return v;
 }
 
+Value Value::Number(double value) {
+  if (std::isfinite(value) && value == std::trunc(value) && value >= -9223372036854775808.0 &&
+      value < 9223372036854775808.0) {
+    return Int(static_cast<int64_t>(value));
+  }
+  return Float(value);
+}
+
 Value Value::String(std::string value) {
   Value v;
   v.kind_ = Kind::kString;

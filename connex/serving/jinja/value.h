@@ -47,6 +47,9 @@ class Value {
   static Value Bool(bool value);
   static Value Int(int64_t value);
   static Value Float(double value);
+  // An integer when `value` is an integer int64 can hold, else a float (JavaScript's numbers are
+  // doubles: arithmetic past int64 goes on in floating point rather than overflowing).
+  static Value Number(double value);
   static Value String(std::string value);
   static Value Array(std::vector<Value> items);
   static Value Object();
