@@ -123,6 +123,35 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfigFile(const std::st
   return result;
 }
 
+namespace {
+
+// The named sources of a `chat_template` field: one template ("default"), or a list of
+// {"name", "template"}.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> TemplateSources(
+    const nlohmann::ordered_json& field) {
+  std::vector<std::pair<std::string, std::string>> sources;
+  if (field.is_string()) {
+    sources.emplace_back("default", field.get<std::string>());
+    return sources;
+  }
+  if (!field.is_array()) {
+    return absl::InvalidArgumentError(
+        "chat_template must be a string or a list of named templates");
+  }
+  for (const auto& entry : field) {
+    if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
+        !entry.contains("template") || !entry["template"].is_string()) {
+      return absl::InvalidArgumentError(
+          "chat_template: each entry of a list must be {\"name\": string, \"template\": "
+          "string}");
+    }
+    sources.emplace_back(entry["name"].get<std::string>(), entry["template"].get<std::string>());
+  }
+  return sources;
+}
+
+}  // namespace
+
 absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfig(
     const nlohmann::ordered_json& config) {
   CONNEX_ASSIGN_OR_RETURN(TokenizerSpecials specials, SpecialsFromTokenizerConfig(config));
@@ -132,23 +161,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfig(
         "tokenizer_config has no chat_template (give the model's template with --chat-template "
         "FILE)");
   }
-  std::vector<std::pair<std::string, std::string>> sources;
-  if (it->is_string()) {
-    sources.emplace_back("default", it->get<std::string>());
-  } else if (it->is_array()) {
-    for (const auto& entry : *it) {
-      if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
-          !entry.contains("template") || !entry["template"].is_string()) {
-        return absl::InvalidArgumentError(
-            "chat_template: each entry of a list must be {\"name\": string, \"template\": "
-            "string}");
-      }
-      sources.emplace_back(entry["name"].get<std::string>(), entry["template"].get<std::string>());
-    }
-  } else {
-    return absl::InvalidArgumentError(
-        "chat_template must be a string or a list of named templates");
-  }
+  CONNEX_ASSIGN_OR_RETURN(auto sources, TemplateSources(*it));
   return Make(std::move(sources), std::move(specials));
 }
 
@@ -165,11 +178,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTemplateFile(const std::string& p
     if (!json.is_object() || !json.contains("chat_template")) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": no \"chat_template\" field"));
     }
-    nlohmann::ordered_json config = json;
-    for (const auto& [name, value] : specials.named) {
-      if (!config.contains(name)) config[name] = value;
-    }
-    auto result = FromTokenizerConfig(config);
+    auto sources = TemplateSources(json["chat_template"]);
+    if (!sources.ok()) return Annotate(sources.status(), path);
+    auto result = Make(*std::move(sources), std::move(specials));
     if (!result.ok()) return Annotate(result.status(), path);
     return result;
   }

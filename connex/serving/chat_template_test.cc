@@ -191,9 +191,11 @@ TEST(ChatTemplateTest, ATemplateFileOverridesAndKeepsTheModelsSpecialTokens) {
 
   const std::string json_path = dir + "/chat_template_test.json";
   std::ofstream(json_path) << R"({"chat_template": "{{ messages | length }}{{ eos_token }}"})";
+  specials.special_tokens = {"<|end|>", "<|x|>"};
   auto from_json = ChatTemplate::FromTemplateFile(json_path, specials);
   ASSERT_TRUE(from_json.ok()) << from_json.status();
   EXPECT_EQ(*from_json->Render(messages), "2<|end|>");
+  EXPECT_EQ(from_json->specials().special_tokens, specials.special_tokens);
 
   EXPECT_EQ(ChatTemplate::FromTemplateFile(dir + "/missing.jinja").status().code(),
             absl::StatusCode::kNotFound);
