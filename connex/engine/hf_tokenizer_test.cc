@@ -1,10 +1,12 @@
 #include "connex/engine/hf_tokenizer.h"
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "connex/engine/internal/utf8.h"
 #include "gtest/gtest.h"
@@ -184,6 +186,26 @@ TEST_P(FamilyTest, StreamDecoderEmitsWholeCharacters) {
       EXPECT_EQ(streamed, *whole) << Show(ids) << " skip=" << skip;
     }
   }
+}
+
+// One tokenizer encodes from several threads at once (its word cache is shared) and gives each
+// the ids it gives one thread.
+TEST_P(FamilyTest, EncodesFromManyThreads) {
+  std::vector<std::vector<int32_t>> want;
+  for (const std::string& text : corpus_) want.push_back(*tokenizer_->Encode(text, true));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t k = 0; k < corpus_.size(); ++k) {
+        size_t i = (k * 7 + t * 31) % corpus_.size();
+        auto ids = tokenizer_->Encode(corpus_[i], true);
+        if (!ids.ok() || *ids != want[i]) ++mismatches;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 // BOS / EOS come from tokenizer_config.json (a string, or null for Qwen's BOS), and the
