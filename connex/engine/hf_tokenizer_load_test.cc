@@ -105,6 +105,11 @@ TEST(HfTokenizerLoadTest, UnsupportedComponentsAreRefusedByType) {
                         {"behavior", "MergedWithPrevious"},
                         {"invert", false}};
   ExpectRefused(t, "Split behavior \"MergedWithPrevious\"");
+  t["pre_tokenizer"]["behavior"] = "Isolated";
+  t["pre_tokenizer"]["pattern"] = {{"Glob", "*"}};
+  ExpectRefused(t, "pre_tokenizer: pattern is neither");
+  t["pre_tokenizer"]["pattern"] = {{"Regex", "(?<=a"}};
+  ExpectRefused(t, "pre_tokenizer: regex \"(?<=a\"");
   t = Tiny();
   t["model"]["type"] = "Unigram";
   ExpectRefused(t, "model type \"Unigram\" is not supported");

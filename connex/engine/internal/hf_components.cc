@@ -404,13 +404,15 @@ absl::StatusOr<Regex> MakePattern(const json& j, const std::string& where) {
   if (it == j.end() || !it->is_object()) {
     return absl::InvalidArgumentError(StrCat(where, ": field \"pattern\" is missing"));
   }
-  absl::StatusOr<Regex> regex = absl::InvalidArgumentError(
-      StrCat(where, ": pattern is neither {\"String\": ...} nor {\"Regex\": ...}"));
-  if (auto s = it->find("String"); s != it->end() && s->is_string()) {
-    regex = Regex::Literal(s->get<std::string>());
-  } else if (auto r = it->find("Regex"); r != it->end() && r->is_string()) {
-    regex = Regex::Compile(r->get<std::string>());
+  auto s = it->find("String");
+  auto r = it->find("Regex");
+  bool literal = s != it->end() && s->is_string();
+  if (!literal && (r == it->end() || !r->is_string())) {
+    return absl::InvalidArgumentError(
+        StrCat(where, ": pattern is neither {\"String\": ...} nor {\"Regex\": ...}"));
   }
+  absl::StatusOr<Regex> regex =
+      literal ? Regex::Literal(s->get<std::string>()) : Regex::Compile(r->get<std::string>());
   if (!regex.ok()) return Annotate(regex.status(), where);
   return regex;
 }
