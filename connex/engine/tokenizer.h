@@ -61,7 +61,7 @@ class Tokenizer {
   // The text of `ids`, always valid UTF-8 (bytes that do not form UTF-8 become U+FFFD).
   // InvalidArgument naming the id: an id outside [0, vocab_size()).
   virtual absl::StatusOr<std::string> Decode(std::span<const int32_t> ids,
-                                             const DecodeOptions& options = {}) const = 0;
+                                             const DecodeOptions& options) const = 0;
 
   // One more than the largest token id. Ids below it that no token has decode to nothing.
   virtual int32_t vocab_size() const = 0;
