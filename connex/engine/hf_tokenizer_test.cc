@@ -188,6 +188,30 @@ TEST_P(FamilyTest, StreamDecoderEmitsWholeCharacters) {
   }
 }
 
+// Byte-level BPE without a normalizer (the Llama 3 family) loses nothing: any valid UTF-8 text
+// decodes back to itself, whatever its mix of scripts, spaces, digits and specials' fragments.
+using ByteLevelFamilyTest = FamilyTest;
+TEST_P(ByteLevelFamilyTest, RoundTripsRandomText) {
+  const char32_t kRanges[][2] = {
+      {0x20, 0x7E},     {0x09, 0x0D},       {0xA0, 0x2FF},    {0x300, 0x36F},   {0x4E00, 0x4E80},
+      {0x3000, 0x3010}, {0x1F300, 0x1F64F}, {0x200B, 0x200D}, {0xFE00, 0xFE0F}, {0xFEFF, 0xFEFF}};
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string text;
+    int length = rng() % 40;
+    for (int i = 0; i < length; ++i) {
+      const auto& range = kRanges[rng() % std::size(kRanges)];
+      internal::AppendUtf8(range[0] + rng() % (range[1] - range[0] + 1), &text);
+      if (rng() % 10 == 0) text += "<|eot_id";  // half a special token stays text
+    }
+    auto ids = tokenizer_->Encode(text, /*add_special_tokens=*/false);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    DecodeOptions raw;
+    raw.clean_up_tokenization_spaces = false;
+    EXPECT_EQ(*tokenizer_->Decode(*ids, raw), text) << json(text).dump();
+  }
+}
+
 // One tokenizer encodes from several threads at once (its word cache is shared) and gives each
 // the ids it gives one thread.
 TEST_P(FamilyTest, EncodesFromManyThreads) {
@@ -245,6 +269,8 @@ TEST_P(FamilyTest, SpecialTokensFromConfig) {
 std::string FamilyName(const ::testing::TestParamInfo<const char*>& info) { return info.param; }
 INSTANTIATE_TEST_SUITE_P(Families, ReferenceTest, ::testing::ValuesIn(kFamilies), FamilyName);
 INSTANTIATE_TEST_SUITE_P(Families, FamilyTest, ::testing::ValuesIn(kFamilies), FamilyName);
+INSTANTIATE_TEST_SUITE_P(Families, ByteLevelFamilyTest,
+                         ::testing::Values("llama3", "llama3_1", "llama3_2"), FamilyName);
 
 }  // namespace
 }  // namespace connex::engine
