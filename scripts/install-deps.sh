@@ -37,6 +37,9 @@ PACKAGES=(
   libabsl-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
   libucx-dev ucx-utils
   libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
+  # The Hugging Face tokenizers (connex/engine/hf_tokenizer): PCRE2 for tokenizer.json's Unicode
+  # pre-tokenizer regexes, ICU for its NFC / NFKC normalizers.
+  libpcre2-dev libicu-dev
   iperf3 iproute2 procps
   python3  # scripts/results-charts
   gnuplot-nox  # scripts/results-charts (docs/assets/*.svg)
