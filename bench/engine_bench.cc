@@ -140,9 +140,9 @@ void BM_Sgemv(benchmark::State& state) {
   const int64_t rows = 4096, cols = 4096;
   std::vector<float> w(rows * cols, 0.5f), x(cols, 0.25f), y(rows);
   ThreadPool pool(threads);
-  MatMulOutput out[] = {{w.data(), rows, y.data(), rows}};
+  MatMulOutput out[] = {{WeightMatrix::F32(w.data(), rows, cols), y.data(), rows}};
   for (auto _ : state) {
-    MatMul(pool, out, x.data(), 1, cols);
+    MatMul(pool, out, x.data(), 1);
     benchmark::DoNotOptimize(y.data());
   }
   const double iters = static_cast<double>(state.iterations());
