@@ -101,14 +101,13 @@ inline float ReduceLanes(const float* acc) {
 }
 
 // The main loop of DotBlock over whole 16-element chunks, one vector lane per accumulator of the
-// reduction. Returns where it stopped. With kPrefetch, each weight row is also prefetched `ahead`
-// bytes further on, one cache line per 64 bytes consumed.
+// reduction. Returns where it stopped. With kPrefetch, the NR rows are consecutive rows of a
+// matrix and the next block of as many bytes, `ahead` bytes after w[0], is prefetched meanwhile.
 #if defined(CONNEX_KERNELS_SIMD)
 template <DType kType, int NR, int NT, bool kPrefetch>
 inline int64_t SimdChunks(const char* const* w, const float* const* x, int64_t n, int64_t ahead,
                           float (&acc)[NR][NT][kDotLanes]) {
   constexpr int64_t kSize = kElementSize<kType>;
-  constexpr int64_t kPerLine = 64 / (kDotLanes * kSize);  // chunks per cache line of a row
   int64_t i = 0;
 #if defined(__AVX512F__)
   __m512 a[NR][NT];
@@ -139,9 +138,16 @@ inline int64_t SimdChunks(const char* const* w, const float* const* x, int64_t n
   };
 #endif
   if constexpr (kPrefetch) {
-    for (; i + kPerLine * kDotLanes <= n; i += kPerLine * kDotLanes) {
-      for (int r = 0; r < NR; ++r) __builtin_prefetch(w[r] + i * kSize + ahead, 0, 3);
-      for (int64_t c = 0; c < kPerLine; ++c) chunk(i + c * kDotLanes);
+    // The rows are contiguous, and so is the next block: sweep it in address order (one pointer,
+    // DRAM-friendly), at the pace this block is consumed, so that it is in the caches when its
+    // turn comes.
+    constexpr int kLines = NR * kSize * kDotLanes / 64;  // of the next block, per chunk
+    static_assert(kLines >= 1);
+    const char* next = w[0] + ahead;
+    for (; i + kDotLanes <= n; i += kDotLanes) {
+      for (int l = 0; l < kLines; ++l) __builtin_prefetch(next + 64 * l, 0, 3);
+      next += 64 * kLines;
+      chunk(i);
     }
   }
   for (; i + kDotLanes <= n; i += kDotLanes) chunk(i);
