@@ -5,6 +5,7 @@
 //   BM_StreamRead: memory bandwidth of a plain streaming read of 256 MiB.
 //   BM_Sgemv:      the engine's own matrix-vector kernel on a 4096x4096 fp32 matrix (64 MiB, larger
 //                  than the caches): the fp32 matrix-vector bound in GB/s and GFLOP/s.
+//   BM_GemvBF16:   the same kernel on BF16 matrices, from the caches and from memory.
 //   BM_ParallelFor: the fork-join cost of one ParallelFor over two threads.
 // The model is CONNEX_BENCH_MODEL when set, else connex-mkmodel's default written to a temporary
 // file. Flags: Google Benchmark's (--benchmark_filter, ...) and --log-level.
@@ -157,6 +158,28 @@ void BM_Sgemv(benchmark::State& state) {
 }
 BENCHMARK(BM_Sgemv)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 
+// Args: {threads, n}. y = W x with W n x n BF16 through the engine's kernel (widened in
+// registers): n = 1024 (2 MiB) runs from the caches, so it measures the kernel's compute rate;
+// n = 8192 (128 MiB) streams from memory.
+void BM_GemvBF16(benchmark::State& state) {
+  const int threads = state.range(0);
+  const int64_t n = state.range(1);
+  std::vector<uint16_t> w(n * n, 0x3f00);  // 0.5
+  std::vector<float> x(n, 0.25f), y(n);
+  ThreadPool pool(threads);
+  MatMulOutput out[] = {{WeightMatrix{w.data(), DType::kBF16, n, n}, y.data(), n}};
+  for (auto _ : state) {
+    MatMul(pool, out, x.data(), 1);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * n * n * 2 / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GemvBF16)
+    ->ArgNames({"threads", "n"})
+    ->ArgsProduct({{1, 2}, {1024, 8192}})
+    ->UseRealTime();
+
 // Arg: threads. One ParallelFor of two trivial ranges: the fork-join cost that every matrix
 // product of a decode step pays (a layer has five).
 void BM_ParallelFor(benchmark::State& state) {
@@ -210,6 +233,9 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", vs.tokens, "--vs-bound: decode tokens timed per round")
       ->check(CLI::Range(1, 4000))
       ->capture_default_str();
+  app.add_option("--model-dir", vs.model_dir,
+                 "--vs-bound: keep the models in this directory, and reuse them when there with "
+                 "the same shape (default: a temporary directory, removed)");
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
         if (absl::Status valid = c.Validate(); !valid.ok()) {
           throw CLI::ValidationError("model shape", std::string(valid.message()));

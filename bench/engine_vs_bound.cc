@@ -13,6 +13,7 @@
 
 #include "connex/engine/pipeline.h"
 #include "connex/engine/random_model.h"
+#include "connex/engine/stage_engine.h"
 #include "connex/engine/tokenizer.h"
 
 namespace connex::engine {
@@ -149,11 +150,12 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto pool = std::make_shared<ThreadPool>(threads);
   char dir_template[] = "/tmp/connex-vs-bound.XXXXXX";
-  if (::mkdtemp(dir_template) == nullptr) {
+  const bool keep = !options.model_dir.empty();
+  if (!keep && ::mkdtemp(dir_template) == nullptr) {
     std::perror("bench_engine: mkdtemp");
     return 1;
   }
-  const std::string dir = dir_template;
+  const std::string dir = keep ? options.model_dir : dir_template;
   const ModelConfig& c = options.config;
   std::printf(
       "model: %lld layers, hidden %lld, SwiGLU %lld, heads %lld/%lld, vocabulary %lld; "
@@ -168,7 +170,11 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
     Subject s;
     s.dtype = name == "f16" ? DType::kF16 : name == "bf16" ? DType::kBF16 : DType::kF32;
     s.path = dir + "/" + name + ".safetensors";
-    if (absl::Status w = WriteRandomModel(s.path, c, 1, s.dtype); !w.ok()) {
+    absl::StatusOr<ModelConfig> existing = ReadModelConfig(s.path);
+    absl::Status w = keep && existing.ok() && *existing == c
+                         ? absl::OkStatus()
+                         : WriteRandomModel(s.path, c, 1, s.dtype);
+    if (!w.ok()) {
       std::fprintf(stderr, "bench_engine: %s\n", std::string(w.message()).c_str());
       code = 1;
       break;
@@ -221,11 +227,11 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
                   Range(ratio, "%.2f").c_str());
     }
   }
-  for (Subject& s : subjects) {
-    s.pipeline.reset();
-    ::unlink(s.path.c_str());
+  if (!keep) {
+    for (const std::string& name : options.dtypes)
+      ::unlink((dir + "/" + name + ".safetensors").c_str());
+    ::rmdir(dir.c_str());
   }
-  ::rmdir(dir.c_str());
   return code;
 }
 

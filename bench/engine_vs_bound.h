@@ -19,14 +19,17 @@ struct VsBoundOptions {
   int rounds = 5;        // each round: bound, decode, per dtype in turn
   int tokens = 32;       // decode steps timed per round
   int bound_passes = 5;  // streaming reads per round (the median counts)
+  // Where the models are written and kept, and reused when there with the same shape; empty: a
+  // temporary directory, removed at the end.
+  std::string model_dir;
 };
 
 // Llama-3.2-1B's widths (hidden 2048, SwiGLU 8192, 32 heads, 8 KV heads) with 2 layers and a
 // 32,000-token vocabulary: 374 MB of BF16 weights per decode step, far beyond the caches.
 ModelConfig VsBoundDefaultConfig();
 
-// Writes the models (seeded random weights) to a temporary directory, measures, prints the table
-// and removes them. Returns the process exit code.
+// Writes the models (seeded random weights), measures, prints the table. Returns the process exit
+// code.
 int RunDecodeVsBound(const VsBoundOptions& options);
 
 }  // namespace connex::engine
