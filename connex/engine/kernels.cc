@@ -1,9 +1,9 @@
 #include "connex/engine/kernels.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "connex/base/check.h"
 #include "connex/engine/half.h"
@@ -28,7 +28,7 @@ constexpr int kRowBlock = 2;
 // Rows per register block when only NT < 4 tokens share a pass (decode): the weights stream from
 // memory once, so the block is as tall as the registers allow, to keep many loads in flight.
 template <int NT>
-constexpr int StreamRows() {
+constexpr int StreamBlockRows() {
 #if defined(__AVX512F__)
   return NT == 1 ? 8 : 4;
 #else
@@ -38,6 +38,9 @@ constexpr int StreamRows() {
 
 template <DType kType>
 constexpr int64_t kElementSize = kType == DType::kF32 ? 4 : 2;
+
+// Checkpoints are little-endian, and the weights are read as they lie in the file.
+static_assert(std::endian::native == std::endian::little);
 
 // Element i of a row of kType weights, widened to fp32 (exactly). memcpy because a checkpoint's
 // tensor may sit at any address.
@@ -256,7 +259,7 @@ inline void BlockOfFew(int nt, const Rows& w, int64_t r, const float* x, float* 
 template <DType kType, int NT, bool kSimd>
 void StreamRows(const Rows& w, const float* x, float* y, int64_t ldy, int64_t row_begin,
                 int64_t row_end) {
-  constexpr int NR = StreamRows<NT>();
+  constexpr int NR = StreamBlockRows<NT>();
   int64_t r = row_begin;
   for (; r + 2 * NR <= row_end; r += NR) {
     Block<kType, NR, NT, true, kSimd>(w, r, x, y, ldy, NR * w.stride);
