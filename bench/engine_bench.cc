@@ -233,10 +233,15 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", vs.tokens, "--vs-bound: decode tokens timed per round")
       ->check(CLI::Range(1, 4000))
       ->capture_default_str();
+  app.add_flag("--cpu-time", vs.cpu_time,
+               "--vs-bound with --threads 1: time on the thread's CPU clock, not the wall clock");
   app.add_option("--model-dir", vs.model_dir,
                  "--vs-bound: keep the models in this directory, and reuse them when there with "
                  "the same shape (default: a temporary directory, removed)");
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
+        if (vs.cpu_time && vs.threads != 1) {
+          throw CLI::ValidationError("--cpu-time", "needs --threads 1 (one thread's CPU clock)");
+        }
         if (absl::Status valid = c.Validate(); !valid.ok()) {
           throw CLI::ValidationError("model shape", std::string(valid.message()));
         }

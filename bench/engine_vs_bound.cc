@@ -1,10 +1,10 @@
 #include "bench/engine_vs_bound.h"
 
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -19,9 +19,13 @@
 namespace connex::engine {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+// Seconds on the wall clock, or on this thread's CPU clock (--cpu-time, one thread: the time the
+// thread ran, stalls on memory included, preemptions by other processes not).
+double Now(bool cpu) {
+  timespec ts;
+  ::clock_gettime(cpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -59,10 +63,10 @@ int64_t DecodeWeightBytes(const ModelConfig& c, DType dtype) {
 
 // The bound: `threads` threads each summing a contiguous part of `data` as 64-bit integers (the
 // adds vectorise, so only memory limits it), through the engine's own pool. GB/s of one pass.
-double StreamReadGBps(ThreadPool& pool, const std::vector<uint64_t>& data) {
+double StreamReadGBps(ThreadPool& pool, const std::vector<uint64_t>& data, bool cpu) {
   const int64_t n = static_cast<int64_t>(data.size()), parts = pool.size();
   std::vector<uint64_t> sums(parts * 8);  // a cache line apart
-  const Clock::time_point start = Clock::now();
+  const double start = Now(cpu);
   pool.ParallelFor(parts, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       uint64_t sum = 0;
@@ -70,7 +74,7 @@ double StreamReadGBps(ThreadPool& pool, const std::vector<uint64_t>& data) {
       sums[p * 8] = sum;
     }
   });
-  const double s = Seconds(Clock::now() - start);
+  const double s = Now(cpu) - start;
   uint64_t total = 0;
   for (int64_t p = 0; p < parts; ++p) total += sums[p * 8];
   if (total != static_cast<uint64_t>(n)) std::abort();  // every element is 1: nothing skipped
@@ -101,7 +105,7 @@ struct Subject {
 };
 
 // A fresh 16-token prompt, then `tokens` decode steps; the median step time.
-double DecodeTokensPerSecond(Pipeline& pipeline, int tokens) {
+double DecodeTokensPerSecond(Pipeline& pipeline, int tokens, bool cpu) {
   std::vector<int32_t> prompt = Tokenize("Streaming weights.", /*add_bos=*/true);
   prompt.resize(16, 'x');
   pipeline.Release(1);
@@ -110,9 +114,9 @@ double DecodeTokensPerSecond(Pipeline& pipeline, int tokens) {
   int32_t next = out->Find(kNextTokens)->values<int32_t>()[0];
   std::vector<double> seconds;
   for (int i = 0; i < tokens; ++i) {
-    const Clock::time_point start = Clock::now();
+    const double start = Now(cpu);
     out = pipeline.Step(Step(1, static_cast<int32_t>(prompt.size()) + i, {next}));
-    seconds.push_back(Seconds(Clock::now() - start));
+    seconds.push_back(Now(cpu) - start);
     if (!out.ok()) std::abort();
     next = out->Find(kNextTokens)->values<int32_t>()[0];
   }
@@ -159,11 +163,12 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
   const ModelConfig& c = options.config;
   std::printf(
       "model: %lld layers, hidden %lld, SwiGLU %lld, heads %lld/%lld, vocabulary %lld; "
-      "%d threads; %d rounds of %d decode tokens; load average %s\n",
+      "%d threads; %d rounds of %d decode tokens; %s clock; load average %s\n",
       static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
       static_cast<long long>(c.intermediate_size), static_cast<long long>(c.num_attention_heads),
       static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.vocab_size), threads,
-      options.rounds, options.tokens, LoadAverage().c_str());
+      options.rounds, options.tokens, options.cpu_time ? "thread CPU" : "wall",
+      LoadAverage().c_str());
   std::vector<Subject> subjects;
   int code = 0;
   for (const std::string& name : options.dtypes) {
@@ -187,7 +192,7 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
       break;
     }
     s.pipeline = *std::move(pipeline);
-    DecodeTokensPerSecond(*s.pipeline, 2);  // maps every page a step reads
+    DecodeTokensPerSecond(*s.pipeline, 2, false);  // maps every page a step reads
     s.resident_bytes = StatusBytes("VmRSS") - rss;
     s.file_bytes = StatusBytes("RssFile") - file;
     s.weight_bytes = DecodeWeightBytes(c, s.dtype);
@@ -198,10 +203,10 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
     for (Subject& s : subjects) {  // alternated: each decode right after its own bound
       std::vector<double> passes;
       for (int p = 0; p < options.bound_passes; ++p) {
-        passes.push_back(StreamReadGBps(*pool, s.buffer));
+        passes.push_back(StreamReadGBps(*pool, s.buffer, options.cpu_time));
       }
       s.bound_gbps.push_back(Median(passes));
-      s.decode_tps.push_back(DecodeTokensPerSecond(*s.pipeline, options.tokens));
+      s.decode_tps.push_back(DecodeTokensPerSecond(*s.pipeline, options.tokens, options.cpu_time));
       std::printf("  round %d %-4s: bound %6.1f GB/s, decode %7.1f tok/s = %6.1f GB/s (%.2f)\n",
                   round + 1, std::string(DTypeName(s.dtype)).c_str(), s.bound_gbps.back(),
                   s.decode_tps.back(), s.decode_tps.back() * s.weight_bytes / 1e9,

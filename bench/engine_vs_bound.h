@@ -19,6 +19,9 @@ struct VsBoundOptions {
   int rounds = 5;        // each round: bound, decode, per dtype in turn
   int tokens = 32;       // decode steps timed per round
   int bound_passes = 5;  // streaming reads per round (the median counts)
+  // Time the bound and decode on the thread's CPU clock instead of the wall clock (one thread
+  // only): on a machine shared with other processes, how fast the code streams while it runs.
+  bool cpu_time = false;
   // Where the models are written and kept, and reused when there with the same shape; empty: a
   // temporary directory, removed at the end.
   std::string model_dir;
