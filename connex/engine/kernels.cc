@@ -26,7 +26,10 @@ constexpr int kRowBlock = 2;
 #endif
 
 // Rows per register block when only NT < 4 tokens share a pass (decode): the weights stream from
-// memory once, so the block is as tall as the registers allow, to keep many loads in flight.
+// memory once. 8 rows (4 with AVX2's 16 registers), i.e. 8 streams for the hardware prefetcher,
+// streamed a BF16 decode step 1.3x as fast as 4 rows and a little faster than 16 (one core's CPU
+// time, bench_engine --vs-bound --cpu-time); a software prefetch of the next block only slowed it
+// (by 15-25 %), so there is none.
 template <int NT>
 constexpr int StreamBlockRows() {
 #if defined(__AVX512F__)
@@ -104,11 +107,10 @@ inline float ReduceLanes(const float* acc) {
 }
 
 // The main loop of DotBlock over whole 16-element chunks, one vector lane per accumulator of the
-// reduction. Returns where it stopped. With kPrefetch, the NR rows are consecutive rows of a
-// matrix and the next block of as many bytes, `ahead` bytes after w[0], is prefetched meanwhile.
+// reduction. Returns where it stopped.
 #if defined(CONNEX_KERNELS_SIMD)
-template <DType kType, int NR, int NT, bool kPrefetch>
-inline int64_t SimdChunks(const char* const* w, const float* const* x, int64_t n, int64_t ahead,
+template <DType kType, int NR, int NT>
+inline int64_t SimdChunks(const char* const* w, const float* const* x, int64_t n,
                           float (&acc)[NR][NT][kDotLanes]) {
   constexpr int64_t kSize = kElementSize<kType>;
   int64_t i = 0;
@@ -140,19 +142,6 @@ inline int64_t SimdChunks(const char* const* w, const float* const* x, int64_t n
     }
   };
 #endif
-  if constexpr (kPrefetch) {
-    // The rows are contiguous, and so is the next block: sweep it in address order (one pointer,
-    // DRAM-friendly), at the pace this block is consumed, so that it is in the caches when its
-    // turn comes.
-    constexpr int kLines = NR * kSize * kDotLanes / 64;  // of the next block, per chunk
-    static_assert(kLines >= 1);
-    const char* next = w[0] + ahead;
-    for (; i + kDotLanes <= n; i += kDotLanes) {
-      for (int l = 0; l < kLines; ++l) __builtin_prefetch(next + 64 * l, 0, 3);
-      next += 64 * kLines;
-      chunk(i);
-    }
-  }
   for (; i + kDotLanes <= n; i += kDotLanes) chunk(i);
 #if defined(__AVX512F__)
   for (int r = 0; r < NR; ++r) {
@@ -190,19 +179,17 @@ inline int64_t ScalarChunks(const char* const* w, const float* const* x, int64_t
 // Each output is reduced exactly as DotReference does on the widened row (the 16 vector lanes are
 // its 16 accumulators); computing several outputs in one pass only shares loads and hides
 // latency. kSimd false: the portable code, even where vectors exist (tests).
-template <DType kType, int NR, int NT, bool kPrefetch, bool kSimd>
-inline void DotBlock(const char* const* w, const float* const* x, int64_t n, float (&out)[NR][NT],
-                     int64_t ahead = 0) {
+template <DType kType, int NR, int NT, bool kSimd>
+inline void DotBlock(const char* const* w, const float* const* x, int64_t n, float (&out)[NR][NT]) {
   float acc[NR][NT][kDotLanes] = {};
   int64_t i;
 #if defined(CONNEX_KERNELS_SIMD)
   if constexpr (kSimd) {
-    i = SimdChunks<kType, NR, NT, kPrefetch>(w, x, n, ahead, acc);
+    i = SimdChunks<kType, NR, NT>(w, x, n, acc);
   } else {
     i = ScalarChunks<kType, NR, NT>(w, x, n, acc);
   }
 #else
-  (void)ahead;
   i = ScalarChunks<kType, NR, NT>(w, x, n, acc);
 #endif
   for (int j = 0; i + j < n; ++j) {
@@ -225,15 +212,14 @@ struct Rows {
 };
 
 // Outputs y[t * ldy + r] for rows [r, r + NR) and the NT tokens x[0..NT) (rows of `in` floats).
-template <DType kType, int NR, int NT, bool kPrefetch, bool kSimd>
-inline void Block(const Rows& w, int64_t r, const float* x, float* y, int64_t ldy,
-                  int64_t ahead = 0) {
+template <DType kType, int NR, int NT, bool kSimd>
+inline void Block(const Rows& w, int64_t r, const float* x, float* y, int64_t ldy) {
   const char* ws[NR];
   for (int k = 0; k < NR; ++k) ws[k] = w.row(r + k);
   const float* xs[NT];
   for (int t = 0; t < NT; ++t) xs[t] = x + t * w.in;
   float out[NR][NT];
-  DotBlock<kType, NR, NT, kPrefetch, kSimd>(ws, xs, w.in, out, ahead);
+  DotBlock<kType, NR, NT, kSimd>(ws, xs, w.in, out);
   for (int k = 0; k < NR; ++k) {
     for (int t = 0; t < NT; ++t) y[t * ldy + r + k] = out[k][t];
   }
@@ -244,28 +230,23 @@ template <DType kType, int NR, bool kSimd>
 inline void BlockOfFew(int nt, const Rows& w, int64_t r, const float* x, float* y, int64_t ldy) {
   switch (nt) {
     case 1:
-      return Block<kType, NR, 1, false, kSimd>(w, r, x, y, ldy);
+      return Block<kType, NR, 1, kSimd>(w, r, x, y, ldy);
     case 2:
-      return Block<kType, NR, 2, false, kSimd>(w, r, x, y, ldy);
+      return Block<kType, NR, 2, kSimd>(w, r, x, y, ldy);
     default:
       CONNEX_DCHECK(nt == 3);
-      return Block<kType, NR, 3, false, kSimd>(w, r, x, y, ldy);
+      return Block<kType, NR, 3, kSimd>(w, r, x, y, ldy);
   }
 }
 
-// Fewer than four tokens (decode): the rows stream from memory once, in tall blocks, each block
-// prefetching the next one while it computes (rows are contiguous, so the next block is the same
-// number of bytes further on).
+// Fewer than four tokens (decode): the rows stream from memory once, in tall blocks.
 template <DType kType, int NT, bool kSimd>
 void StreamRows(const Rows& w, const float* x, float* y, int64_t ldy, int64_t row_begin,
                 int64_t row_end) {
   constexpr int NR = StreamBlockRows<NT>();
   int64_t r = row_begin;
-  for (; r + 2 * NR <= row_end; r += NR) {
-    Block<kType, NR, NT, true, kSimd>(w, r, x, y, ldy, NR * w.stride);
-  }
-  for (; r + NR <= row_end; r += NR) Block<kType, NR, NT, false, kSimd>(w, r, x, y, ldy);
-  for (; r < row_end; ++r) Block<kType, 1, NT, false, kSimd>(w, r, x, y, ldy);
+  for (; r + NR <= row_end; r += NR) Block<kType, NR, NT, kSimd>(w, r, x, y, ldy);
+  for (; r < row_end; ++r) Block<kType, 1, NT, kSimd>(w, r, x, y, ldy);
 }
 
 template <DType kType, bool kSimd>
@@ -289,13 +270,13 @@ void MatMulRowsOf(const WeightMatrix& m, const float* x, int64_t tokens, float* 
     int64_t r = row_begin;
     for (; r + kRowBlock <= row_end; r += kRowBlock) {
       for (int64_t t = t0; t < full; t += 4) {
-        Block<kType, kRowBlock, 4, false, kSimd>(w, r, x + t * m.cols, y + t * ldy, ldy);
+        Block<kType, kRowBlock, 4, kSimd>(w, r, x + t * m.cols, y + t * ldy, ldy);
       }
       if (few > 0) BlockOfFew<kType, kRowBlock, kSimd>(few, w, r, xf, yf, ldy);
     }
     for (; r < row_end; ++r) {
       for (int64_t t = t0; t < full; t += 4) {
-        Block<kType, 1, 4, false, kSimd>(w, r, x + t * m.cols, y + t * ldy, ldy);
+        Block<kType, 1, 4, kSimd>(w, r, x + t * m.cols, y + t * ldy, ldy);
       }
       if (few > 0) BlockOfFew<kType, 1, kSimd>(few, w, r, xf, yf, ldy);
     }
@@ -336,7 +317,7 @@ void ScaleOf(const float* x, float inv, const WeightMatrix& weight, float* out) 
 float Dot(const float* a, const float* b, int64_t n) {
   const char* w = reinterpret_cast<const char*>(a);
   float out[1][1];
-  DotBlock<DType::kF32, 1, 1, false, true>(&w, &b, n, out);
+  DotBlock<DType::kF32, 1, 1, true>(&w, &b, n, out);
   return out[0][0];
 }
 
@@ -344,7 +325,7 @@ void Dot4(const float* const* rows, const float* x, int64_t n, float* out) {
   const char* w[4];
   for (int k = 0; k < 4; ++k) w[k] = reinterpret_cast<const char*>(rows[k]);
   float block[4][1];
-  DotBlock<DType::kF32, 4, 1, false, true>(w, &x, n, block);
+  DotBlock<DType::kF32, 4, 1, true>(w, &x, n, block);
   for (int k = 0; k < 4; ++k) out[k] = block[k][0];
 }
 
