@@ -72,12 +72,10 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path) {
 
 StageEngine::~StageEngine() = default;
 
-absl::StatusOr<const float*> StageEngine::Weight(const std::string& name,
+absl::StatusOr<WeightMatrix> StageEngine::Weight(const std::string& name,
                                                  std::vector<int64_t> shape) {
-  if (const float* p = file_->MappedF32(name, shape)) return p;
-  CONNEX_ASSIGN_OR_RETURN(std::vector<float> values, file_->ReadF32(name, shape));
-  owned_.push_back(std::move(values));
-  return owned_.back().data();
+  CONNEX_ASSIGN_OR_RETURN(SafetensorsFile::FloatTensor t, file_->MappedFloat(name, shape));
+  return WeightMatrix{t.bytes.data(), t.dtype, shape.size() == 2 ? shape[0] : 1, shape.back()};
 }
 
 absl::StatusOr<std::unique_ptr<StageEngine>> StageEngine::Load(const std::string& path,
@@ -102,7 +100,7 @@ absl::StatusOr<std::unique_ptr<StageEngine>> StageEngine::Load(const std::string
   const int64_t d = config.hidden_size, q = config.head_dim() * config.num_attention_heads,
                 kv = config.kv_dim(), f = config.intermediate_size, v = config.vocab_size;
   auto load = [&](const std::string& name, std::vector<int64_t> shape) {
-    absl::StatusOr<const float*> w = engine->Weight(name, std::move(shape));
+    absl::StatusOr<WeightMatrix> w = engine->Weight(name, std::move(shape));
     return w.ok() ? w : Annotate(w.status(), file_path);
   };
   if (engine->is_first()) {
@@ -263,9 +261,7 @@ absl::StatusOr<TensorDict> StageEngine::ExecuteStep(const TensorDict& in) {
   std::vector<float> h(n * d);
   if (is_first()) {
     std::span<const int32_t> tokens = in.Find(kTokens)->values<int32_t>();
-    for (int64_t t = 0; t < n; ++t) {
-      std::copy_n(embed_ + static_cast<int64_t>(tokens[t]) * d, d, h.data() + t * d);
-    }
+    for (int64_t t = 0; t < n; ++t) WidenRow(embed_, tokens[t], h.data() + t * d);
   } else {
     std::span<const float> hidden = in.Find(kHidden)->values<float>();
     std::copy(hidden.begin(), hidden.end(), h.begin());
@@ -287,13 +283,13 @@ absl::StatusOr<TensorDict> StageEngine::ExecuteStep(const TensorDict& in) {
   std::vector<float> last(b * d);
   for (int64_t i = 0; i < b; ++i) {
     int64_t t = batch.first[i] + batch.count[i] - 1;
-    RmsNorm(h.data() + t * d, final_norm_, d, static_cast<float>(config_.rms_norm_eps),
+    RmsNorm(h.data() + t * d, final_norm_, static_cast<float>(config_.rms_norm_eps),
             last.data() + i * d);
   }
   Tensor logits = Tensor::Zeros<float>({b, v});
   float* lp = logits.mutable_values<float>().data();
-  MatMulOutput head[] = {{lm_head_, v, lp, v}};
-  MatMul(*pool_, head, last.data(), b, d);
+  MatMulOutput head[] = {{lm_head_, lp, v}};
+  MatMul(*pool_, head, last.data(), b);
   std::vector<int32_t> next(b);
   for (int64_t i = 0; i < b; ++i) {
     // The token drawn is at position start + count: the request's length after this step.
@@ -317,11 +313,10 @@ void StageEngine::RunLayer(const Layer& w, size_t li, const Batch& batch,
 
   // Attention block.
   std::vector<float> xn(n * d);
-  for (int64_t t = 0; t < n; ++t) RmsNorm(h.data() + t * d, w.attn_norm, d, eps, xn.data() + t * d);
+  for (int64_t t = 0; t < n; ++t) RmsNorm(h.data() + t * d, w.attn_norm, eps, xn.data() + t * d);
   std::vector<float> q(n * qd), k(n * kvd), v(n * kvd);
-  MatMulOutput qkv[] = {
-      {w.wq, qd, q.data(), qd}, {w.wk, kvd, k.data(), kvd}, {w.wv, kvd, v.data(), kvd}};
-  MatMul(pool, qkv, xn.data(), n, d);
+  MatMulOutput qkv[] = {{w.wq, q.data(), qd}, {w.wk, k.data(), kvd}, {w.wv, v.data(), kvd}};
+  MatMul(pool, qkv, xn.data(), n);
   auto rope = [&](float* vec, int64_t nheads, int64_t t) {
     const float* c = batch.rope_cos.data() + t * half;
     const float* s = batch.rope_sin.data() + t * half;
@@ -386,21 +381,21 @@ void StageEngine::RunLayer(const Layer& w, size_t li, const Batch& batch,
     }
   });
   std::vector<float> o(n * d);
-  MatMulOutput proj[] = {{w.wo, d, o.data(), d}};
-  MatMul(pool, proj, attn.data(), n, qd);
+  MatMulOutput proj[] = {{w.wo, o.data(), d}};
+  MatMul(pool, proj, attn.data(), n);
   for (int64_t i = 0; i < n * d; ++i) h[i] += o[i];
 
   // MLP block (SwiGLU).
-  for (int64_t t = 0; t < n; ++t) RmsNorm(h.data() + t * d, w.mlp_norm, d, eps, xn.data() + t * d);
+  for (int64_t t = 0; t < n; ++t) RmsNorm(h.data() + t * d, w.mlp_norm, eps, xn.data() + t * d);
   std::vector<float> gate(n * f), up(n * f);
-  MatMulOutput gu[] = {{w.w_gate, f, gate.data(), f}, {w.w_up, f, up.data(), f}};
-  MatMul(pool, gu, xn.data(), n, d);
+  MatMulOutput gu[] = {{w.w_gate, gate.data(), f}, {w.w_up, up.data(), f}};
+  MatMul(pool, gu, xn.data(), n);
   for (int64_t i = 0; i < n * f; ++i) {
     const float g = gate[i];
     gate[i] = g / (1.0f + std::exp(-g)) * up[i];
   }
-  MatMulOutput down[] = {{w.w_down, d, o.data(), d}};
-  MatMul(pool, down, gate.data(), n, f);
+  MatMulOutput down[] = {{w.w_down, o.data(), d}};
+  MatMul(pool, down, gate.data(), n);
   for (int64_t i = 0; i < n * d; ++i) h[i] += o[i];
 }
 

@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "connex/engine/kernels.h"
 #include "connex/engine/model_config.h"
 #include "connex/engine/safetensors.h"
 #include "connex/engine/tensor_dict.h"
@@ -67,8 +68,10 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path);
 class StageEngine : public pp::Engine {
  public:
   // Loads the layer slice of `options.stage` (StageLayers), plus the embedding on stage 0 and the
-  // final norm and LM head on the last stage. F32 weights stay memory-mapped; F16/BF16 are
-  // converted. NotFound: no such file; InvalidArgument names the tensor or field that is wrong.
+  // final norm and LM head on the last stage. Weights stay memory-mapped in the checkpoint's
+  // precision (F32, F16 or BF16; the kernels widen them in registers, with the same bits as a
+  // widened copy). NotFound: no such file; InvalidArgument names the tensor or field that is
+  // wrong.
   static absl::StatusOr<std::unique_ptr<StageEngine>> Load(const std::string& path,
                                                            const StageOptions& options);
   ~StageEngine() override;
@@ -105,16 +108,17 @@ class StageEngine : public pp::Engine {
   size_t NumHeldRequests() const override { return cache_.size(); }
 
  private:
+  // Views into the mapped checkpoint; a norm is a matrix of one row.
   struct Layer {
-    const float* attn_norm;
-    const float* wq;
-    const float* wk;
-    const float* wv;
-    const float* wo;
-    const float* mlp_norm;
-    const float* w_gate;
-    const float* w_up;
-    const float* w_down;
+    WeightMatrix attn_norm;
+    WeightMatrix wq;
+    WeightMatrix wk;
+    WeightMatrix wv;
+    WeightMatrix wo;
+    WeightMatrix mlp_norm;
+    WeightMatrix w_gate;
+    WeightMatrix w_up;
+    WeightMatrix w_down;
   };
   struct LayerCache {
     std::vector<float> k;  // [positions, kv_dim], RoPE applied
@@ -127,7 +131,7 @@ class StageEngine : public pp::Engine {
   struct Batch;
 
   StageEngine() = default;
-  absl::StatusOr<const float*> Weight(const std::string& name, std::vector<int64_t> shape);
+  absl::StatusOr<WeightMatrix> Weight(const std::string& name, std::vector<int64_t> shape);
   absl::Status ParseBatch(const TensorDict& in, Batch& batch) const;
   void RunLayer(const Layer& layer, size_t local_index, const Batch& batch,
                 std::vector<RequestCache*>& caches, std::vector<float>& h);
@@ -136,11 +140,10 @@ class StageEngine : public pp::Engine {
   int stage_ = 0;
   int stages_ = 1;
   LayerRange layers_;
-  std::unique_ptr<SafetensorsFile> file_;
-  std::vector<std::vector<float>> owned_;  // converted (F16/BF16 or unaligned) weights
-  const float* embed_ = nullptr;
-  const float* final_norm_ = nullptr;
-  const float* lm_head_ = nullptr;
+  std::unique_ptr<SafetensorsFile> file_;  // every weight is a view into it
+  WeightMatrix embed_;
+  WeightMatrix final_norm_;
+  WeightMatrix lm_head_;
   std::vector<Layer> weights_;
   std::vector<float> inv_freq_;  // RoPE, [head_dim / 2]
   std::shared_ptr<ThreadPool> pool_;
