@@ -81,7 +81,7 @@ absl::StatusOr<std::vector<Generation>> Generate(Pipeline& pipeline,
         g.logits.emplace_back(logits.begin() + i * vocab, logits.begin() + (i + 1) * vocab);
       }
       bool done = static_cast<int64_t>(g.tokens.size()) >= options.max_tokens ||
-                  (options.stop_at_eos && token == pipeline.config().eos_token_id);
+                  (options.stop_at_eos && pipeline.config().IsEos(token));
       if (done) {
         pipeline.Release(r.id);
         continue;

@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "connex/engine/checkpoint.h"
 #include "connex/engine/model_config.h"
 #include "connex/engine/safetensors.h"
 #include "connex/engine/tensor_dict.h"
@@ -59,15 +60,18 @@ struct StageOptions {
   std::shared_ptr<ThreadPool> pool;
 };
 
-// `path` is a .safetensors file or a directory holding model.safetensors. The config comes from
-// the file's __metadata__, else from config.json beside it.
-absl::StatusOr<std::string> ResolveModelFile(const std::string& path);
+// `path` is a .safetensors file or a Hugging Face model directory (Checkpoint::Open). The config
+// comes from a single file's __metadata__ (connex-mkmodel's test models), else from config.json
+// beside the weights, updated by generation_config.json when there is one. InvalidArgument
+// names the file and the key.
 absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path);
+absl::StatusOr<ModelConfig> ReadModelConfig(const Checkpoint& checkpoint);
 
 class StageEngine : public pp::Engine {
  public:
   // Loads the layer slice of `options.stage` (StageLayers), plus the embedding on stage 0 and the
-  // final norm and LM head on the last stage. F32 weights stay memory-mapped; F16/BF16 are
+  // final norm and LM head on the last stage (the embedding when the model ties them). Only the
+  // shards holding these tensors are opened. F32 weights stay memory-mapped; F16/BF16 are
   // converted. NotFound: no such file; InvalidArgument names the tensor or field that is wrong.
   static absl::StatusOr<std::unique_ptr<StageEngine>> Load(const std::string& path,
                                                            const StageOptions& options);
@@ -79,6 +83,7 @@ class StageEngine : public pp::Engine {
   bool is_first() const { return stage_ == 0; }
   bool is_last() const { return stage_ == stages_ - 1; }
   LayerRange layers() const { return layers_; }
+  const Checkpoint& checkpoint() const { return *file_; }
 
   // Runs one step. A request whose start_position is 0 starts afresh (any cache it had is
   // dropped: this is how a request is recomputed); otherwise start_position must be at most the
@@ -111,6 +116,10 @@ class StageEngine : public pp::Engine {
     const float* wk;
     const float* wv;
     const float* wo;
+    const float* bq = nullptr;  // biases: null when the model has none
+    const float* bk = nullptr;
+    const float* bv = nullptr;
+    const float* bo = nullptr;
     const float* mlp_norm;
     const float* w_gate;
     const float* w_up;
@@ -136,13 +145,13 @@ class StageEngine : public pp::Engine {
   int stage_ = 0;
   int stages_ = 1;
   LayerRange layers_;
-  std::unique_ptr<SafetensorsFile> file_;
+  std::unique_ptr<Checkpoint> file_;
   std::vector<std::vector<float>> owned_;  // converted (F16/BF16 or unaligned) weights
   const float* embed_ = nullptr;
   const float* final_norm_ = nullptr;
   const float* lm_head_ = nullptr;
   std::vector<Layer> weights_;
-  std::vector<float> inv_freq_;  // RoPE, [head_dim / 2]
+  std::vector<float> inv_freq_;  // RoPE, [head_dim / 2], unless it depends on the position
   std::shared_ptr<ThreadPool> pool_;
   absl::flat_hash_map<uint64_t, RequestCache> cache_;
 };
