@@ -20,8 +20,20 @@ absl::StatusOr<std::vector<Generation>> Generate(Pipeline& pipeline,
     bool recomputed = false;
   };
   std::vector<Generation> results(prompts.size());
+  const int64_t limit = pipeline.config().max_positions();
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].empty()) return absl::InvalidArgumentError(StrCat("prompt ", i, " is empty"));
+    // The last token generated is never fed back: prompt + max_tokens - 1 positions are run.
+    const int64_t positions =
+        static_cast<int64_t>(prompts[i].size()) + std::max<int64_t>(options.max_tokens, 1) - 1;
+    if (positions > limit) {
+      return absl::InvalidArgumentError(
+          StrCat("prompt ", i, ": ", prompts[i].size(), " tokens and up to ", options.max_tokens,
+                 " generated need ", positions, " positions, more than the model's ", limit,
+                 limit == pipeline.config().max_position_embeddings
+                     ? " (max_position_embeddings)"
+                     : " (max_position_embeddings x rope_scaling.factor)"));
+    }
   }
   if (!options.sampling.empty() && options.sampling.size() != prompts.size()) {
     return absl::InvalidArgumentError(StrCat("sampling is given for ", options.sampling.size(),

@@ -123,10 +123,11 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const Json& j) {
   }
   auto number = [&](const char* name, double& out) -> absl::Status {
     auto f = j.find(name);
-    if (f == j.end() || !f->is_number()) {
-      return Bad(StrCat("rope_scaling.", name, " of rope type \"", type, "\" is missing or ",
-                        f == j.end() ? "absent" : Show(*f)));
+    if (f == j.end()) {
+      return Bad(StrCat("rope_scaling.", name, " of rope type \"", type, "\" is missing"));
     }
+    if (!f->is_number())
+      return Bad(StrCat("rope_scaling.", name, " ", Show(*f), " is not a number"));
     out = f->get<double>();
     return absl::OkStatus();
   };
