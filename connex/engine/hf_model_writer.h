@@ -42,9 +42,10 @@ std::vector<TensorSpec> HfTensorSpecs(const ModelConfig& config);
 
 // Tensor `spec` of the random model with `seed`, in F32. Scaled so that activations stay near
 // unit size through any number of layers (the RMSNorms renormalise each block's input, and every
-// projection has standard deviation 1/sqrt(fan-in)), and so that a tied head does not just
-// echo the input token: the embedding is 1/sqrt(hidden) as well. Norm weights are 1 ± 0.17,
-// biases ±0.35, so that a reference that dropped one would not match.
+// projection has standard deviation 1/sqrt(fan-in)), so that a tied head does not just echo the
+// input token (the embedding is 1/sqrt(hidden) as well), and so that generations do not loop
+// (queries and keys are twice as large: sharp attention). Norm weights are 1 ± 0.17, biases
+// ±0.35, so that a reference that dropped one would not match.
 Tensor RandomHfTensor(const TensorSpec& spec, uint64_t seed);
 
 // The directory with tokenizer.json for tokenizer `family` (HfPreset::tokenizer_family) under
