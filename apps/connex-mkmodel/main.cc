@@ -114,7 +114,11 @@ int main(int argc, char** argv) {
     if (opt->count() > 0) hf.*field = config.*field;
   }
   if (theta_opt->count() > 0) hf.rope_theta = config.rope_theta;
-  if (absl::Status valid = hf.Validate(); !valid.ok()) return Fail(valid, "");
+  if (absl::Status valid = hf.Validate(); !valid.ok()) {
+    return Fail(valid,
+                " (--vocab must keep the preset's special token ids; --layers, --hidden, "
+                "--heads, --kv-heads, --head-dim)");
+  }
   connex::engine::HfModelOptions options;
   options.seed = seed;
   options.dtype = dtype;
