@@ -467,8 +467,7 @@ void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
     return;
   }
   FinishReason finish = FinishReason::kLength;
-  if (g->stopped_by_string ||
-      (!g->tokens.empty() && stage()->config().IsEos(g->tokens.back()))) {
+  if (g->stopped_by_string || (!g->tokens.empty() && stage()->config().IsEos(g->tokens.back()))) {
     finish = FinishReason::kStop;
   }
   requests_.success.WithLabels({std::string(FinishReasonName(finish))}).Increment();
