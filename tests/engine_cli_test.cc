@@ -148,6 +148,10 @@ TEST_F(EngineCliTest, ErrorsNameTheProblem) {
       Shell(Bin("connex-mkmodel") + " --out " + dir_ + "/m.safetensors --dim 64 --heads 5");
   EXPECT_EQ(heads.code, 2);
   EXPECT_THAT(heads.out, HasSubstr("'num_attention_heads' 5"));
+  Result head_dim =
+      Shell(Bin("connex-mkmodel") + " --out " + dir_ + "/m.safetensors --head-dim 32");
+  EXPECT_EQ(head_dim.code, 2);
+  EXPECT_THAT(head_dim.out, HasSubstr("the one-file form (__metadata__) carries a plain Llama"));
 }
 
 // connex-mkmodel --hf writes a Hugging Face directory (shards, index, configs, the tokenizer

@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   if (out_opt->count() > 0) {
     if (absl::Status valid = config.Validate(); !valid.ok()) return Fail(valid, "");
     if (absl::Status s = connex::engine::WriteRandomModel(out, config, seed, dtype); !s.ok()) {
-      return Fail(s, " (--layers, --dim, --ffn, --vocab, --dtype)");
+      return Fail(s, " (--layers, --dim, --ffn, --vocab, --dtype, --head-dim)");
     }
     const int64_t params = connex::engine::ParameterCount(config);
     std::printf("wrote %s: %lld layers, dim %lld, %lld parameters (%.1f MB %s)\n", out.c_str(),

@@ -84,6 +84,11 @@ int64_t ParameterCount(const ModelConfig& c) {
 absl::Status WriteRandomModel(const std::string& path, const ModelConfig& config, uint64_t seed,
                               DType dtype) {
   CONNEX_RETURN_IF_ERROR(config.Validate());
+  if (!config.HasMetadataForm()) {
+    return absl::InvalidArgumentError(
+        "the one-file form (__metadata__) carries a plain Llama only: no head_dim, biases, tied "
+        "head, rope scaling, window or several end tokens (write a Hugging Face directory)");
+  }
   if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError(
         StrCat("weights dtype ", DTypeName(dtype), " is not F32, F16 or BF16"));

@@ -32,7 +32,8 @@ int64_t ParameterCount(const ModelConfig& config);
 inline constexpr uint64_t kMaxRandomModelBytes = uint64_t{16} << 30;
 
 // Writes RandomModelTensors(...) to `path` as safetensors with the config in __metadata__.
-// InvalidArgument when the config is invalid or its weights exceed kMaxRandomModelBytes;
+// InvalidArgument when the config is invalid, has no __metadata__ form (HasMetadataForm) or its
+// weights exceed kMaxRandomModelBytes;
 // ResourceExhausted when the memory to build it cannot be allocated; the write's error otherwise.
 absl::Status WriteRandomModel(const std::string& path, const ModelConfig& config, uint64_t seed,
                               DType dtype);
