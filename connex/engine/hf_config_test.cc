@@ -1,6 +1,10 @@
 // config.json and generation_config.json as Hugging Face publishes them: the published configs
 // of the named families parse to the right hyper-parameters, and everything the engine would get
 // wrong is refused with the key and the value in the message.
+#include <map>
+
+#include "connex/engine/hf_model_writer.h"
+#include "connex/engine/hf_presets.h"
 #include "connex/engine/model_config.h"
 #include "connex/engine/rope.h"
 #include "gmock/gmock.h"
@@ -172,6 +176,37 @@ TEST(HfConfigTest, RefusalsNameTheKeyAndTheValue) {
               HasSubstr("use_sliding_window true is not supported for qwen2"));
   EXPECT_THAT(std::string(ModelConfig::FromJson("{").status().message()),
               HasSubstr("config.json is not valid JSON"));
+  EXPECT_THAT(Refusal(kLlama32, R"({"model_type": null, "architectures": null})"),
+              HasSubstr("neither 'model_type' nor 'architectures' is given"));
+  EXPECT_THAT(Refusal(kLlama32, R"({"architectures": ["LlamaForCausalLM", "X"]})"),
+              HasSubstr("'architectures' [\"LlamaForCausalLM\",\"X\"] is not a list of one name"));
+  EXPECT_THAT(Refusal(kLlama32, R"({"model_type": 7})"),
+              HasSubstr("'model_type' 7 is not a string"));
+  EXPECT_THAT(Refusal(kLlama32, R"({"rope_scaling": "llama3"})"),
+              HasSubstr("'rope_scaling' \"llama3\" is not an object or null"));
+  EXPECT_THAT(Refusal(kLlama32, R"({"rope_scaling": {"rope_type": null}})"),
+              HasSubstr("has no 'rope_type' (or 'type') string"));
+  EXPECT_THAT(Refusal(kLlama32, R"({"rope_scaling": {"factor": "8"}})"),
+              HasSubstr("rope_scaling.factor \"8\" is not a number"));
+  EXPECT_THAT(Refusal(kLlama32, R"({"rope_scaling": {"original_max_position_embeddings": 0.5}})"),
+              HasSubstr("rope_scaling.original_max_position_embeddings 0.5 is not a positive "
+                        "integer"));
+  EXPECT_THAT(Refusal(kLlama32, R"({"rope_scaling": {"low_freq_factor": 4.0}})"),
+              HasSubstr("'rope_scaling.low_freq_factor' = 4 and 'high_freq_factor' = 4 must "
+                        "satisfy 0 < low < high"));
+  EXPECT_THAT(Refusal(kLlama32, R"({"tie_word_embeddings": "yes"})"),
+              HasSubstr("'tie_word_embeddings' \"yes\" is not true or false"));
+  EXPECT_THAT(Refusal(kLlama32, R"({"rope_theta": 1.0})"),
+              HasSubstr("'rope_theta' = 1 must be a finite number > 1"));
+  // What no config.json can ask for, but a caller of the struct can: refused by Validate.
+  ModelConfig c = *ModelConfig::FromJson(kLlama32);
+  c.o_bias = true;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("model_type \"llama\" with q/k/v biases false "
+                                                "and o_proj bias true is no published layout"));
+  c = *ModelConfig::FromJson(kLlama32);
+  c.sliding_window = 16;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("'sliding_window' = 16 is only honoured for "
+                                                "mistral"));
 }
 
 TEST(HfConfigTest, MistralsWindowAndDynamicScalingBoundTheContext) {
@@ -183,6 +218,32 @@ TEST(HfConfigTest, MistralsWindowAndDynamicScalingBoundTheContext) {
   ModelConfig d = *ModelConfig::FromJson(Patched(kLlama32, R"({"max_position_embeddings": 4096,
                             "rope_scaling": {"rope_type": "dynamic", "factor": 2.5}})"));
   EXPECT_EQ(d.max_positions(), 10240);
+}
+
+// The presets are the published models: their parameter counts are the models' own.
+TEST(HfPresetTest, PresetsHaveThePublishedParameterCounts) {
+  const std::map<std::string, int64_t> published = {
+      {"llama-3.2-1b", 1'235'814'400}, {"llama-3.1-8b", 8'030'261'248},
+      {"qwen2.5-0.5b", 494'032'768},   {"tinyllama-1.1b", 1'100'048'384},
+      {"smollm-135m", 134'515'008},    {"mistral-7b", 7'241'732'096}};
+  std::vector<HfPreset> presets = HfPresets();
+  ASSERT_EQ(presets.size(), published.size());
+  for (const HfPreset& p : presets) {
+    ASSERT_TRUE(p.config.Validate().ok()) << p.name;
+    int64_t parameters = 0;
+    for (const TensorSpec& spec : HfTensorSpecs(p.config)) {
+      int64_t n = 1;
+      for (int64_t d : spec.shape) n *= d;
+      parameters += n;
+    }
+    EXPECT_EQ(parameters, published.at(p.name)) << p.name;
+    // Its config.json and generation_config.json read back as itself.
+    ModelConfig round = *ModelConfig::FromJson(p.config.ToJson());
+    ASSERT_TRUE(round.ApplyGenerationConfig(p.config.GenerationConfigJson()).ok());
+    EXPECT_TRUE(round == p.config) << p.name << ":\n" << round.ToJson() << p.config.ToJson();
+  }
+  EXPECT_THAT(std::string(FindHfPreset("gpt2").status().message()),
+              HasSubstr("--config \"gpt2\" is no preset (llama-3.2-1b, llama-3.1-8b"));
 }
 
 TEST(RopeTest, FrequenciesFollowTheScalingType) {
