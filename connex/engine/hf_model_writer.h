@@ -44,7 +44,7 @@ std::vector<TensorSpec> HfTensorSpecs(const ModelConfig& config);
 // unit size through any number of layers (the RMSNorms renormalise each block's input, and every
 // projection has standard deviation 1/sqrt(fan-in)), so that a tied head does not just echo the
 // input token (the embedding is 1/sqrt(hidden) as well), and so that generations do not loop
-// (queries and keys are twice as large: sharp attention). Norm weights are 1 ± 0.17, biases
+// (queries and keys are three times as large: sharp attention). Norm weights are 1 ± 0.17, biases
 // ±0.35, so that a reference that dropped one would not match.
 Tensor RandomHfTensor(const TensorSpec& spec, uint64_t seed);
 

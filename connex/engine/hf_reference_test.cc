@@ -165,7 +165,7 @@ TEST_P(HfReferenceTest, EngineMatchesNumpyReference) {
         spread = std::max(spread, std::fabs(e - expected[r][0]));
       }
     }
-    // fp32 against float64: about 2e-6 is what the engine reaches on these models.
+    // fp32 against float64: 3e-6 to 1.6e-5 is what the engine reaches on these models.
     EXPECT_LT(max_err, 1e-4) << c.name << ", " << stages << " stage(s)";
     EXPECT_GT(spread, 0.5) << c.name << ": the logits carry information";
     if (c.ablate.empty() || stages > 1) continue;
