@@ -9,6 +9,8 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "connex/base/cli.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
@@ -26,7 +28,7 @@ int Fail(const absl::Status& status) {
 
 int main(int argc, char** argv) {
   using namespace connex::engine;
-  std::string model, prompt, prompts_file;
+  std::string model, prompt, prompts_file, prompt_tokens;
   bool json = false, ignore_eos = false;
   int stages = 1;
   GenerateOptions options;
@@ -37,13 +39,16 @@ int main(int argc, char** argv) {
   connex::pp::Sampling sampling;
   CLI::App app{"Generation with the reference engine (byte-level tokenizer)"};
   app.add_option("--model", model,
-                 "checkpoint: a .safetensors file or a directory with "
-                 "model.safetensors")
+                 "checkpoint: a .safetensors file, or a Hugging Face model directory "
+                 "(config.json with model.safetensors or shards and their index)")
       ->required();
   auto* prompt_opt = app.add_option("--prompt", prompt, "prompt text");
   auto* file_opt =
       app.add_option("--prompts-file", prompts_file, "one prompt per line, run as one batch");
+  auto* ids_opt = app.add_option("--prompt-tokens", prompt_tokens,
+                                 "the prompt as token ids (\"128000,9906\"), no tokenizer");
   prompt_opt->excludes(file_opt);
+  ids_opt->excludes(prompt_opt)->excludes(file_opt);
   app.add_option("--max-tokens", options.max_tokens, "tokens to generate per prompt")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
@@ -84,7 +89,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   connex::AddLogLevelFlag(app);
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
-        if (prompt_opt->count() == 0 && file_opt->count() == 0) {
+        if (prompt_opt->count() == 0 && file_opt->count() == 0 && ids_opt->count() == 0) {
           throw CLI::RequiredError("--prompt or --prompts-file");
         }
       })) {
@@ -105,6 +110,17 @@ int main(int argc, char** argv) {
     std::string line;
     while (std::getline(in, line)) prompts.push_back(Tokenize(line, /*add_bos=*/true));
     if (in.bad()) return Fail(absl::DataLossError(prompts_file + ": reading the prompts failed"));
+  } else if (ids_opt->count() > 0) {
+    std::vector<int32_t> ids;
+    for (absl::string_view item : absl::StrSplit(prompt_tokens, ',')) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(item, &id)) {
+        return Fail(absl::InvalidArgumentError("--prompt-tokens: \"" + std::string(item) +
+                                               "\" is not a token id"));
+      }
+      ids.push_back(id);
+    }
+    prompts.push_back(std::move(ids));
   } else {
     prompts.push_back(Tokenize(prompt, /*add_bos=*/true));
   }

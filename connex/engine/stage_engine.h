@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "connex/engine/checkpoint.h"
 #include "connex/engine/kernels.h"
 #include "connex/engine/model_config.h"
 #include "connex/engine/safetensors.h"
@@ -60,15 +61,18 @@ struct StageOptions {
   std::shared_ptr<ThreadPool> pool;
 };
 
-// `path` is a .safetensors file or a directory holding model.safetensors. The config comes from
-// the file's __metadata__, else from config.json beside it.
-absl::StatusOr<std::string> ResolveModelFile(const std::string& path);
+// `path` is a .safetensors file or a Hugging Face model directory (Checkpoint::Open). The config
+// comes from a single file's __metadata__ (connex-mkmodel's test models), else from config.json
+// beside the weights, updated by generation_config.json when there is one. InvalidArgument
+// names the file and the key.
 absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path);
+absl::StatusOr<ModelConfig> ReadModelConfig(const Checkpoint& checkpoint);
 
 class StageEngine : public pp::Engine {
  public:
   // Loads the layer slice of `options.stage` (StageLayers), plus the embedding on stage 0 and the
-  // final norm and LM head on the last stage. Weights stay memory-mapped in the checkpoint's
+  // final norm and LM head on the last stage (the embedding when the model ties them). Only the
+  // shards holding these tensors are opened. Weights stay memory-mapped in the checkpoint's
   // precision (F32, F16 or BF16; the kernels widen them in registers, with the same bits as a
   // widened copy). NotFound: no such file; InvalidArgument names the tensor or field that is
   // wrong.
@@ -82,6 +86,7 @@ class StageEngine : public pp::Engine {
   bool is_first() const { return stage_ == 0; }
   bool is_last() const { return stage_ == stages_ - 1; }
   LayerRange layers() const { return layers_; }
+  const Checkpoint& checkpoint() const { return *file_; }
 
   // Runs one step. A request whose start_position is 0 starts afresh (any cache it had is
   // dropped: this is how a request is recomputed); otherwise start_position must be at most the
@@ -115,6 +120,11 @@ class StageEngine : public pp::Engine {
     WeightMatrix wk;
     WeightMatrix wv;
     WeightMatrix wo;
+    // Biases, widened to fp32 at load (a few KB a layer): empty when the model has none.
+    std::vector<float> bq;
+    std::vector<float> bk;
+    std::vector<float> bv;
+    std::vector<float> bo;
     WeightMatrix mlp_norm;
     WeightMatrix w_gate;
     WeightMatrix w_up;
@@ -140,12 +150,12 @@ class StageEngine : public pp::Engine {
   int stage_ = 0;
   int stages_ = 1;
   LayerRange layers_;
-  std::unique_ptr<SafetensorsFile> file_;  // every weight is a view into it
+  std::unique_ptr<Checkpoint> file_;  // every weight is a view into its shards
   WeightMatrix embed_;
   WeightMatrix final_norm_;
   WeightMatrix lm_head_;
   std::vector<Layer> weights_;
-  std::vector<float> inv_freq_;  // RoPE, [head_dim / 2]
+  std::vector<float> inv_freq_;  // RoPE, [head_dim / 2], unless it depends on the position
   std::shared_ptr<ThreadPool> pool_;
   absl::flat_hash_map<uint64_t, RequestCache> cache_;
 };

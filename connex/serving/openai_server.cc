@@ -260,7 +260,7 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
   limits.models = {stage.model_name()};
   limits.vocab_size = config.vocab_size;
   limits.default_max_tokens = options_.default_max_tokens;
-  limits.max_tokens_limit = config.max_position_embeddings;
+  limits.max_tokens_limit = config.max_positions();
   absl::StatusOr<CompletionRequest> parsed =
       ParseCompletionRequest(endpoint, exchange->request().body, limits);
   if (!parsed.ok()) {
@@ -284,7 +284,7 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
         ErrorResponse(InvalidRequest(input_field, "invalid_value", "the prompt is empty")));
     return;
   }
-  const int64_t context = config.max_position_embeddings;
+  const int64_t context = config.max_positions();
   if (static_cast<int64_t>(g->prompt.size()) + req.max_tokens > context) {
     exchange->Respond(ErrorResponse(InvalidRequest(
         static_cast<int64_t>(g->prompt.size()) >= context ? input_field : "max_tokens",
@@ -467,8 +467,7 @@ void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
     return;
   }
   FinishReason finish = FinishReason::kLength;
-  if (g->stopped_by_string ||
-      (!g->tokens.empty() && g->tokens.back() == stage()->config().eos_token_id)) {
+  if (g->stopped_by_string || (!g->tokens.empty() && stage()->config().IsEos(g->tokens.back()))) {
     finish = FinishReason::kStop;
   }
   requests_.success.WithLabels({std::string(FinishReasonName(finish))}).Increment();
