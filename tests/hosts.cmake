@@ -15,3 +15,17 @@ connex_test(hosts_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/hosts_test.cc
   LIBS connex_chaos connex_subprocess
   LABELS hosts)
+# deploy/systemd's units, started as written on namespace hosts. Their addresses are fixed
+# (10.77.0.x, the units'), so its tests never run at the same time (RESOURCE_LOCK).
+if(CONNEX_BUILD_TESTS)
+  add_executable(deploy_systemd_test ${CMAKE_CURRENT_LIST_DIR}/deploy_systemd_test.cc
+                 ${CMAKE_CURRENT_LIST_DIR}/systemd_unit.cc)
+  target_link_libraries(deploy_systemd_test PRIVATE connex_chaos connex_subprocess
+                        nlohmann_json::nlohmann_json GTest::gmock GTest::gtest_main)
+  target_compile_definitions(deploy_systemd_test PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  gtest_discover_tests(deploy_systemd_test DISCOVERY_TIMEOUT 60
+                       PROPERTIES ENVIRONMENT "CONNEX_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+                                  LABELS hosts RESOURCE_LOCK connex-hosts-subnet-0)
+  connex_test_needs(hosts deploy_systemd_test connex-directory connex-stage connex-proxy connexctl
+                    connex-generate connex-mkmodel)
+endif()

@@ -103,8 +103,8 @@ absl::StatusOr<std::unique_ptr<Hosts>> Hosts::Make(HostsOptions options) {
   if (options.hosts < 1 || options.hosts > 200) {
     return absl::InvalidArgumentError(StrCat("hosts: ", options.hosts, " is not in 1 .. 200"));
   }
-  if (options.subnet == 0) options.subnet = static_cast<int>(getpid() % 250) + 1;
-  if (options.subnet < 1 || options.subnet > 254) {
+  if (options.subnet < 0) options.subnet = static_cast<int>(getpid() % 250) + 1;
+  if (options.subnet > 254) {
     return absl::InvalidArgumentError(StrCat("hosts: subnet ", options.subnet, " of 10.77.S.0"));
   }
   if (options.netdelay.empty()) options.netdelay = BinDir() + "/connex-netdelay";
