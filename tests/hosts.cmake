@@ -29,3 +29,9 @@ if(CONNEX_BUILD_TESTS)
   connex_test_needs(hosts deploy_systemd_test connex-directory connex-stage connex-proxy connexctl
                     connex-generate connex-mkmodel)
 endif()
+# A deployment across namespace hosts (etcd with TLS, CURVE, two chains spread over hosts, the
+# proxy alone) under faults across hosts: exact tokens through the proxy, figures printed.
+connex_test(multihost_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/multihost_test.cc ${CMAKE_CURRENT_LIST_DIR}/multihost_deployment.cc
+  LIBS connex_chaos connex_subprocess nlohmann_json::nlohmann_json
+  LABELS hosts)

@@ -279,7 +279,10 @@ absl::Status Hosts::SetDelay(int host, int64_t delay_us) {
 }
 
 absl::Status Hosts::Lose(int host) {
-  // Every process of the namespace, ours or not, then ours reaped.
+  // As a power cut: the link first, so that nothing the dying processes send (a FIN, a RST, a
+  // last message) reaches anyone; then every process of the namespace, ours or not, and ours
+  // reaped.
+  CONNEX_RETURN_IF_ERROR(Cut(host));
   absl::StatusOr<std::string> pids = RunTool({FindTool("ip"), "netns", "pids", netns(host)}, "");
   if (pids.ok()) {
     std::istringstream in(*pids);
@@ -290,7 +293,7 @@ absl::Status Hosts::Lose(int host) {
     if (procs_[i].host == host) Kill(static_cast<int>(i));
   }
   delayers_[host] = -1;
-  return Cut(host);
+  return absl::OkStatus();
 }
 
 absl::Status Hosts::Cut(int host) { return RunIp({"link", "set", link(host), "down"}); }

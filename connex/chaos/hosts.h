@@ -69,8 +69,9 @@ class Hosts {
   absl::Status SetLoss(int host, double probability);
   absl::Status SetRate(int host, int64_t bits_per_second);
   absl::Status SetDelay(int host, int64_t delay_us);
-  // The host lost whole: every process in its namespace SIGKILLed (those started here reaped),
-  // then its link down. Heal brings the link back (the processes stay dead).
+  // The host lost whole, as by a power cut: its link down first (nothing its processes send on
+  // their way out gets anywhere), then every process in its namespace SIGKILLed (those started
+  // here reaped). Heal brings the link back (the processes stay dead).
   absl::Status Lose(int host);
   // Cut off: its link down, its processes alive. Heal: up again.
   absl::Status Cut(int host);
