@@ -104,6 +104,7 @@ absl::Status MultiHostDeployment::StartAll() {
             "CONNEX_MODEL_NAME=tiny",
             StrCat("CONNEX_PROXY_LISTEN=", proxy().ToString()),
             StrCat("CONNEX_PROXY_IDLE_TIMEOUT_MS=", o.proxy_idle_timeout_ms),
+            StrCat("CONNEX_PROXY_CONNECT_TIMEOUT_MS=", o.proxy_connect_timeout_ms),
             "CONNEX_INSECURE=1",
             "CONNEX_LOG_LEVEL=warn"};
   CONNEX_ASSIGN_OR_RETURN(proxy_,
@@ -270,9 +271,10 @@ absl::StatusOr<std::string> MultiHostDeployment::Etcdctl(const std::vector<std::
   return Run(argv, {"ETCDCTL_API=3"});
 }
 
-absl::StatusOr<int> MultiHostDeployment::EtcdLeaderHost() {
+absl::StatusOr<int> MultiHostDeployment::EtcdLeaderHost(int skip_host) {
   // Each member's status on its own: a dead member's endpoint fails and is skipped.
   for (int m = 0; m < 3; ++m) {
+    if (m + 1 == skip_host) continue;
     std::vector<std::string> argv = {
         "/usr/bin/etcdctl",
         StrCat("--endpoints=https://", hosts_->address(m + 1), ":2379"),

@@ -33,6 +33,9 @@ struct MultiHostOptions {
   int64_t lease_ttl_ms = 2000;
   // A stage 0 that sends nothing this long within a response is taken as dead by the proxy.
   int64_t proxy_idle_timeout_ms = 1000;
+  // Connecting to a stage 0 may take this long (a lost host answers no SYN: the proxy's default
+  // 2 s would be the whole of its outage).
+  int64_t proxy_connect_timeout_ms = 300;
 };
 
 class MultiHostDeployment {
@@ -58,8 +61,9 @@ class MultiHostDeployment {
 
   // etcdctl against every member, with the client certificate; its output.
   absl::StatusOr<std::string> Etcdctl(const std::vector<std::string>& args);
-  // The host of the member that leads now (asked of the members still reachable).
-  absl::StatusOr<int> EtcdLeaderHost();
+  // The host of the member that leads now, asked of each member but the one on `skip_host`
+  // (a lost host's member would cost a dial timeout).
+  absl::StatusOr<int> EtcdLeaderHost(int skip_host = -1);
   // Makes the member on `host` the leader (etcdctl move-leader).
   absl::Status MoveEtcdLeader(int host);
   // The epoch (etcd revision of its JOIN) the directory shows for a stage now; 0: no record.
