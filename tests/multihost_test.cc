@@ -70,7 +70,13 @@ class MultiHostTest : public ::testing::Test {
   }
   void TearDown() override {
     d_.reset();
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
+    // Logs stay after a failure, or when asked (CONNEX_HOSTS_KEEP=1).
+    const char* keep = std::getenv("CONNEX_HOSTS_KEEP");
+    if (!HasFailure() && !(keep != nullptr && std::string(keep) == "1")) {
+      std::filesystem::remove_all(dir_);
+    } else {
+      std::printf("logs kept in %s\n", dir_.c_str());
+    }
   }
 
   // Clients stream through the proxy; `fault` runs once every client has tokens flowing (its
