@@ -35,3 +35,12 @@ connex_test(multihost_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/multihost_test.cc ${CMAKE_CURRENT_LIST_DIR}/multihost_deployment.cc
   LIBS connex_chaos connex_subprocess nlohmann_json::nlohmann_json
   LABELS hosts)
+# deploy/k8s: every container command's flags against the binary's --help.
+connex_test(deploy_k8s_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/deploy_k8s_test.cc
+  LIBS connex_subprocess nlohmann_json::nlohmann_json
+  LABELS hosts)
+if(TARGET deploy_k8s_test)
+  target_compile_definitions(deploy_k8s_test PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  connex_test_needs(hosts connex-mkmodel)
+endif()
