@@ -234,7 +234,10 @@ TEST_F(MultiHostTest, AHostCutOffAndBackIsFenced) {
   ExpectAllExact("host 2 cut off and back", p);
   Report("host 2 (s1 of chain 0, s0 of chain 1, etcd e2) cut off, then back", p);
   // Back: both rejoin under new epochs, and serve again.
-  for (auto [key, old] : before) {
+  for (const auto& entry : before) {
+    // Copies, not structured bindings: clang 14 cannot capture those in a lambda.
+    const std::pair<uint32_t, uint32_t> key = entry.first;
+    const uint64_t old = entry.second;
     uint64_t now = 0;
     EXPECT_TRUE(WaitUntil(
         [&] {
