@@ -38,6 +38,12 @@ absl::StatusOr<std::string> Run(const std::vector<std::string>& argv,
   return p->transcript();
 }
 
+// The deployment's processes log at CONNEX_HOSTS_LOG_LEVEL (default warn).
+std::string LogLevel() {
+  const char* level = std::getenv("CONNEX_HOSTS_LOG_LEVEL");
+  return level != nullptr && *level != '\0' ? level : "warn";
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MultiHostDeployment>> MultiHostDeployment::Start(
@@ -106,7 +112,7 @@ absl::Status MultiHostDeployment::StartAll() {
             StrCat("CONNEX_PROXY_IDLE_TIMEOUT_MS=", o.proxy_idle_timeout_ms),
             StrCat("CONNEX_PROXY_CONNECT_TIMEOUT_MS=", o.proxy_connect_timeout_ms),
             "CONNEX_INSECURE=1",
-            "CONNEX_LOG_LEVEL=warn"};
+            "CONNEX_LOG_LEVEL=" + LogLevel()};
   CONNEX_ASSIGN_OR_RETURN(proxy_,
                           hosts_->Start(kProxyHost, "proxy", {BinDir() + "/connex-proxy"}, so));
   if (!hosts_->process(proxy_).WaitForLine("listening http=", 60'000)) {
@@ -225,7 +231,7 @@ absl::Status MultiHostDeployment::StartStage(uint32_t stage, uint32_t replica) {
             "CONNEX_PP_BACKEND=tcp",
             "CONNEX_INSECURE=1",
             "CONNEX_ENGINE_THREADS=1",
-            "CONNEX_LOG_LEVEL=warn",
+            "CONNEX_LOG_LEVEL=" + LogLevel(),
             StrCat("CONNEX_LEASE_TTL_MS=", o.lease_ttl_ms),
             StrCat("CONNEX_PP_STEP_TIMEOUT_MS=", o.step_timeout_ms),
             StrCat("CONNEX_PP_PROBE_TIMEOUT_MS=", o.probe_timeout_ms)};
