@@ -31,6 +31,10 @@ struct MultiHostOptions {
   int64_t step_timeout_ms = 500;
   int64_t probe_timeout_ms = 200;
   int64_t lease_ttl_ms = 2000;
+  // Every process's etcd client: a call's wait on one member, a quiet watch's progress probe
+  // (CONNEX_ETCD_ATTEMPT_TIMEOUT_MS, CONNEX_ETCD_WATCH_PROBE_MS) — how soon a lost member is left.
+  int64_t etcd_attempt_timeout_ms = 250;
+  int64_t etcd_watch_probe_ms = 250;
   // A stage 0 that sends nothing this long within a response is taken as dead by the proxy.
   int64_t proxy_idle_timeout_ms = 1000;
   // Connecting to a stage 0 may take this long (a lost host answers no SYN: the proxy's default
