@@ -38,6 +38,21 @@ absl::StatusOr<std::string> Run(const std::vector<std::string>& argv,
   return p->transcript();
 }
 
+// (leader, this member) of `etcdctl endpoint status -w json` for one endpoint; nullopt when the
+// output is not that (never throws: the output is another program's).
+std::optional<std::pair<uint64_t, uint64_t>> LeaderAndSelf(const std::string& out) {
+  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  if (!j.is_array() || j.empty() || !j[0].is_object()) return std::nullopt;
+  const nlohmann::json& status = j[0].value("Status", nlohmann::json::object());
+  if (!status.is_object() || !status.contains("leader") || !status.contains("header")) {
+    return std::nullopt;
+  }
+  const nlohmann::json& leader = status["leader"];
+  const nlohmann::json& self = status["header"].value("member_id", nlohmann::json());
+  if (!leader.is_number_unsigned() || !self.is_number_unsigned()) return std::nullopt;
+  return std::make_pair(leader.get<uint64_t>(), self.get<uint64_t>());
+}
+
 // The deployment's processes log at CONNEX_HOSTS_LOG_LEVEL (default warn).
 std::string LogLevel() {
   const char* level = std::getenv("CONNEX_HOSTS_LOG_LEVEL");
@@ -299,11 +314,8 @@ absl::StatusOr<int> MultiHostDeployment::EtcdLeaderHost(int skip_host) {
         "json"};
     absl::StatusOr<std::string> out = Run(argv, {"ETCDCTL_API=3"});
     if (!out.ok()) continue;
-    nlohmann::json j = nlohmann::json::parse(*out, nullptr, false);
-    if (!j.is_array() || j.empty()) continue;
-    const uint64_t leader = j[0]["Status"]["leader"].get<uint64_t>();
-    const uint64_t self = j[0]["Status"]["header"]["member_id"].get<uint64_t>();
-    if (leader == self) return m + 1;
+    std::optional<std::pair<uint64_t, uint64_t>> ids = LeaderAndSelf(*out);
+    if (ids && ids->first == ids->second) return m + 1;
   }
   return absl::UnavailableError("no etcd member says it leads");
 }
@@ -319,9 +331,9 @@ absl::Status MultiHostDeployment::MoveEtcdLeader(int host) {
                                    "-w",
                                    "json"};
   CONNEX_ASSIGN_OR_RETURN(std::string out, Run(argv, {"ETCDCTL_API=3"}));
-  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
-  if (!j.is_array() || j.empty()) return absl::InternalError("etcdctl endpoint status: " + out);
-  const uint64_t id = j[0]["Status"]["header"]["member_id"].get<uint64_t>();
+  std::optional<std::pair<uint64_t, uint64_t>> ids = LeaderAndSelf(out);
+  if (!ids) return absl::InternalError("etcdctl endpoint status: " + out);
+  const uint64_t id = ids->second;
   char hex[32];
   std::snprintf(hex, sizeof(hex), "%llx", static_cast<unsigned long long>(id));
   return Etcdctl({"move-leader", hex}).status();
