@@ -103,13 +103,24 @@ absl::StatusOr<std::unique_ptr<Hosts>> Hosts::Make(HostsOptions options) {
   if (options.hosts < 1 || options.hosts > 200) {
     return absl::InvalidArgumentError(StrCat("hosts: ", options.hosts, " is not in 1 .. 200"));
   }
-  if (options.subnet < 0) options.subnet = static_cast<int>(getpid() % 250) + 1;
+  CONNEX_RETURN_IF_ERROR(Available());
+  RemoveLeftovers();
+  if (options.subnet < 0) {
+    // From the process id, skipping a subnet another live run holds (its bridge's address).
+    absl::StatusOr<std::string> addrs = RunTool({FindTool("ip"), "-4", "-o", "addr", "show"}, "");
+    const int first = static_cast<int>(getpid() % 250);
+    for (int i = 0; i < 250; ++i) {
+      options.subnet = (first + i) % 250 + 1;
+      if (!addrs.ok() ||
+          addrs->find(StrCat(" 10.77.", options.subnet, ".1/")) == std::string::npos) {
+        break;
+      }
+    }
+  }
   if (options.subnet > 254) {
     return absl::InvalidArgumentError(StrCat("hosts: subnet ", options.subnet, " of 10.77.S.0"));
   }
   if (options.netdelay.empty()) options.netdelay = BinDir() + "/connex-netdelay";
-  CONNEX_RETURN_IF_ERROR(Available());
-  RemoveLeftovers();
   std::unique_ptr<Hosts> h(new Hosts(std::move(options)));
   h->prefix_ = StrCat(kNamePrefix, getpid());
   h->delayers_.assign(h->options_.hosts, -1);

@@ -28,7 +28,8 @@ namespace connex::chaos {
 struct HostsOptions {
   int hosts = 3;         // 1 .. 200
   std::string work_dir;  // logs of the processes started here; must exist
-  // The third byte of 10.77.S.0/24 (0 .. 254); -1: one from this process's id (1 .. 250).
+  // The third byte of 10.77.S.0/24 (0 .. 254); -1: one from this process's id (1 .. 250),
+  // skipping those another live run uses.
   int subnet = -1;
   // connex-netdelay, for SetDelay; empty: $CONNEX_BIN_DIR's (BinDir()).
   std::string netdelay;
