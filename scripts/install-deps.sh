@@ -41,6 +41,8 @@ PACKAGES=(
   # pre-tokenizer regexes, ICU for its NFC / NFKC normalizers.
   libpcre2-dev libicu-dev
   iperf3 iproute2 procps
+  iptables  # link loss and the delaying relay's NFQUEUE on the namespace hosts (tests/hosts*)
+  libnetfilter-queue-dev  # connex-netdelay (tests/netdelay_main.cc): latency on those links
   python3  # scripts/results-charts
   gnuplot-nox  # scripts/results-charts (docs/assets/*.svg)
   prometheus  # promtool check metrics: every /metrics is lint-clean (tests/serving_e2e_test.cc)

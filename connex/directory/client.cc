@@ -40,6 +40,10 @@ absl::StatusOr<DirectoryClientOptions::Etcd> DirectoryClientOptions::Etcd::FromE
   e.key_file = EnvString("CONNEX_ETCD_KEY_FILE", "");
   CONNEX_ASSIGN_OR_RETURN(e.lease_ttl_ms,
                           EnvInt("CONNEX_LEASE_TTL_MS", e.lease_ttl_ms, 1000, 3'600'000));
+  CONNEX_ASSIGN_OR_RETURN(e.attempt_timeout_ms, EnvInt("CONNEX_ETCD_ATTEMPT_TIMEOUT_MS",
+                                                       e.attempt_timeout_ms, 50, 60'000));
+  CONNEX_ASSIGN_OR_RETURN(e.watch_probe_ms,
+                          EnvInt("CONNEX_ETCD_WATCH_PROBE_MS", e.watch_probe_ms, 100, 600'000));
   return e;
 }
 

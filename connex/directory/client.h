@@ -58,6 +58,12 @@ struct DirectoryClientOptions {
     // The TTL of the process's etcd lease, which every LID it holds is bound to
     // (CONNEX_LEASE_TTL_MS; the embedded directory sets its own).
     int64_t lease_ttl_ms = 3000;
+    // How long one call may wait on one member before it moves to the next
+    // (CONNEX_ETCD_ATTEMPT_TIMEOUT_MS), and how long a quiet watch waits before it asks its member
+    // for progress (CONNEX_ETCD_WATCH_PROBE_MS): a lost member is left after about the first
+    // for a call, the sum of both for a watch.
+    int64_t attempt_timeout_ms = 1000;
+    int64_t watch_probe_ms = 2000;
     // The defaults overridden by the variables above.
     static absl::StatusOr<Etcd> FromEnv();
   } etcd;

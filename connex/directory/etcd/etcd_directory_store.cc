@@ -252,6 +252,8 @@ absl::StatusOr<std::unique_ptr<DirectoryStore>> OpenEtcdStore(const DirectoryCli
   etcd_options.tls.ca_file = options.etcd.ca_file;
   etcd_options.tls.cert_file = options.etcd.cert_file;
   etcd_options.tls.key_file = options.etcd.key_file;
+  etcd_options.attempt_timeout = absl::Milliseconds(options.etcd.attempt_timeout_ms);
+  etcd_options.watch_probe_interval = absl::Milliseconds(options.etcd.watch_probe_ms);
   if (options.heartbeat_ms > 0) {
     CONNEX_RETURN_IF_ERROR(ValidateLeaseSettings(options.etcd.lease_ttl_ms, options.heartbeat_ms));
   }
