@@ -54,11 +54,6 @@ void CleanUpTokenizationSpaces(std::string* text) {
     *text = absl::StrReplaceAll(*text, {{AsAbsl(from), AsAbsl(to)}});
 }
 
-absl::Status OutOfRange(int32_t id, int32_t vocab_size) {
-  return absl::InvalidArgumentError(
-      StrCat("tokenizer: token id ", id, " is out of range [0, ", vocab_size, ")"));
-}
-
 }  // namespace
 
 HfTokenizer::HfTokenizer() = default;
@@ -338,7 +333,7 @@ absl::StatusOr<std::string> HfTokenizer::DecodeFragment(std::span<const int32_t>
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
-    if (id < 0 || id >= vocab_size()) return OutOfRange(id, vocab_size());
+    if (id < 0 || id >= vocab_size()) return TokenIdOutOfRange(id, vocab_size());
     if (!has_text_[id] || (skip_special_tokens && special_[id])) continue;
     tokens.push_back(id_to_text_[id]);
   }
@@ -374,7 +369,7 @@ std::optional<int32_t> HfTokenizer::TokenId(std::string_view token) const {
 }
 
 absl::StatusOr<std::string> HfTokenizer::TokenText(int32_t id) const {
-  if (id < 0 || id >= vocab_size()) return OutOfRange(id, vocab_size());
+  if (id < 0 || id >= vocab_size()) return TokenIdOutOfRange(id, vocab_size());
   if (!has_text_[id]) {
     return absl::NotFoundError(StrCat("tokenizer: no token has id ", id));
   }

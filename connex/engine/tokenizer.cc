@@ -12,11 +12,6 @@ namespace {
 constexpr std::string_view kByteBosText = "<s>";
 constexpr std::string_view kByteEosText = "</s>";
 
-absl::Status OutOfRange(int32_t id, int32_t vocab_size) {
-  return absl::InvalidArgumentError(
-      StrCat("tokenizer: token id ", id, " is out of range [0, ", vocab_size, ")"));
-}
-
 // The bytes of a trailing run of U+FFFD in `text`.
 size_t TrailingReplacementBytes(std::string_view text) {
   constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
@@ -47,7 +42,7 @@ class ByteTokenizer final : public Tokenizer {
     std::string bytes;
     std::string text;
     for (int32_t id : ids) {
-      if (id < 0 || id >= kByteVocab) return OutOfRange(id, kByteVocab);
+      if (id < 0 || id >= kByteVocab) return TokenIdOutOfRange(id, kByteVocab);
       if (id < 256) {
         bytes.push_back(static_cast<char>(id));
         continue;
@@ -68,7 +63,7 @@ class ByteTokenizer final : public Tokenizer {
     return std::nullopt;
   }
   absl::StatusOr<std::string> TokenText(int32_t id) const override {
-    if (id < 0 || id >= kByteVocab) return OutOfRange(id, kByteVocab);
+    if (id < 0 || id >= kByteVocab) return TokenIdOutOfRange(id, kByteVocab);
     if (id == kBosToken) return std::string(kByteBosText);
     if (id == kEosToken) return std::string(kByteEosText);
     return std::string(1, static_cast<char>(id));
@@ -83,6 +78,11 @@ class ByteTokenizer final : public Tokenizer {
 };
 
 }  // namespace
+
+absl::Status TokenIdOutOfRange(int32_t id, int32_t vocab_size) {
+  return absl::InvalidArgumentError(
+      StrCat("tokenizer: token id ", id, " is out of range [0, ", vocab_size, ")"));
+}
 
 std::vector<int32_t> Tokenize(std::string_view text, bool add_bos) {
   std::vector<int32_t> tokens;
@@ -106,7 +106,8 @@ std::unique_ptr<StreamDecoder> Tokenizer::NewStreamDecoder(bool skip_special_tok
 }
 
 absl::StatusOr<std::string> StreamDecoder::Push(int32_t id) {
-  if (id < 0 || id >= tokenizer_.vocab_size()) return OutOfRange(id, tokenizer_.vocab_size());
+  if (id < 0 || id >= tokenizer_.vocab_size())
+    return TokenIdOutOfRange(id, tokenizer_.vocab_size());
   window_.push_back(id);
   absl::StatusOr<std::string> text =
       tokenizer_.DecodeFragment(window_, skip_special_tokens_, started_);

@@ -47,6 +47,9 @@ struct SpecialToken {
 
 class StreamDecoder;
 
+// The error for a token id outside [0, vocab_size): InvalidArgument naming both.
+absl::Status TokenIdOutOfRange(int32_t id, int32_t vocab_size);
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;

@@ -35,6 +35,11 @@ namespace connex::python {
 
 namespace py = pybind11;
 
+// The name of `value`'s Python type ("dict", "ndarray"), for error messages.
+inline std::string TypeName(py::handle value) {
+  return py::str(py::type::handle_of(value).attr("__name__"));
+}
+
 // ---- errors (errors.cc) ----
 // Creates connex.Error and its subclasses in `m`.
 void RegisterErrors(py::module_& m);

@@ -24,10 +24,6 @@ using pp::TensorDict;
 
 namespace {
 
-std::string TypeName(py::handle value) {
-  return py::str(py::type::handle_of(value).attr("__name__"));
-}
-
 std::optional<py::dtype> NumpyDType(DType dtype) {
   switch (dtype) {
     case DType::kF32:

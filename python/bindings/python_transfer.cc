@@ -17,10 +17,6 @@ namespace {
 
 constexpr std::string_view kScheme = "py://";
 
-std::string TypeName(py::handle value) {
-  return py::str(py::type::handle_of(value).attr("__name__"));
-}
-
 class PythonTransferEngine final : public transport::TransferEngine {
  public:
   // GIL held. TypeError naming a missing method.

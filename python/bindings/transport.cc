@@ -18,10 +18,6 @@ namespace {
 
 std::string Hex(uintptr_t addr) { return fmt::format("{:#x}", addr); }
 
-std::string TypeName(py::handle value) {
-  return py::str(py::type::handle_of(value).attr("__name__"));
-}
-
 // Whether `value` exports a buffer with `flags`.
 bool Probe(py::handle value, int flags) {
   Py_buffer probe;
