@@ -145,12 +145,12 @@ int main(int argc, char** argv) {
   if (!pipeline.ok()) return Fail(pipeline.status());
   absl::StatusOr<std::vector<Generation>> results = Generate(**pipeline, prompts, options);
   if (!results.ok()) return Fail(results.status());
-  const auto eos = static_cast<int32_t>((*pipeline)->config().eos_token_id);
+  const ModelConfig& config = (*pipeline)->config();
   for (const Generation& g : *results) {
     // The token that ended the generation (EOS, a --stop-token-ids one) is not in the text, as
     // the API leaves it out (vLLM's rule).
     std::span<const int32_t> shown = g.tokens;
-    if (!shown.empty() && ((options.stop_at_eos && shown.back() == eos) ||
+    if (!shown.empty() && ((options.stop_at_eos && config.IsEos(shown.back())) ||
                            std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(),
                                      shown.back()) != options.stop_token_ids.end())) {
       shown = shown.first(shown.size() - 1);
