@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -98,6 +99,44 @@ TEST_F(EngineCliTest, OutputIsTheSameAloneBatchedStagedAndRecomputed) {
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_EQ(Lines(r.out), alone) << extra;
   }
+}
+
+// The API's fields as flags: a stop token ends the generation (kept in tokens, not in the text),
+// and a penalized or min_p run is the same however it is staged and recomputed.
+TEST_F(EngineCliTest, StopTokenIdsRepetitionPenaltyAndMinP) {
+  Result free_run = Shell(Generate("--json --prompt '" + prompts_[0] + "'"));
+  ASSERT_EQ(free_run.code, 0) << free_run.out;
+  std::vector<int32_t> tokens =
+      nlohmann::json::parse(Lines(free_run.out)[0])["tokens"].get<std::vector<int32_t>>();
+  size_t k = 1;  // a token that first appears at k > 0
+  while (k < tokens.size() && std::count(tokens.begin(), tokens.begin() + k, tokens[k]) > 0) ++k;
+  ASSERT_LT(k, tokens.size());
+  Result stopped = Shell(Generate("--json --prompt '" + prompts_[0] + "' --stop-token-ids 300," +
+                                  std::to_string(tokens[k])));
+  ASSERT_EQ(stopped.code, 0) << stopped.out;
+  nlohmann::json j = nlohmann::json::parse(Lines(stopped.out)[0]);
+  EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(),
+            std::vector<int32_t>(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(k) + 1));
+  Result shorter =
+      Shell(Bin("connex-generate") + " --model " + model_ + " --ignore-eos --json --max-tokens " +
+            std::to_string(k) + " --prompt '" + prompts_[0] + "'");
+  ASSERT_EQ(shorter.code, 0) << shorter.out;
+  EXPECT_EQ(j["text"], nlohmann::json::parse(Lines(shorter.out)[0])["text"]);  // no stop token
+  const std::string sampled = "--json --prompts-file " + dir_ +
+                              "/prompts.txt --repetition-penalty 1.5 --temperature 0.8 --seed 4 "
+                              "--min-p 0.1";
+  Result base = Shell(Generate(sampled));
+  ASSERT_EQ(base.code, 0) << base.out;
+  Result staged = Shell(Generate(sampled + " --stages 3 --recompute-at 4 --prefill-chunk 2"));
+  EXPECT_EQ(Lines(staged.out), Lines(base.out));
+  EXPECT_NE(Lines(Shell(Generate("--json --prompts-file " + dir_ +
+                                 "/prompts.txt "
+                                 "--temperature 0.8 --seed 4"))
+                      .out),
+            Lines(base.out));
+  Result bad = Shell(Generate("--prompt x --repetition-penalty 0"));
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.out, HasSubstr("repetition_penalty 0"));
 }
 
 TEST_F(EngineCliTest, PlainTextOutput) {

@@ -4,6 +4,7 @@
 // OpenAI client library; bad input is refused by the proxy itself.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -114,6 +115,91 @@ TEST_F(ServingE2eTest, ThroughTheProxyNoKillChangesAToken) {
                                 r->result_int(), r->body())});
   }
   EXPECT_GT(served(0), restarted_before) << "the restarted stage 0 took no request";
+}
+
+// vLLM's fields through kills (issue 22): repetition_penalty (whose tokens the last stage keeps
+// beside its KV cache), min_p, ignore_eos and stop_token_ids on streams and a whole response
+// through the proxy, while the last stage of a replica (its history is gone with it: the
+// requests are recomputed on the other replica's) and then a stage 0 (the proxy resumes its
+// requests elsewhere from prompt + tokens so far) are killed with SIGKILL. Every response is
+// exactly connex-generate's with the same flags: token ids, text (without the stop token's),
+// finish_reason.
+TEST_F(ServingE2eTest, VllmSamplingFieldsStayExactThroughKillsAndResumes) {
+  constexpr int kTokens = 120;
+  for (std::pair<int, int> victim : {std::pair{2, 0}, {0, 1}}) {
+    const std::string name =
+        "stage " + std::to_string(victim.first) + " of replica " + std::to_string(victim.second);
+    SCOPED_TRACE(name);
+    const std::string tag = " " + std::to_string(victim.first);
+    std::vector<chaos::RequestSpec> specs = {{.prompt = "penalized greedy" + tag,
+                                              .max_tokens = kTokens,
+                                              .repetition_penalty = 1.3f,
+                                              .ignore_eos = true},
+                                             {.prompt = "penalized min_p" + tag,
+                                              .max_tokens = kTokens,
+                                              .temperature = 0.9f,
+                                              .top_p = 0.95f,
+                                              .seed = 11,
+                                              .min_p = 0.1f,
+                                              .repetition_penalty = 1.2f,
+                                              .ignore_eos = true},
+                                             {.prompt = "whole" + tag,
+                                              .max_tokens = kTokens,
+                                              .temperature = 0.8f,
+                                              .seed = 12,
+                                              .min_p = 0.05f,
+                                              .repetition_penalty = 0.9f,
+                                              .ignore_eos = true}};
+    // A stop token id that first appears late in an undisturbed run: the request stops there.
+    chaos::RequestSpec stopping{.prompt = "stop token" + tag,
+                                .max_tokens = kTokens,
+                                .temperature = 0.7f,
+                                .seed = 13,
+                                .repetition_penalty = 1.1f,
+                                .ignore_eos = true};
+    const std::vector<int32_t> free_run = Want(stopping).tokens;
+    ASSERT_EQ(free_run.size(), static_cast<size_t>(kTokens));
+    for (size_t i = 80; i < free_run.size() && stopping.stop_token_ids.empty(); ++i) {
+      if (std::find(free_run.begin(), free_run.begin() + i, free_run[i]) == free_run.begin() + i) {
+        stopping.stop_token_ids = {free_run[i]};
+      }
+    }
+    ASSERT_FALSE(stopping.stop_token_ids.empty()) << "no token appears first after 80";
+    specs.insert(specs.begin() + 2, stopping);
+    Streams streams;
+    std::vector<std::shared_ptr<chaos::Outcome>> outcomes;
+    for (size_t i = 0; i < 3; ++i) outcomes.push_back(streams.Start(specs[i], proxy(), "proxy"));
+    nlohmann::json body = nlohmann::json::parse(specs[3].Body(kModelName));
+    body.erase("stream");
+    body.erase("stream_options");
+    TestConnection c(proxy_port(), 60000);
+    ASSERT_TRUE(c.Send("POST", "/v1/completions", body.dump()));
+    ASSERT_TRUE(streams.WaitForTokens(1));
+    for (const auto& o : outcomes) ASSERT_GE(o->live.Get().tokens, 1) << o->spec.prompt;
+    const double resumes_before = ProxyMetric("connex_proxy_resumes_total");
+    const double reprefills_before = StageZeroSum("connex_reprefills_total");
+    ASSERT_TRUE(cluster().Kill(victim.first, victim.second).ok());
+    streams.Wait();
+    auto r = c.Read();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->result_int(), 200) << r->body();
+    outcomes.push_back(WholeOutcome(specs[3], "proxy (whole)", 200, r->body()));
+    ExpectCorrect(outcomes);
+    EXPECT_EQ(outcomes[2]->result.finish_reason, "stop");
+    EXPECT_EQ(outcomes[2]->result.tokens.back(), stopping.stop_token_ids[0]);
+    EXPECT_LT(outcomes[2]->result.tokens.size(), static_cast<size_t>(kTokens));
+    for (size_t i : {0, 1, 3}) EXPECT_EQ(outcomes[i]->result.finish_reason, "length") << i;
+    if (victim.first == 0) {
+      EXPECT_GT(ProxyMetric("connex_proxy_resumes_total"), resumes_before);
+    } else {
+      // Some request lost its last stage's state (KV and history) and was recomputed.
+      EXPECT_GT(StageZeroSum("connex_reprefills_total"), reprefills_before);
+    }
+    EXPECT_EQ(ProxyMetric("connex_request_failure_total"), 0.0);
+    absl::Status restarted = cluster().Restart(victim.first, victim.second);
+    ASSERT_TRUE(restarted.ok()) << restarted;
+    ASSERT_TRUE(WaitUntil([&] { return ProxyReplicas() == 2; }, 20000));
+  }
 }
 
 // The proxy answers bad input itself, with the same envelope as a stage.

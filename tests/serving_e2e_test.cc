@@ -134,6 +134,26 @@ TEST_F(ServingE2eTest, BadRequestsGetAClearErrorAndTheStageKeepsServing) {
   auto [status, body] = Get(0, "/v1/models");
   EXPECT_EQ(status, 200);
   EXPECT_THAT(body, HasSubstr("\"tiny\""));
+  // GET /v1/models/{id}: the object /v1/models lists, or OpenAI's 404.
+  std::tie(status, body) = Get(0, "/v1/models/tiny");
+  EXPECT_EQ(status, 200);
+  nlohmann::json listed = nlohmann::json::parse(Get(0, "/v1/models").second)["data"][0];
+  EXPECT_EQ(nlohmann::json::parse(body, nullptr, false), listed) << body;
+  std::tie(status, body) = Get(0, "/v1/models/nope");
+  EXPECT_EQ(status, 404);
+  EXPECT_THAT(body, HasSubstr("\"model_not_found\""));
+  // Bad values of vLLM's fields are refused naming the field and the value.
+  for (const auto& [field, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"("min_p": 1.5)", "min_p"},
+           {R"("repetition_penalty": 0)", "repetition_penalty"},
+           {R"("stop_token_ids": [258])", "stop_token_ids"},
+           {R"("ignore_eos": "yes")", "ignore_eos"}}) {
+    std::tie(status, body) = Request(
+        0, "POST", "/v1/chat/completions",
+        R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], )" + field + "}");
+    EXPECT_EQ(status, 400) << field << " -> " << body;
+    EXPECT_EQ(nlohmann::json::parse(body, nullptr, false)["error"]["param"], param) << body;
+  }
   std::tie(status, body) = Request(0, "POST", "/v1/completions",
                                    R"({"model": "tiny", "prompt": "ok", "max_tokens": 4})");
   EXPECT_EQ(status, 200) << body;

@@ -1,8 +1,10 @@
 // connex-generate: a single-process reference run of the engine. Greedy (or, with --temperature,
-// seeded counter-based sampling) generation for one prompt (--prompt) or for the lines of a file
+// seeded counter-based sampling; with --min-p, --repetition-penalty and --stop-token-ids as the
+// API's fields) generation for one prompt (--prompt) or for the lines of a file
 // (--prompts-file, one continuous batch), optionally
 // as n pipeline stages passing tensor dicts (--stages) and with the KV cache dropped and rebuilt
 // after K tokens (--recompute-at): the output must not change.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -87,6 +89,18 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", sampling.seed, "the sampling seed of every prompt")
       ->capture_default_str();
+  app.add_option("--min-p", sampling.min_p,
+                 "drop the tokens less probable than this times the most probable [0, 1]")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
+  app.add_option("--repetition-penalty", sampling.repetition_penalty,
+                 "> 0, 1: none; the logits of the prompt's and output's tokens are divided "
+                 "(positive) or multiplied by it, greedy or sampled")
+      ->capture_default_str();
+  app.add_option("--stop-token-ids", options.stop_token_ids,
+                 "token ids that end a generation (\"10,33\"), kept in the tokens, left out of "
+                 "the text")
+      ->delimiter(',');
   connex::AddLogLevelFlag(app);
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
         if (prompt_opt->count() == 0 && file_opt->count() == 0 && ids_opt->count() == 0) {
@@ -125,14 +139,23 @@ int main(int argc, char** argv) {
     prompts.push_back(Tokenize(prompt, /*add_bos=*/true));
   }
 
-  if (!sampling.greedy()) options.sampling.assign(prompts.size(), sampling);
+  if (!sampling.argmax()) options.sampling.assign(prompts.size(), sampling);
   absl::StatusOr<std::unique_ptr<Pipeline>> pipeline =
       Pipeline::Load(model, stages, std::make_shared<ThreadPool>(threads));
   if (!pipeline.ok()) return Fail(pipeline.status());
   absl::StatusOr<std::vector<Generation>> results = Generate(**pipeline, prompts, options);
   if (!results.ok()) return Fail(results.status());
+  const ModelConfig& config = (*pipeline)->config();
   for (const Generation& g : *results) {
-    std::string text = Detokenize(g.tokens);
+    // The token that ended the generation (EOS, a --stop-token-ids one) is not in the text, as
+    // the API leaves it out (vLLM's rule).
+    std::span<const int32_t> shown = g.tokens;
+    if (!shown.empty() && ((options.stop_at_eos && config.IsEos(shown.back())) ||
+                           std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(),
+                                     shown.back()) != options.stop_token_ids.end())) {
+      shown = shown.first(shown.size() - 1);
+    }
+    std::string text = Detokenize(shown);
     if (json) {
       nlohmann::ordered_json line = {{"tokens", g.tokens}, {"text", text}};
       // Invalid UTF-8 (a random model emits any byte) is replaced in "text"; "tokens" is exact.

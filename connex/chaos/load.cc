@@ -227,9 +227,9 @@ std::vector<std::string> OtherDifferences(const Outcome& o, const Reference& wan
     why.push_back(StrCat("text differs (streamed ", Quoted(r.text, 40), ", connex-generate ",
                          Quoted(want.text, 40), ")"));
   }
-  // The byte-level tokenizer: a completion ends with EOS, or at max_tokens.
-  const std::string finish =
-      !r.tokens.empty() && r.tokens.back() == engine::kEosToken ? "stop" : "length";
+  // The byte-level tokenizer: a completion ends with EOS (unless ignore_eos) or a stop token
+  // id, or at max_tokens.
+  const std::string finish = !r.tokens.empty() && o.spec.Stops(r.tokens.back()) ? "stop" : "length";
   if (r.finish_reason != finish) {
     why.push_back(StrCat("finish_reason ", r.finish_reason, ", expected ", finish));
   }

@@ -6,6 +6,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/base/subprocess.h"
+#include "connex/engine/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace connex::chaos {
@@ -23,23 +24,36 @@ std::string RequestSpec::Body(const std::string& model) const {
   } else {
     j["temperature"] = 0;
   }
+  if (min_p > 0) j["min_p"] = min_p;
+  if (repetition_penalty != 1) j["repetition_penalty"] = repetition_penalty;
+  if (ignore_eos) j["ignore_eos"] = true;
+  if (!stop_token_ids.empty()) j["stop_token_ids"] = stop_token_ids;
   return j.dump();
+}
+
+bool RequestSpec::Stops(int32_t token) const {
+  return (token == engine::kEosToken && !ignore_eos) ||
+         std::find(stop_token_ids.begin(), stop_token_ids.end(), token) != stop_token_ids.end();
 }
 
 absl::Status References::Compute(const std::vector<RequestSpec>& specs) {
   // One connex-generate per sampling setting over the one-line prompts not known yet (a prompts
   // file, run as one batch); one of its own (--prompt) for a prompt of several lines, as a
   // rendered chat is.
-  std::map<std::tuple<int, float, float, uint64_t>,
-           std::pair<RequestSpec, std::vector<std::string>>>
-      batches;
+  // Requests of one setting differ by their prompt alone: the key without it.
+  auto setting = [](const RequestSpec& s) -> Key {
+    RequestSpec any = s;
+    any.prompt.clear();
+    return any.Key();
+  };
+  std::map<Key, std::pair<RequestSpec, std::vector<std::string>>> batches;
   for (const RequestSpec& s : specs) {
-    if (known_.count(Key(s.prompt, s.max_tokens, s.temperature, s.top_p, s.seed))) continue;
+    if (known_.count(s.Key())) continue;
     if (s.prompt.find('\n') != std::string::npos) {
       CONNEX_RETURN_IF_ERROR(Generate(s, {s.prompt}));
       continue;
     }
-    auto& [sampling, batch] = batches[{s.max_tokens, s.temperature, s.top_p, s.seed}];
+    auto& [sampling, batch] = batches[setting(s)];
     sampling = s;
     if (std::find(batch.begin(), batch.end(), s.prompt) == batch.end()) batch.push_back(s.prompt);
   }
@@ -68,6 +82,16 @@ absl::Status References::Generate(const RequestSpec& sampling,
                 {"--temperature", StrCat(sampling.temperature), "--seed", StrCat(sampling.seed)});
     if (sampling.top_p < 1) argv.insert(argv.end(), {"--top-p", StrCat(sampling.top_p)});
   }
+  if (sampling.min_p > 0) argv.insert(argv.end(), {"--min-p", StrCat(sampling.min_p)});
+  if (sampling.repetition_penalty != 1) {
+    argv.insert(argv.end(), {"--repetition-penalty", StrCat(sampling.repetition_penalty)});
+  }
+  if (sampling.ignore_eos) argv.push_back("--ignore-eos");
+  if (!sampling.stop_token_ids.empty()) {
+    std::string ids;
+    for (int32_t id : sampling.stop_token_ids) ids += StrCat(ids.empty() ? "" : ",", id);
+    argv.insert(argv.end(), {"--stop-token-ids", ids});
+  }
   SubprocessOptions options;
   options.env = {"CONNEX_ENGINE_THREADS=1"};
   options.stderr_path = work_dir_ + "/connex-generate.log";
@@ -89,14 +113,15 @@ absl::Status References::Generate(const RequestSpec& sampling,
         " with ", lines.size(), " of ", prompts.size(), " lines (see ", options.stderr_path, ")"));
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
-    known_[Key(prompts[i], sampling.max_tokens, sampling.temperature, sampling.top_p,
-               sampling.seed)] = std::move(lines[i]);
+    RequestSpec spec = sampling;
+    spec.prompt = prompts[i];
+    known_[spec.Key()] = std::move(lines[i]);
   }
   return absl::OkStatus();
 }
 
 const Reference* References::Find(const RequestSpec& spec) const {
-  auto it = known_.find(Key(spec.prompt, spec.max_tokens, spec.temperature, spec.top_p, spec.seed));
+  auto it = known_.find(spec.Key());
   return it == known_.end() ? nullptr : &it->second;
 }
 

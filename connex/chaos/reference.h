@@ -22,9 +22,19 @@ struct RequestSpec {
   float temperature = 0;  // 0: greedy
   float top_p = 1;        // < 1: nucleus sampling, with temperature > 0
   uint64_t seed = 0;      // with temperature > 0
+  // vLLM's fields (sent when not their default; connex-generate's flags of the same names).
+  float min_p = 0;
+  float repetition_penalty = 1;
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids = {};
   // The /v1/completions body, streamed, with usage.
   std::string Body(const std::string& model) const;
-  auto Key() const { return std::tie(prompt, max_tokens, temperature, top_p, seed); }
+  // The token that ends this request by its own rule: EOS unless ignored, a stop_token_ids one.
+  bool Stops(int32_t token) const;
+  auto Key() const {
+    return std::tie(prompt, max_tokens, temperature, top_p, seed, min_p, repetition_penalty,
+                    ignore_eos, stop_token_ids);
+  }
 };
 
 // connex-generate's answer to one request.
@@ -47,7 +57,8 @@ class References {
   const Reference* Find(const RequestSpec& spec) const;
 
  private:
-  using Key = std::tuple<std::string, int, float, float, uint64_t>;
+  using Key = std::tuple<std::string, int, float, float, uint64_t, float, float, bool,
+                         std::vector<int32_t>>;
   // One connex-generate run of `prompts` with the sampling of `sampling`.
   absl::Status Generate(const RequestSpec& sampling, const std::vector<std::string>& prompts);
   std::string generate_, model_path_;

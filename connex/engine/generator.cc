@@ -69,7 +69,7 @@ absl::StatusOr<std::vector<Generation>> Generate(Pipeline& pipeline,
     if (!options.sampling.empty()) {
       std::vector<Sampling> sampling;
       for (const Request& r : active) sampling.push_back(options.sampling[r.index]);
-      SetSampling(step, sampling);
+      pp::AddSamplingKeys(step, sampling);  // as the owner does, penalty history included
     }
     CONNEX_ASSIGN_OR_RETURN(TensorDict out, pipeline.Step(step));
     std::span<const int32_t> next_tokens = out.Find(kNextTokens)->values<int32_t>();
@@ -94,6 +94,8 @@ absl::StatusOr<std::vector<Generation>> Generate(Pipeline& pipeline,
       }
       bool done = static_cast<int64_t>(g.tokens.size()) >= options.max_tokens ||
                   (options.stop_at_eos && pipeline.config().IsEos(token));
+      done |= std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), token) !=
+              options.stop_token_ids.end();
       if (done) {
         pipeline.Release(r.id);
         continue;

@@ -23,6 +23,8 @@ struct GenerateOptions {
   // Per prompt (empty: every prompt greedy; otherwise one per prompt, each valid): how its
   // tokens are chosen (pp::Sampling: counter-based, keyed by seed and absolute position).
   std::vector<Sampling> sampling;
+  // Each of these ends the request too (kept in `tokens`), EOS or not: the API's stop_token_ids.
+  std::vector<int32_t> stop_token_ids;
 };
 
 struct Generation {

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "connex/base/check.h"
+#include "connex/base/status.h"
+#include "connex/base/strings.h"
 #include "connex/engine/kernels.h"
 
 namespace connex::engine {
@@ -41,9 +43,27 @@ double UniformAt(uint64_t seed, uint64_t position) {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
-int32_t SampleToken(std::span<const float> logits, const pp::Sampling& sampling,
-                    uint64_t position) {
-  CONNEX_CHECK(!logits.empty());
+void ApplyRepetitionPenalty(std::span<float> logits, float penalty,
+                            std::span<const int32_t> history) {
+  std::vector<bool> seen(logits.size());
+  for (int32_t id : history) {
+    if (id < 0 || static_cast<size_t>(id) >= logits.size() || seen[id]) continue;
+    seen[id] = true;
+    float& l = logits[id];
+    l = l > 0 ? l / penalty : l * penalty;
+  }
+}
+
+int32_t SampleToken(std::span<const float> raw, const pp::Sampling& sampling, uint64_t position,
+                    std::span<const int32_t> history) {
+  CONNEX_CHECK(!raw.empty());
+  std::vector<float> penalized;
+  std::span<const float> logits = raw;
+  if (sampling.penalized()) {
+    penalized.assign(raw.begin(), raw.end());
+    ApplyRepetitionPenalty(penalized, sampling.repetition_penalty, history);
+    logits = penalized;
+  }
   const int64_t vocab = static_cast<int64_t>(logits.size());
   if (sampling.greedy()) return static_cast<int32_t>(ArgMax(logits.data(), vocab));
   // Candidates, most probable first; ties by the lower id: a total order, so the same logits
@@ -68,6 +88,13 @@ int32_t SampleToken(std::span<const float> logits, const pp::Sampling& sampling,
   double total = 0;
   for (size_t i = 0; i < keep; ++i) {
     mass[i] = std::exp((static_cast<double>(logits[order[i]]) - max_logit) / temperature);
+    // min_p: a token's probability over the most probable one's is mass[i] / mass[0] = mass[i];
+    // masses fall along the order, so the survivors are a prefix (vLLM applies min_p before
+    // top_k and top_p: top_p's mass is of the survivors).
+    if (mass[i] < sampling.min_p) {
+      keep = i;
+      break;
+    }
     total += mass[i];
   }
   // Nucleus: the shortest prefix whose mass reaches top_p of the whole.
@@ -89,6 +116,58 @@ int32_t SampleToken(std::span<const float> logits, const pp::Sampling& sampling,
     if (u < sum) return order[i];
   }
   return order[keep - 1];  // u rounded up to the total
+}
+
+absl::Status TokenHistory::Check(const pp::TensorDict& in, std::span<const uint64_t> ids,
+                                 std::span<const int64_t> starts, std::span<const int64_t> counts,
+                                 std::span<const pp::Sampling> sampling) const {
+  int64_t tokens = 0;
+  bool penalized = false;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    tokens += counts[i];
+    penalized |= sampling[i].penalized();
+  }
+  if (!penalized) return absl::OkStatus();
+  CONNEX_ASSIGN_OR_RETURN(const pp::Tensor* history, pp::GetSamplingHistory(in, tokens));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!sampling[i].penalized()) continue;
+    if (history == nullptr) {
+      return absl::InvalidArgumentError(StrCat("request ", ids[i], " has repetition_penalty ",
+                                               sampling[i].repetition_penalty,
+                                               " but the step carries no ", pp::kSamplingHistory));
+    }
+    const size_t held = Of(ids[i]).size();
+    if (starts[i] > 0 && held < static_cast<size_t>(starts[i])) {
+      return absl::InvalidArgumentError(
+          StrCat("request ", ids[i], ": the step starts at ", starts[i], " but ", held,
+                 " tokens of its history are held (for repetition_penalty)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void TokenHistory::Record(const pp::TensorDict& in, std::span<const uint64_t> ids,
+                          std::span<const int64_t> starts, std::span<const int64_t> counts,
+                          std::span<const pp::Sampling> sampling) {
+  const pp::Tensor* history = in.Find(pp::kSamplingHistory);
+  if (history == nullptr) return;
+  std::span<const int32_t> step = history->values<int32_t>();
+  size_t first = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const size_t count = static_cast<size_t>(counts[i]);
+    if (sampling[i].penalized()) {
+      std::vector<int32_t>& tokens = tokens_[ids[i]];
+      tokens.resize(static_cast<size_t>(starts[i]));  // Check: at most what is held
+      tokens.insert(tokens.end(), step.begin() + first, step.begin() + first + count);
+    }
+    first += count;
+  }
+}
+
+std::span<const int32_t> TokenHistory::Of(uint64_t id) const {
+  auto it = tokens_.find(id);
+  if (it == tokens_.end()) return {};
+  return it->second;
 }
 
 }  // namespace connex::engine

@@ -87,6 +87,155 @@ TEST(SamplingTest, OutOfRangeFieldsAreNamed) {
   EXPECT_THAT(Sampled(1, 0).Validate().message(), HasSubstr("top_p 0"));
   EXPECT_THAT(Sampled(1, 1, -3).Validate().message(), HasSubstr("top_k -3"));
   EXPECT_TRUE(Sampled(0.7f, 0.9f, 40).Validate().ok());
+  pp::Sampling s = Sampled(1);
+  s.min_p = 1.5f;
+  EXPECT_THAT(s.Validate().message(), HasSubstr("min_p 1.5 is outside [0, 1]"));
+  s.min_p = 1;
+  EXPECT_TRUE(s.Validate().ok());
+  for (float bad : {0.0f, -1.0f, INFINITY, NAN}) {
+    s.repetition_penalty = bad;
+    EXPECT_THAT(s.Validate().message(), HasSubstr("repetition_penalty")) << bad;
+  }
+  s.repetition_penalty = 0.5f;
+  EXPECT_TRUE(s.Validate().ok());
+}
+
+// min_p keeps the tokens at least min_p times as probable as the most probable, after the
+// temperature: 0.5 / 0.3 / 0.2 with min_p 0.5 drops the third (0.2 < 0.25) and keeps the second.
+TEST(SampleTokenTest, MinPDropsTheTokensBelowItsShareOfTheMostProbable) {
+  std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  pp::Sampling s = Sampled(1.0f);
+  s.min_p = 0.5f;
+  std::map<int32_t, int> counts;
+  for (uint64_t p = 0; p < 4000; ++p) ++counts[SampleToken(logits, s, p)];
+  EXPECT_EQ(counts[2], 0);
+  EXPECT_NEAR(counts[0] / 4000.0, 0.625, 0.03);  // 0.5 / 0.8: the survivors renormalized
+  // A higher temperature flattens the distribution first: 0.2 is then above half the maximum.
+  s.temperature = 2.0f;
+  counts.clear();
+  for (uint64_t p = 0; p < 4000; ++p) ++counts[SampleToken(logits, s, p)];
+  EXPECT_GT(counts[2], 500);
+  // min_p 1 keeps the most probable alone; 0 keeps every token.
+  s.min_p = 1;
+  for (uint64_t p = 0; p < 500; ++p) ASSERT_EQ(SampleToken(logits, s, p), 0);
+  s.min_p = 0;
+  EXPECT_EQ(SampleToken(logits, s, 17), SampleToken(logits, Sampled(2.0f), 17));
+}
+
+// vLLM's order: min_p, then top_k and top_p over the survivors (top_p's mass is theirs). With
+// min_p 0.5 the survivors are 0.5 / 0.3, renormalized 0.625 / 0.375, so top_p 0.6 keeps only the
+// first — whereas top_p over the whole distribution (0.5 < 0.6) would keep two.
+TEST(SampleTokenTest, TopPCountsTheMassOfTheMinPSurvivors) {
+  std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  pp::Sampling s = Sampled(1.0f, /*top_p=*/0.6f);
+  s.min_p = 0.5f;
+  for (uint64_t p = 0; p < 2000; ++p) ASSERT_EQ(SampleToken(logits, s, p), 0);
+  s.top_k = 1;
+  EXPECT_EQ(SampleToken(logits, s, 3), 0);
+}
+
+// vLLM's and Hugging Face's rule, once per distinct id of the prompt and output so far.
+TEST(RepetitionPenaltyTest, DividesPositiveAndMultipliesOtherLogitsOfSeenTokensOnce) {
+  std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f, 0.0f};
+  const std::vector<int32_t> history = {0, 1, 1, 1, 4, 99, -5};  // 99 and -5: not in the vocab
+  ApplyRepetitionPenalty(logits, 2.0f, history);
+  EXPECT_THAT(logits, ElementsAre(1.0f, -2.0f, 0.5f, 3.0f, 0.0f));
+}
+
+TEST(RepetitionPenaltyTest, AppliesToGreedyAndSampledChoices) {
+  const std::vector<float> logits = {3.0f, 2.5f, -4.0f};
+  pp::Sampling greedy;
+  EXPECT_EQ(SampleToken(logits, greedy, 5, std::vector<int32_t>{0}), 0);  // penalty 1: none
+  greedy.repetition_penalty = 1.5f;                                       // 3 / 1.5 = 2 < 2.5
+  EXPECT_EQ(SampleToken(logits, greedy, 5, std::vector<int32_t>{0}), 1);
+  EXPECT_EQ(SampleToken(logits, greedy, 5, {}), 0);  // nothing seen: nothing penalized
+  greedy.repetition_penalty = 0.5f;                  // < 1 favours what was seen: 2.5 / 0.5 = 5
+  EXPECT_EQ(SampleToken(logits, greedy, 5, std::vector<int32_t>{1}), 1);
+  // Sampled: token 0 is drawn with p 0.62, or 0.08 once seen with penalty 100 (logit 0.03).
+  pp::Sampling sampled = Sampled(1.0f);
+  std::map<int32_t, int> counts, penalized;
+  sampled.repetition_penalty = 100;
+  for (uint64_t p = 0; p < 2000; ++p) {
+    ++counts[SampleToken(logits, Sampled(1.0f), p, std::vector<int32_t>{0})];
+    ++penalized[SampleToken(logits, sampled, p, std::vector<int32_t>{0})];
+  }
+  EXPECT_NEAR(counts[0] / 2000.0, 0.62, 0.03);
+  EXPECT_NEAR(penalized[0] / 2000.0, 0.08, 0.02);
+}
+
+TEST(SamplingTest, KeysTravelOnlyWhenARequestNeedsThemAndTheHistoryOnlyWithAPenalty) {
+  auto step = [](std::vector<pp::Sampling> sampling) {
+    TensorDict d;
+    pp::SetBatch(d, {1, 2}, {0, 3}, {3, 1});
+    d.Set(pp::kTokens, Tensor::Of<int32_t>({4}, std::vector<int32_t>{7, 8, 9, 10}));
+    pp::AddSamplingKeys(d, sampling);
+    return d;
+  };
+  pp::Sampling plain, penalized, min_p_only = Sampled(0.8f);
+  penalized.repetition_penalty = 1.2f;  // greedy, but not the plain argmax
+  min_p_only.min_p = 0.1f;
+  EXPECT_EQ(step({plain, plain}).Find(pp::kSamplingSeed), nullptr);
+  TensorDict sampled = step({plain, min_p_only});
+  EXPECT_NE(sampled.Find(pp::kSamplingMinP), nullptr);
+  EXPECT_EQ(sampled.Find(pp::kSamplingHistory), nullptr);
+  TensorDict with_penalty = step({penalized, min_p_only});
+  absl::StatusOr<const Tensor*> history = pp::GetSamplingHistory(with_penalty, 4);
+  ASSERT_TRUE(history.ok() && *history != nullptr);
+  EXPECT_THAT((*history)->values<int32_t>(), ElementsAre(7, 8, 9, 10));
+  EXPECT_THAT(pp::GetSamplingHistory(with_penalty, 5).status().message(),
+              HasSubstr("4 rows for a step of 5 tokens"));
+  absl::StatusOr<std::vector<pp::Sampling>> back = pp::GetSampling(with_penalty, 2);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)[0].repetition_penalty, 1.2f);
+  EXPECT_EQ((*back)[1].min_p, 0.1f);
+  // A step of an owner that predates min_p and the penalty: their defaults.
+  TensorDict old;
+  pp::SetSampling(old, {min_p_only});
+  old.Erase(pp::kSamplingMinP);
+  old.Erase(pp::kSamplingRepetitionPenalty);
+  back = pp::GetSampling(old, 1);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)[0].min_p, 0);
+  EXPECT_EQ((*back)[0].repetition_penalty, 1);
+}
+
+// The history is request state beside the KV cache: appended by each step, cut back to a step's
+// start, started afresh at 0 (a recompute), dropped by Release; a step that cannot be recorded
+// is refused whole.
+TEST(TokenHistoryTest, FollowsTheStepsAsTheKvCacheDoes) {
+  pp::Sampling penalized;
+  penalized.repetition_penalty = 1.3f;
+  const std::vector<pp::Sampling> one = {penalized};
+  auto step = [](int64_t start, std::vector<int32_t> tokens, bool with_history = true) {
+    TensorDict d;
+    const int32_t n = static_cast<int32_t>(tokens.size());
+    pp::SetBatch(d, {9}, {static_cast<int32_t>(start)}, {n});
+    if (with_history) d.Set(pp::kSamplingHistory, Tensor::Of<int32_t>({n}, tokens));
+    return d;
+  };
+  TokenHistory h;
+  auto run = [&](int64_t start, std::vector<int32_t> tokens, bool with_history = true) {
+    TensorDict d = step(start, tokens, with_history);
+    const std::vector<uint64_t> ids = {9};
+    const std::vector<int64_t> starts = {start}, counts = {static_cast<int64_t>(tokens.size())};
+    absl::Status ok = h.Check(d, ids, starts, counts, one);
+    if (ok.ok()) h.Record(d, ids, starts, counts, one);
+    return ok;
+  };
+  ASSERT_TRUE(run(0, {1, 2, 3}).ok());
+  ASSERT_TRUE(run(3, {4}).ok());
+  EXPECT_THAT(h.Of(9), ElementsAre(1, 2, 3, 4));
+  ASSERT_TRUE(run(2, {7}).ok());  // a rewind
+  EXPECT_THAT(h.Of(9), ElementsAre(1, 2, 7));
+  EXPECT_THAT(run(5, {8}).message(), HasSubstr("starts at 5 but 3 tokens of its history"));
+  EXPECT_THAT(run(3, {8}, /*with_history=*/false).message(),
+              HasSubstr("repetition_penalty 1.3 but the step carries no sampling.history"));
+  EXPECT_THAT(h.Of(9), ElementsAre(1, 2, 7));  // the refused steps changed nothing
+  ASSERT_TRUE(run(0, {1, 2, 7, 8}).ok());      // a recompute: prompt + generated from 0
+  EXPECT_THAT(h.Of(9), ElementsAre(1, 2, 7, 8));
+  h.Release(9);
+  EXPECT_TRUE(h.Of(9).empty());
+  EXPECT_EQ(h.size(), 0u);
 }
 
 TEST(SamplingTest, AStepWithSomeSamplingKeysButNotAllIsRefused) {
@@ -166,16 +315,50 @@ TEST_F(SampledGenerationTest, TokensDoNotDependOnTheBatchChunksOrARecompute) {
 }
 
 // What the resume proxy does: prompt + the tokens already delivered as a new prompt, max_tokens
-// reduced. The rest is exactly the undisturbed run's rest.
+// reduced. The rest is exactly the undisturbed run's rest — with min_p and a repetition penalty
+// too (the penalty's set, prompt plus output, is the same set of tokens after a resume).
 TEST_F(SampledGenerationTest, AResumeFromPromptPlusTokensSoFarContinuesExactly) {
-  pp::Sampling s = Sampled(1.1f, 0.9f, 0, 77);
-  std::vector<int32_t> full = Run({kPrompts[0]}, Options({s}, 24))[0];
-  for (size_t k : {1, 10, 23}) {
-    std::vector<int32_t> resumed_prompt = kPrompts[0];
-    resumed_prompt.insert(resumed_prompt.end(), full.begin(), full.begin() + k);
-    std::vector<int32_t> rest = Run({resumed_prompt}, Options({s}, 24 - k))[0];
-    EXPECT_EQ(rest, std::vector<int32_t>(full.begin() + k, full.end())) << "resumed after " << k;
+  pp::Sampling min_p_and_penalty = Sampled(1.1f, 0.9f, 0, 78);
+  min_p_and_penalty.min_p = 0.05f;
+  min_p_and_penalty.repetition_penalty = 1.4f;
+  pp::Sampling greedy_penalty;
+  greedy_penalty.repetition_penalty = 1.8f;
+  for (const pp::Sampling& s : {Sampled(1.1f, 0.9f, 0, 77), min_p_and_penalty, greedy_penalty}) {
+    std::vector<int32_t> full = Run({kPrompts[0]}, Options({s}, 24))[0];
+    for (size_t k : {1, 10, 23}) {
+      std::vector<int32_t> resumed_prompt = kPrompts[0];
+      resumed_prompt.insert(resumed_prompt.end(), full.begin(), full.begin() + k);
+      std::vector<int32_t> rest = Run({resumed_prompt}, Options({s}, 24 - k))[0];
+      EXPECT_EQ(rest, std::vector<int32_t>(full.begin() + k, full.end()))
+          << "resumed after " << k << " (repetition_penalty " << s.repetition_penalty << ")";
+    }
   }
+}
+
+// The penalty's history lives on the last stage beside its KV cache: however the request's
+// state is built — alone or in a batch with unpenalized requests, in prefill chunks, dropped and
+// recomputed, on one stage or two — the tokens are the same.
+TEST_F(SampledGenerationTest, PenalizedTokensDoNotDependOnTheBatchChunksOrARecompute) {
+  pp::Sampling greedy_penalty, sampled_penalty = Sampled(0.9f, 1, 0, 21), min_p = Sampled(1.2f);
+  greedy_penalty.repetition_penalty = 1.8f;
+  sampled_penalty.repetition_penalty = 1.3f;
+  sampled_penalty.min_p = 0.1f;
+  min_p.min_p = 0.2f;
+  std::vector<pp::Sampling> s = {greedy_penalty, sampled_penalty, min_p};
+  std::vector<std::vector<int32_t>> together = Run(kPrompts, Options(s));
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    EXPECT_EQ(Run({kPrompts[i]}, Options({s[i]}))[0], together[i]) << "prompt " << i << " alone";
+  }
+  GenerateOptions chunked = Options(s);
+  chunked.prefill_chunk = 4;
+  EXPECT_EQ(Run(kPrompts, chunked), together);
+  GenerateOptions recomputed = Options(s);
+  recomputed.recompute_at = 7;
+  EXPECT_EQ(Run(kPrompts, recomputed), together);
+  EXPECT_EQ(Run(kPrompts, Options(s), /*stages=*/1), together);
+  // The penalty does act: greedy without it repeats itself differently.
+  EXPECT_NE(Run({kPrompts[2]}, Options({pp::Sampling{}}))[0],
+            Run({kPrompts[2]}, Options({greedy_penalty}))[0]);
 }
 
 }  // namespace

@@ -270,6 +270,9 @@ absl::StatusOr<TensorDict> StageEngine::ExecuteStep(const TensorDict& in) {
     }
     return absl::NotFoundError(StrCat("stage ", stage_, ": missing KV cache for request ", list));
   }
+  if (is_last()) {
+    CONNEX_RETURN_IF_ERROR(history_.Check(in, batch.ids, batch.start, batch.count, sampling));
+  }
 
   // From here on the step cannot fail.
   const int64_t n = batch.tokens, d = config_.hidden_size;
@@ -306,11 +309,12 @@ absl::StatusOr<TensorDict> StageEngine::ExecuteStep(const TensorDict& in) {
   if (!is_last()) {
     out.Set(kHidden, Tensor::Of<float>({n, d}, h));
     // The last stage samples: the requests' sampling goes on with the hidden states.
-    for (const char* key : {kSamplingTemperature, kSamplingTopP, kSamplingTopK, kSamplingSeed}) {
-      if (const Tensor* t = in.Find(key)) out.Set(key, *t);
+    for (const auto& [key, t] : in.tensors()) {
+      if (key.starts_with(pp::kSamplingPrefix)) out.Set(key, t);
     }
     return out;
   }
+  history_.Record(in, batch.ids, batch.start, batch.count, sampling);
   const int64_t b = static_cast<int64_t>(batch.ids.size()), v = config_.vocab_size;
   std::vector<float> last(b * d);
   for (int64_t i = 0; i < b; ++i) {
@@ -327,7 +331,7 @@ absl::StatusOr<TensorDict> StageEngine::ExecuteStep(const TensorDict& in) {
     // The token drawn is at position start + count: the request's length after this step.
     const uint64_t position = static_cast<uint64_t>(batch.start[i]) + batch.count[i];
     next[i] = SampleToken(std::span<const float>(lp + i * v, static_cast<size_t>(v)),
-                          sampling[static_cast<size_t>(i)], position);
+                          sampling[static_cast<size_t>(i)], position, history_.Of(batch.ids[i]));
   }
   out.Set(kLogits, std::move(logits));
   out.Set(kNextTokens, Tensor::Of<int32_t>({b}, next));

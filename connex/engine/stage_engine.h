@@ -21,6 +21,7 @@
 #include "connex/engine/kernels.h"
 #include "connex/engine/model_config.h"
 #include "connex/engine/safetensors.h"
+#include "connex/engine/sampler.h"
 #include "connex/engine/tensor_dict.h"
 #include "connex/engine/thread_pool.h"
 #include "connex/pp/engine.h"
@@ -34,7 +35,7 @@ namespace connex::engine {
 // In (stage > 0):    hidden F32 [N, hidden_size] (the previous stage's output).
 // Out (every stage): the three batch tensors, copied.
 // In (optional):     the sampling keys (pp::Sampling): absent, every request is greedy.
-// Out (not last):    hidden F32 [N, hidden_size], and the sampling keys passed on.
+// Out (not last):    hidden F32 [N, hidden_size], and every sampling.* key passed on.
 // Out (last):        logits F32 [B, vocab_size] (of each request's last token) and
 //                    next_tokens I32 [B] (greedy: argmax, lowest index on ties; sampled:
 //                    SampleToken at the position start + count, see sampler.h).
@@ -103,8 +104,14 @@ class StageEngine : public pp::Engine {
   // Positions cached for `id`; -1 when not held.
   int64_t CachedPositions(uint64_t id) const;
   // Drops a request's KV cache (finished, or to be recomputed). No-op when not held.
-  void Release(uint64_t id) override { cache_.erase(id); }
-  void ReleaseAll() { cache_.clear(); }
+  void Release(uint64_t id) override {
+    cache_.erase(id);
+    history_.Release(id);
+  }
+  void ReleaseAll() {
+    cache_.clear();
+    history_.Clear();
+  }
   // hidden_size fp32 values per token on every stage but the last (whose output is per request).
   uint64_t OutputBytesPerToken() const override {
     return is_last() ? 0 : static_cast<uint64_t>(config_.hidden_size) * sizeof(float);
@@ -158,6 +165,7 @@ class StageEngine : public pp::Engine {
   std::vector<float> inv_freq_;  // RoPE, [head_dim / 2], unless it depends on the position
   std::shared_ptr<ThreadPool> pool_;
   absl::flat_hash_map<uint64_t, RequestCache> cache_;
+  TokenHistory history_;  // last stage: the repetition penalty's tokens, beside cache_
 };
 
 }  // namespace connex::engine

@@ -81,7 +81,7 @@ class LlamaModel {
     engine::GenerateOptions g;
     g.max_tokens = max_new;
     g.stop_at_eos = false;
-    if (!sampling.greedy()) g.sampling = {sampling};
+    if (!sampling.argmax()) g.sampling = {sampling};
     auto out = engine::Generate(**pipeline, {prompt}, g);
     return out.ok() ? (*out)[0].tokens : std::vector<int32_t>{};
   }
@@ -256,6 +256,14 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
         p.sampling.top_p = rng() % 2 ? 1.0f : 0.9f;
         p.sampling.top_k = rng() % 2 ? 0 : 40;
         p.sampling.seed = rng();
+      }
+      if (llama) {
+        // vLLM's repetition penalty (greedy or sampled) and min_p on some, chosen without another
+        // draw so that a seed's plan stays what it was: the penalty's tokens, which the last
+        // stage keeps beside its KV cache, must survive kills, migrations and re-prefills too.
+        const uint64_t bits = p.sampling.seed ^ static_cast<uint64_t>(p.prompt.size());
+        if (bits % 3 == 0) p.sampling.repetition_penalty = 1.3f;
+        if (!p.sampling.greedy() && bits % 4 < 2) p.sampling.min_p = 0.05f;
       }
       if (long_first && i == 0) {
         p.prompt.resize(500 + rng() % 1000);

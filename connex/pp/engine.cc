@@ -1,5 +1,8 @@
 #include "connex/pp/engine.h"
 
+#include <cmath>
+
+#include "connex/base/check.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 
@@ -49,12 +52,19 @@ absl::Status Sampling::Validate() const {
   }
   if (top_k < 0)
     return absl::InvalidArgumentError(StrCat("sampling top_k ", top_k, " is negative"));
+  if (!(min_p >= 0 && min_p <= 1)) {
+    return absl::InvalidArgumentError(StrCat("sampling min_p ", min_p, " is outside [0, 1]"));
+  }
+  if (!(repetition_penalty > 0 && std::isfinite(repetition_penalty))) {
+    return absl::InvalidArgumentError(
+        StrCat("sampling repetition_penalty ", repetition_penalty, " is not a finite number > 0"));
+  }
   return absl::OkStatus();
 }
 
 void SetSampling(TensorDict& dict, const std::vector<Sampling>& sampling) {
   const int64_t b = static_cast<int64_t>(sampling.size());
-  std::vector<float> temperature, top_p;
+  std::vector<float> temperature, top_p, min_p, penalty;
   std::vector<int32_t> top_k;
   std::vector<int64_t> seed;
   for (const Sampling& s : sampling) {
@@ -62,7 +72,11 @@ void SetSampling(TensorDict& dict, const std::vector<Sampling>& sampling) {
     top_p.push_back(s.top_p);
     top_k.push_back(s.top_k);
     seed.push_back(static_cast<int64_t>(s.seed));
+    min_p.push_back(s.min_p);
+    penalty.push_back(s.repetition_penalty);
   }
+  dict.Set(kSamplingMinP, Tensor::Of<float>({b}, min_p));
+  dict.Set(kSamplingRepetitionPenalty, Tensor::Of<float>({b}, penalty));
   dict.Set(kSamplingTemperature, Tensor::Of<float>({b}, temperature));
   dict.Set(kSamplingTopP, Tensor::Of<float>({b}, top_p));
   dict.Set(kSamplingTopK, Tensor::Of<int32_t>({b}, top_k));
@@ -85,8 +99,17 @@ absl::StatusOr<std::vector<Sampling>> GetSampling(const TensorDict& dict, int64_
   CONNEX_ASSIGN_OR_RETURN(const Tensor* top_p, dict.Get(kSamplingTopP, DType::kF32, 1));
   CONNEX_ASSIGN_OR_RETURN(const Tensor* top_k, dict.Get(kSamplingTopK, DType::kI32, 1));
   CONNEX_ASSIGN_OR_RETURN(const Tensor* seed, dict.Get(kSamplingSeed, DType::kI64, 1));
-  for (const Tensor* t : {temperature, top_p, top_k, seed}) {
-    if (t->shape[0] != batch_size) {
+  // The two later keys are optional: a step of an owner that predates them samples without.
+  const Tensor* min_p = nullptr;
+  const Tensor* penalty = nullptr;
+  if (dict.Find(kSamplingMinP) != nullptr) {
+    CONNEX_ASSIGN_OR_RETURN(min_p, dict.Get(kSamplingMinP, DType::kF32, 1));
+  }
+  if (dict.Find(kSamplingRepetitionPenalty) != nullptr) {
+    CONNEX_ASSIGN_OR_RETURN(penalty, dict.Get(kSamplingRepetitionPenalty, DType::kF32, 1));
+  }
+  for (const Tensor* t : {temperature, top_p, top_k, seed, min_p, penalty}) {
+    if (t != nullptr && t->shape[0] != batch_size) {
       return absl::InvalidArgumentError(
           StrCat("a sampling key has ", t->shape[0], " rows for a batch of ", batch_size));
     }
@@ -97,11 +120,37 @@ absl::StatusOr<std::vector<Sampling>> GetSampling(const TensorDict& dict, int64_
     s.top_p = top_p->values<float>()[i];
     s.top_k = top_k->values<int32_t>()[i];
     s.seed = static_cast<uint64_t>(seed->values<int64_t>()[i]);
+    if (min_p != nullptr) s.min_p = min_p->values<float>()[i];
+    if (penalty != nullptr) s.repetition_penalty = penalty->values<float>()[i];
     absl::Status ok = s.Validate();
     if (!ok.ok())
       return absl::InvalidArgumentError(StrCat("request ", i, " of the step: ", ok.message()));
   }
   return out;
+}
+
+void AddSamplingKeys(TensorDict& dict, const std::vector<Sampling>& sampling) {
+  bool argmax = true, penalized = false;
+  for (const Sampling& s : sampling) {
+    argmax &= s.argmax();
+    penalized |= s.penalized();
+  }
+  if (argmax) return;
+  SetSampling(dict, sampling);
+  if (!penalized) return;
+  const Tensor* tokens = dict.Find(kTokens);
+  CONNEX_CHECK(tokens != nullptr);  // the caller's contract
+  dict.Set(kSamplingHistory, *tokens);
+}
+
+absl::StatusOr<const Tensor*> GetSamplingHistory(const TensorDict& dict, int64_t tokens) {
+  if (dict.Find(kSamplingHistory) == nullptr) return nullptr;
+  CONNEX_ASSIGN_OR_RETURN(const Tensor* history, dict.Get(kSamplingHistory, DType::kI32, 1));
+  if (history->shape[0] != tokens) {
+    return absl::InvalidArgumentError(StrCat(kSamplingHistory, " has ", history->shape[0],
+                                             " rows for a step of ", tokens, " tokens"));
+  }
+  return history;
 }
 
 }  // namespace connex::pp

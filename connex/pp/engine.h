@@ -21,9 +21,12 @@ namespace connex::pp {
 // In (later stages): whatever the previous stage returned besides the batch keys.
 // Out (every stage): the three batch keys, copied.
 // Out (last stage):  next_tokens I32 [B]: each request's next token.
-// Sampling (optional, every stage; a stage that does not sample passes them on unchanged):
-//   sampling.temperature F32 [B], sampling.top_p F32 [B], sampling.top_k I32 [B],
-//   sampling.seed I64 [B]. Absent: every request is greedy. See Sampling.
+// Sampling (optional, every stage; a stage that does not sample passes every `sampling.*` key on
+// unchanged): sampling.temperature F32 [B], sampling.top_p F32 [B], sampling.top_k I32 [B],
+//   sampling.seed I64 [B], and (each optional) sampling.min_p F32 [B],
+//   sampling.repetition_penalty F32 [B]. Absent: every request is greedy. See Sampling.
+//   sampling.history I32 [N]: the step's tokens again, carried to the last stage when a request
+//   of the step has a repetition penalty (the last stage keeps them beside its KV cache).
 inline constexpr char kRequestIds[] = "request_ids";
 inline constexpr char kStartPositions[] = "start_positions";
 inline constexpr char kNumTokens[] = "num_tokens";
@@ -33,19 +36,32 @@ inline constexpr char kSamplingTemperature[] = "sampling.temperature";
 inline constexpr char kSamplingTopP[] = "sampling.top_p";
 inline constexpr char kSamplingTopK[] = "sampling.top_k";
 inline constexpr char kSamplingSeed[] = "sampling.seed";
+inline constexpr char kSamplingMinP[] = "sampling.min_p";
+inline constexpr char kSamplingRepetitionPenalty[] = "sampling.repetition_penalty";
+inline constexpr char kSamplingHistory[] = "sampling.history";
+// The prefix of every sampling key: a stage that does not sample passes these on.
+inline constexpr char kSamplingPrefix[] = "sampling.";
 
 // How a request's next token is chosen from its logits. temperature 0 is greedy (the most
 // probable token, the lowest id on a tie); otherwise the draw for the token at absolute position
 // p (its index in prompt + generated) depends only on (seed, p), so that a request recomputed
 // on another replica — after a handover, or resumed with prompt + tokens so far — draws the
-// same tokens as an undisturbed run.
+// same tokens as an undisturbed run. vLLM's order: the repetition penalty on the logits, then
+// temperature, min_p, top_k, top_p, and the draw.
 struct Sampling {
   float temperature = 0;  // [0, 2]; 0: greedy
   float top_p = 1;        // (0, 1]: the smallest set of most probable tokens whose mass >= top_p
   int32_t top_k = 0;      // 0: every token; k > 0: the k most probable
   uint64_t seed = 0;
+  float min_p = 0;  // [0, 1]: drop the tokens less probable than min_p x the most probable
+  // > 0, 1: none. The logit of every token of the prompt or the output so far is divided by it
+  // when positive, multiplied when not (vLLM's and Hugging Face's rule); greedy requests too.
+  float repetition_penalty = 1;
 
   bool greedy() const { return temperature == 0 || top_k == 1; }
+  bool penalized() const { return repetition_penalty != 1; }
+  // Whether the token is the plain argmax of the logits (the step needs no sampling key).
+  bool argmax() const { return greedy() && !penalized(); }
   // InvalidArgument naming the field out of range.
   absl::Status Validate() const;
 };
@@ -97,9 +113,18 @@ absl::StatusOr<Batch> GetBatch(const TensorDict& dict);
 // Sets the sampling keys of a step of B = sampling.size() requests (in the batch's order).
 void SetSampling(TensorDict& dict, const std::vector<Sampling>& sampling);
 // The sampling of each of the `batch_size` requests of `dict`: greedy for all when the keys are
-// absent. InvalidArgument when some are present and others not, of the wrong type or size, or
-// out of range (named).
+// absent (min_p 0 and repetition_penalty 1 when theirs are). InvalidArgument when some of the
+// four others are present and others not, of the wrong type or size, or out of range (named).
 absl::StatusOr<std::vector<Sampling>> GetSampling(const TensorDict& dict, int64_t batch_size);
+
+// Stage 0's sampling keys of a step whose batch keys and `tokens` are set: none when every
+// request takes the argmax; else SetSampling, plus sampling.history (a copy of `tokens`) when a
+// request has a repetition penalty, so that the last stage learns every token it penalizes from
+// the steps themselves — a recompute, which re-sends prompt + generated, rebuilds it with the KV
+// cache. What the owner (StepInput) and connex-generate both send.
+void AddSamplingKeys(TensorDict& dict, const std::vector<Sampling>& sampling);
+// sampling.history of `dict`, checked: nullptr when absent; InvalidArgument unless I32 [tokens].
+absl::StatusOr<const Tensor*> GetSamplingHistory(const TensorDict& dict, int64_t tokens);
 
 }  // namespace connex::pp
 

@@ -88,8 +88,9 @@ absl::Status StageNode::Impl::Submit(uint64_t id, std::vector<int32_t> prompt, i
       return absl::UnavailableError(StrCat("pp: ", lid_.ToString(), " is draining"));
     }
     CONNEX_RETURN_IF_ERROR(Health());
+    StopTokens stop{options.ignore_eos, std::move(options.stop_token_ids)};
     return owner_->Add(id, std::move(prompt), max_new, std::move(done), std::move(options.on_token),
-                       options.sampling, options.timeout_ms);
+                       options.sampling, options.timeout_ms, std::move(stop));
   });
 }
 

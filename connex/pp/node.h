@@ -124,6 +124,11 @@ struct SubmitOptions {
   // step of the request (engine.h); the draw for a token depends only on (seed, position), so a
   // failover, a re-prefill or a resume elsewhere draws the same tokens.
   Sampling sampling;
+  // What ends the request besides max_new_tokens, decided here by the owner from the tokens it
+  // accepts (so a failover or a resume changes nothing): the node's EOS unless `ignore_eos`,
+  // and any of `stop_token_ids`. The stop token is the last of the tokens, as EOS is.
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;
 };
 
 class StageNode {

@@ -31,7 +31,7 @@ RequestOwner::RequestOwner(RequestOwnerOptions options, Engine& engine, OwnerHos
 
 absl::Status RequestOwner::Add(uint64_t id, std::vector<int32_t> prompt, int max_new,
                                Completion done, TokenCallback on_token, Sampling sampling,
-                               int64_t timeout_ms) {
+                               int64_t timeout_ms, StopTokens stop) {
   CONNEX_CHECK(!prompt.empty() && max_new > 0 && timeout_ms >= 0);  // the node validated them
   if (requests_.count(id)) {
     return absl::InvalidArgumentError(StrCat("request ", id, " is already running"));
@@ -43,6 +43,7 @@ absl::Status RequestOwner::Add(uint64_t id, std::vector<int32_t> prompt, int max
   r.done = std::move(done);
   r.on_token = std::move(on_token);
   r.sampling = sampling;
+  r.stop = std::move(stop);
   r.waiting_since = NowMs();
   int64_t timeout = timeout_ms > 0 ? timeout_ms : o_.request_timeout_ms;
   r.timeout_ms = timeout;
@@ -109,7 +110,8 @@ void RequestOwner::OnResult(const ResultSignal& r) {
     q.cached = q.tokens.size();
     q.tokens.push_back(r.tokens[i]);
     const size_t generated = q.tokens.size() - q.prompt_len;
-    const bool last = static_cast<int>(generated) >= q.max_new || r.tokens[i] == o_.eos_token;
+    const bool last =
+        static_cast<int>(generated) >= q.max_new || q.stop.Stops(r.tokens[i], o_.eos_token);
     if (q.on_token) q.on_token(id, r.tokens[i]);  // may Cancel the request: `q` is gone then
     if (last && requests_.count(id)) Finish(id, absl::OkStatus());
   }

@@ -15,6 +15,7 @@
 #ifndef CONNEX_PP_REQUEST_OWNER_H_
 #define CONNEX_PP_REQUEST_OWNER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -94,6 +95,17 @@ struct RequestOwnerOptions {
   Clock* clock = nullptr;               // nullptr: the real clock
 };
 
+// What ends a request besides max_new (SubmitOptions): the owner's EOS unless `ignore_eos`, and
+// any of `token_ids`. The token that ends it is kept, the last of its tokens.
+struct StopTokens {
+  bool ignore_eos = false;
+  std::vector<int32_t> token_ids;
+  bool Stops(int32_t token, int32_t eos) const {
+    return (token == eos && !ignore_eos) ||
+           std::find(token_ids.begin(), token_ids.end(), token) != token_ids.end();
+  }
+};
+
 struct RequestOwnerStats {
   uint64_t late_dropped = 0;    // answers of superseded attempts
   uint64_t resends = 0;         // steps re-sent
@@ -121,7 +133,8 @@ class RequestOwner {
   // A new request (the node validated the prompt, max_new and sampling). `timeout_ms` 0: the
   // options' request_timeout_ms. InvalidArgument when `id` is running already.
   absl::Status Add(uint64_t id, std::vector<int32_t> prompt, int max_new, Completion done,
-                   TokenCallback on_token, Sampling sampling, int64_t timeout_ms);
+                   TokenCallback on_token, Sampling sampling, int64_t timeout_ms,
+                   StopTokens stop = {});
   bool Running(uint64_t id) const { return requests_.count(id) > 0; }
   // Ends request `id` with `status` (OK: completed with the tokens it has): `done` runs, its step
   // stops waiting for it, its state is released. Nothing happens if it is not running.
@@ -178,6 +191,7 @@ class RequestOwner {
     Completion done;
     TokenCallback on_token;
     Sampling sampling;
+    StopTokens stop;
   };
   struct Step {
     uint32_t attempt = 1;

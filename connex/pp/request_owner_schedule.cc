@@ -21,13 +21,18 @@ namespace {
 
 // Bytes a step's payload needs besides its per-token rows: the batch keys and alignment.
 constexpr uint64_t kStepOverheadBytes = 4096;
+// The row that sampling.history adds to every stage's output per token (when a request of the
+// step has a repetition penalty), beside the engine's own.
+constexpr uint64_t kHistoryBytesPerToken = sizeof(int32_t);
 
 }  // namespace
 
 // Tokens one step may carry so that stage 0's output fits a ring slot (see MaxStepTokens).
 uint64_t RequestOwner::MaxStepTokens() const {
-  return pp::MaxStepTokens(engine_.OutputBytesPerToken(), measured_bytes_per_token_,
-                           host_.payload_capacity(), kStepOverheadBytes, o_.stages);
+  const uint64_t engine = engine_.OutputBytesPerToken();
+  return pp::MaxStepTokens(engine > 0 ? engine + kHistoryBytesPerToken : 0,
+                           measured_bytes_per_token_, host_.payload_capacity(), kStepOverheadBytes,
+                           o_.stages);
 }
 
 void RequestOwner::Schedule(int64_t now) {

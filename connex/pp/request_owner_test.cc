@@ -128,7 +128,7 @@ class RequestOwnerTest : public ::testing::Test {
   }
 
   // Submits request `id` (prompt 1..prompt_len) and records its outcome and streamed tokens.
-  void Submit(uint64_t id, size_t prompt_len, int max_new) {
+  void Submit(uint64_t id, size_t prompt_len, int max_new, StopTokens stop = {}) {
     std::vector<int32_t> prompt;
     for (size_t i = 1; i <= prompt_len; ++i) prompt.push_back(static_cast<int32_t>(i));
     ASSERT_TRUE(owner_
@@ -138,7 +138,7 @@ class RequestOwnerTest : public ::testing::Test {
                           outcomes_.emplace(rid, std::move(r));
                         },
                         [this](uint64_t rid, int32_t t) { streamed_[rid].push_back(t); },
-                        Sampling{}, 0)
+                        Sampling{}, 0, std::move(stop))
                     .ok());
   }
 
@@ -209,6 +209,35 @@ TEST_F(RequestOwnerTest, ARequestCompletesWithItsTokensStreamedInOrderAndIsRelea
   ASSERT_EQ(host_.released_.count(1), 1u);
   EXPECT_EQ(host_.released_.at(1).size(), 2u);  // both stages it visited
   EXPECT_GE(owner_->last_step(), second.step);
+}
+
+// The owner decides where a request ends from the tokens it accepts: at EOS unless ignore_eos,
+// at any of its stop_token_ids; the stop token is the last token. Requests of one step each
+// follow their own rule.
+TEST_F(RequestOwnerTest, EosEndsARequestUnlessIgnoredAndStopTokenIdsEndItToo) {
+  RequestOwnerOptions o;
+  o.eos_token = 5;
+  Make(o);
+  Submit(1, 3, 8);                                            // EOS ends it
+  Submit(2, 3, 8, StopTokens{/*ignore_eos=*/true, {9, 12}});  // EOS does not; 9 or 12 do
+  Submit(3, 3, 3, StopTokens{/*ignore_eos=*/true, {}});       // runs to max_new
+  auto step = [&](int32_t token) {
+    owner_->Schedule(clock_.NowMs());
+    owner_->OnResult(ResultOf(Last(), token));
+  };
+  step(4);
+  step(5);
+  ASSERT_EQ(outcomes_.count(1), 1u);
+  EXPECT_THAT(*outcomes_.at(1), ElementsAre(4, 5));
+  EXPECT_TRUE(owner_->Running(2));
+  EXPECT_TRUE(owner_->Running(3));
+  step(9);
+  ASSERT_EQ(outcomes_.count(2), 1u);
+  EXPECT_THAT(*outcomes_.at(2), ElementsAre(4, 5, 9));
+  EXPECT_THAT(streamed_[2], ElementsAre(4, 5, 9));
+  ASSERT_EQ(outcomes_.count(3), 1u);  // max_new 3 reached
+  EXPECT_THAT(*outcomes_.at(3), ElementsAre(4, 5, 9));
+  EXPECT_EQ(owner_->requests(), 0u);
 }
 
 // A stop string seen in request 1's token cancels request 2 of the same step from on_token, on

@@ -47,9 +47,7 @@ TensorDict StepInput(const std::vector<uint64_t>& ids, const std::vector<int32_t
   TensorDict in;
   SetBatch(in, ids, starts, counts);
   in.Set(kTokens, Tensor::Of<int32_t>({static_cast<int64_t>(tokens.size())}, tokens));
-  bool sampled = false;
-  for (const Sampling& s : sampling) sampled |= !s.greedy();
-  if (sampled) SetSampling(in, sampling);
+  AddSamplingKeys(in, sampling);
   return in;
 }
 

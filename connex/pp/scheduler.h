@@ -51,8 +51,9 @@ uint64_t MaxStepTokens(uint64_t engine_bytes_per_token, uint64_t measured_bytes_
                        uint64_t payload_capacity, uint64_t overhead, uint32_t stages);
 
 // Stage 0's input of a step: the batch keys (request ids[i] covers `counts[i]` tokens from
-// `starts[i]`), the tokens of all of them in that order, and the sampling keys (one per request)
-// when any request samples — greedy steps carry none.
+// `starts[i]`), the tokens of all of them in that order, and the sampling keys (one per request,
+// AddSamplingKeys) when some request does not take the plain argmax — greedy steps carry none —
+// with sampling.history when one has a repetition penalty.
 TensorDict StepInput(const std::vector<uint64_t>& ids, const std::vector<int32_t>& starts,
                      const std::vector<int32_t>& counts, const std::vector<int32_t>& tokens,
                      const std::vector<Sampling>& sampling);

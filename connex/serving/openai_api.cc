@@ -327,12 +327,40 @@ absl::Status ParseSampling(const FieldReader& fields, CompletionRequest* request
   CONNEX_ASSIGN_OR_RETURN(std::optional<int64_t> top_k,
                           fields.Int("top_k", -1, std::numeric_limits<int32_t>::max()));
   if (top_k) request->top_k = *top_k;
+  CONNEX_ASSIGN_OR_RETURN(std::optional<double> min_p, fields.Number("min_p"));
+  if (min_p) {
+    if (!(*min_p >= 0.0 && *min_p <= 1.0)) {
+      return BadValue("min_p", StrCat("must be in [0, 1], got ", *min_p));
+    }
+    request->min_p = *min_p;
+  }
+  CONNEX_ASSIGN_OR_RETURN(std::optional<double> penalty, fields.Number("repetition_penalty"));
+  if (penalty) {
+    // It travels as a float: a value beyond float's range would become infinite.
+    if (!(*penalty > 0.0 && *penalty <= std::numeric_limits<float>::max())) {
+      return BadValue("repetition_penalty",
+                      StrCat("must be a finite number > 0 (1: no penalty), got ", *penalty));
+    }
+    request->repetition_penalty = *penalty;
+  }
   if (const Json* seed = fields.Find("seed"); seed != nullptr) {
     if (!seed->is_number_integer()) return WrongType("seed", "an integer", *seed);
     request->seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
                                                : static_cast<uint64_t>(seed->get<int64_t>());
   }
   return absl::OkStatus();
+}
+
+// ignore_eos and stop_token_ids: where the completion ends besides max_tokens and stop strings.
+absl::Status ParseStopTokens(const FieldReader& fields, const RequestLimits& limits,
+                             CompletionRequest* request) {
+  CONNEX_ASSIGN_OR_RETURN(std::optional<bool> ignore_eos, fields.Bool("ignore_eos"));
+  request->ignore_eos = ignore_eos.value_or(false);
+  const Json* ids = fields.Find("stop_token_ids");
+  if (ids == nullptr) return absl::OkStatus();
+  if (!ids->is_array()) return WrongType("stop_token_ids", "a list of integer token ids", *ids);
+  if (ids->empty()) return absl::OkStatus();  // vLLM's default: none
+  return ParseTokenIds(*ids, "stop_token_ids", limits, &request->stop_token_ids);
 }
 
 absl::Status ParseLength(const FieldReader& fields, const RequestLimits& limits,
@@ -398,6 +426,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(Endpoint endpoint, std:
   CONNEX_RETURN_IF_ERROR(ParseStreaming(fields, &request));
   CONNEX_RETURN_IF_ERROR(ParseStop(fields, limits, &request));
   CONNEX_RETURN_IF_ERROR(ParseSampling(fields, &request));
+  CONNEX_RETURN_IF_ERROR(ParseStopTokens(fields, limits, &request));
   CONNEX_ASSIGN_OR_RETURN(std::optional<std::string> user, fields.String("user"));
   (void)user;  // accepted for compatibility; Connex does not use it
 

@@ -60,6 +60,11 @@ struct CompletionRequest {
   double temperature = 0.0;      // 0 (the default, unlike OpenAI's 1): greedy
   double top_p = 1.0;            // (0, 1]
   int64_t top_k = -1;            // -1 or 0: no top-k cut
+  // vLLM's extensions (docs/serving.md):
+  double min_p = 0.0;                   // [0, 1]: drop tokens below min_p x the top probability
+  double repetition_penalty = 1.0;      // > 0; 1: none
+  bool ignore_eos = false;              // EOS does not end the completion
+  std::vector<int32_t> stop_token_ids;  // each ends the completion (finish_reason "stop")
 };
 
 // Parses `body` as a request to `endpoint`. Unknown fields are ignored, as OpenAI does; fields

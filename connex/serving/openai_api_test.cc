@@ -160,6 +160,63 @@ TEST(OpenAiApiTest, RangesAndTypes) {
   EXPECT_THAT(r.status().message(), HasSubstr("[1, 100]"));
 }
 
+// vLLM's sampling and stopping extensions, on both endpoints.
+TEST(OpenAiApiTest, VllmSamplingAndStoppingFields) {
+  absl::StatusOr<CompletionRequest> r = Completions(R"({"model": "tiny", "prompt": "x"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->min_p, 0.0);
+  EXPECT_EQ(r->repetition_penalty, 1.0);
+  EXPECT_FALSE(r->ignore_eos);
+  EXPECT_TRUE(r->stop_token_ids.empty());
+  for (Endpoint e : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    const std::string input = e == Endpoint::kCompletions
+                                  ? R"("prompt": [256, 72])"
+                                  : R"("messages": [{"role": "user", "content": "Hi"}])";
+    r = ParseCompletionRequest(e, R"({"model": "tiny", )" + input + R"(, "min_p": 0.05,
+        "repetition_penalty": 1.3, "ignore_eos": true, "stop_token_ids": [10, 257]})",
+                               Limits());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_DOUBLE_EQ(r->min_p, 0.05);
+    EXPECT_DOUBLE_EQ(r->repetition_penalty, 1.3);
+    EXPECT_TRUE(r->ignore_eos);
+    EXPECT_THAT(r->stop_token_ids, ElementsAre(10, 257));
+  }
+  r = Completions(R"({"model": "tiny", "prompt": "x", "min_p": null, "stop_token_ids": [],
+                      "ignore_eos": null, "repetition_penalty": null})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->repetition_penalty, 1.0);
+  EXPECT_TRUE(r->stop_token_ids.empty());
+}
+
+TEST(OpenAiApiTest, BadVllmFieldsAreRefusedNamingTheFieldAndTheValue) {
+  auto with = [](const std::string& field) {
+    return Completions(R"({"model": "tiny", "prompt": "x", )" + field + "}");
+  };
+  absl::StatusOr<CompletionRequest> r = with(R"("min_p": 1.5)");
+  ExpectRefused(r, 400, "min_p", "invalid_value");
+  EXPECT_THAT(r.status().message(), HasSubstr("'min_p' must be in [0, 1], got 1.5"));
+  ExpectRefused(with(R"("min_p": -0.1)"), 400, "min_p", "invalid_value");
+  ExpectRefused(with(R"("min_p": "low")"), 400, "min_p", "invalid_type");
+  EXPECT_TRUE(with(R"("min_p": 1)").ok());
+  r = with(R"("repetition_penalty": 0)");
+  ExpectRefused(r, 400, "repetition_penalty", "invalid_value");
+  EXPECT_THAT(r.status().message(), HasSubstr("got 0"));
+  ExpectRefused(with(R"("repetition_penalty": -1.2)"), 400, "repetition_penalty", "invalid_value");
+  ExpectRefused(with(R"("repetition_penalty": 1e300)"), 400, "repetition_penalty", "invalid_value");
+  ExpectRefused(with(R"("repetition_penalty": [1])"), 400, "repetition_penalty", "invalid_type");
+  EXPECT_TRUE(with(R"("repetition_penalty": 0.5)").ok());
+  ExpectRefused(with(R"("ignore_eos": 1)"), 400, "ignore_eos", "invalid_type");
+  ExpectRefused(with(R"("stop_token_ids": 10)"), 400, "stop_token_ids", "invalid_type");
+  ExpectRefused(with(R"("stop_token_ids": ["10"])"), 400, "stop_token_ids", "invalid_type");
+  r = with(R"("stop_token_ids": [10, 258])");
+  ExpectRefused(r, 400, "stop_token_ids", "invalid_value");
+  EXPECT_THAT(r.status().message(), HasSubstr("258 outside the vocabulary [0, 258)"));
+  ExpectRefused(with(R"("stop_token_ids": [-1])"), 400, "stop_token_ids", "invalid_value");
+  // The penalties vLLM and OpenAI define besides repetition_penalty stay refused.
+  ExpectRefused(with(R"("presence_penalty": 0.5)"), 400, "presence_penalty",
+                "unsupported_parameter");
+}
+
 TEST(OpenAiApiTest, RefusesUnsupportedParameters) {
   auto with = [](const std::string& field) {
     return Completions(R"({"model": "tiny", "prompt": "x", )" + field + "}");

@@ -52,6 +52,12 @@ std::string CompletionResponse(const ResponseHeader& header, const Completion& c
 // "owned_by": "connex"}]}.
 std::string ModelsResponse(std::span<const std::string> models, int64_t created);
 
+// `GET /v1/models/{id}`: the model object of `model` as ModelsResponse lists it.
+std::string ModelResponse(std::string_view model, int64_t created);
+// The {id} of a `/v1/models/{id}` path: the rest of the path (a model name may hold '/', as
+// Hugging Face names do), percent-decoded.
+std::string ModelIdOfPath(std::string_view path);
+
 // `GET /health`: {"status": "ok"} when ready, else {"status": "unavailable", "reason": ...}
 // (served with 200 and 503).
 std::string HealthResponse(bool ready, std::string_view reason);

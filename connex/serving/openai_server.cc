@@ -53,6 +53,7 @@ struct OpenAiServer::Generation {
   std::vector<int32_t> tokens;                    // generated so far
   std::deque<std::pair<int32_t, size_t>> unsent;  // tokens not in a chunk yet, with their bytes
   bool stopped_by_string = false;
+  std::vector<int64_t> eos;  // the model's end tokens (config.json / generation_config.json)
   pp::SubmitOptions submit;  // sampling; on_token is set when it starts
   int64_t kv_cost = 0;       // its charge against the KV budget while admitted
   int64_t start_us = 0;
@@ -70,6 +71,12 @@ struct OpenAiServer::Generation {
     return out;
   }
   std::vector<int32_t> TakeAllTokens() { return TakeTokens(SIZE_MAX); }
+  // Whether `token` ends the completion (the owner decides the same: pp::StopTokens).
+  bool Stops(int32_t token) const {
+    const std::vector<int32_t>& ids = request.stop_token_ids;
+    return (!request.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) ||
+           std::find(ids.begin(), ids.end(), token) != ids.end();
+  }
 };
 
 int64_t KvBytesPerToken(const engine::ModelConfig& config, uint32_t stages) {
@@ -132,6 +139,16 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Listen(OpenAiServerO
     if (stage == nullptr) return starting(*x);
     std::vector<std::string> models = {stage->model_name()};
     x->Respond(JsonResponse(200, ModelsResponse(models, self->created_)));
+  });
+  s->router_.AddPrefix("GET", "/v1/models/", [self, starting](std::shared_ptr<HttpExchange> x) {
+    StageProcess* stage = self->stage();
+    if (stage == nullptr) return starting(*x);
+    const std::string id = ModelIdOfPath(x->request().path);
+    if (id != stage->model_name()) {
+      x->Respond(ErrorResponse(ModelNotFound(id)));
+      return;
+    }
+    x->Respond(JsonResponse(200, ModelResponse(id, self->created_)));
   });
   s->router_.AddInline("GET", "/health", [self](std::shared_ptr<HttpExchange> x) {
     StageProcess* stage = self->stage();
@@ -297,6 +314,17 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
   submit.sampling.temperature = static_cast<float>(req.temperature);
   submit.sampling.top_p = static_cast<float>(req.top_p);
   submit.sampling.top_k = req.top_k > 0 ? static_cast<int32_t>(req.top_k) : 0;
+  submit.sampling.min_p = static_cast<float>(req.min_p);
+  submit.sampling.repetition_penalty = static_cast<float>(req.repetition_penalty);
+  submit.ignore_eos = req.ignore_eos;
+  submit.stop_token_ids = req.stop_token_ids;
+  // The node stops on the model's first end token; the others (Llama 3's <|eot_id|>, a
+  // generation_config.json's list) end the request the same way, unless ignore_eos.
+  if (!req.ignore_eos) {
+    for (size_t i = 1; i < config.eos_token_ids.size(); ++i) {
+      submit.stop_token_ids.push_back(static_cast<int32_t>(config.eos_token_ids[i]));
+    }
+  }
   if (req.seed) {
     submit.sampling.seed = *req.seed;
   } else {
@@ -308,6 +336,7 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
   g->header =
       ResponseHeader{endpoint, MakeResponseId(endpoint, g->id), UnixSeconds(), stage.model_name()};
   g->stop.emplace(req.stop);
+  g->eos = config.eos_token_ids;
   g->start_us = arrived_us;
   g->submit = std::move(submit);
   // Admission: the request's whole context of KV on the largest stage, now or after a wait in a
@@ -426,7 +455,9 @@ void OpenAiServer::OnToken(const std::shared_ptr<Generation>& g, int32_t token) 
   g->last_token_us = now;
   requests_.generation_tokens.Increment();
   g->tokens.push_back(token);
-  std::string text = TokenText(token);
+  // The token that ends the completion (EOS, a stop_token_ids one) is in token_ids, not in the
+  // text: vLLM's rule.
+  std::string text = g->Stops(token) ? std::string() : TokenText(token);
   g->unsent.emplace_back(token, text.size());
   const std::string safe = g->stop->Append(text);  // before a stop string, if one completed
   if (g->chunks && !safe.empty()) {
@@ -467,7 +498,7 @@ void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
     return;
   }
   FinishReason finish = FinishReason::kLength;
-  if (g->stopped_by_string || (!g->tokens.empty() && stage()->config().IsEos(g->tokens.back()))) {
+  if (g->stopped_by_string || (!g->tokens.empty() && g->Stops(g->tokens.back()))) {
     finish = FinishReason::kStop;
   }
   requests_.success.WithLabels({std::string(FinishReasonName(finish))}).Increment();

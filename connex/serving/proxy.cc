@@ -105,6 +105,14 @@ class ResumeProxy::Impl {
       std::vector<std::string> models = {options_.model};
       x->Respond(JsonResponse(200, ModelsResponse(models, created_)));
     });
+    router_.AddPrefix("GET", "/v1/models/", [this](std::shared_ptr<HttpExchange> x) {
+      const std::string id = ModelIdOfPath(x->request().path);
+      if (id != options_.model) {
+        x->Respond(ErrorResponse(ModelNotFound(id)));
+        return;
+      }
+      x->Respond(JsonResponse(200, ModelResponse(id, created_)));
+    });
     router_.AddInline("GET", "/health", [this](std::shared_ptr<HttpExchange> x) {
       std::string problem;
       {

@@ -130,6 +130,17 @@ TEST_F(ResumeProxyTest, HealthAndModelsFollowTheReplicaSet) {
   r = c.Read();
   ASSERT_TRUE(r);
   EXPECT_EQ(Json::parse(r->body())["data"][0]["id"], "tiny");
+  ASSERT_TRUE(c.Send("GET", "/v1/models/tiny"));
+  r = c.Read();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->result_int(), 200);
+  EXPECT_EQ(Json::parse(r->body())["object"], "model");
+  EXPECT_EQ(Json::parse(r->body())["id"], "tiny");
+  ASSERT_TRUE(c.Send("GET", "/v1/models/other"));
+  r = c.Read();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->result_int(), 404);
+  EXPECT_EQ(Json::parse(r->body())["error"]["code"], "model_not_found");
   ASSERT_TRUE(c.Send("GET", "/metrics"));
   r = c.Read();
   ASSERT_TRUE(r);

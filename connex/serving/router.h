@@ -1,7 +1,7 @@
-// Router: maps a request's method and path (exact match, query ignored) to a handler. A path it
-// does not know is a 404, a known path with another method a 405 with `Allow`, both in the
-// OpenAI error envelope. Routes are added before serving; Handle is then thread-safe (the table
-// is read-only), so one Router can be the HttpServer's handler.
+// Router: maps a request's method and path (exact match, else the longest prefix route; query
+// ignored) to a handler. A path it does not know is a 404, a known path with another method a 405
+// with `Allow`, both in the OpenAI error envelope. Routes are added before serving; Handle is
+// then thread-safe (the table is read-only), so one Router can be the HttpServer's handler.
 #ifndef CONNEX_SERVING_ROUTER_H_
 #define CONNEX_SERVING_ROUTER_H_
 
@@ -24,6 +24,10 @@ class Router {
   // The same for a handler that answers at once and never blocks: the server runs it on its I/O
   // thread (InlinePredicate), so that it answers however busy the handler threads are.
   void AddInline(std::string method, std::string path, HttpHandler handler);
+  // `handler` for `method` on every path that starts with `prefix` and goes on (e.g.
+  // "/v1/models/" for /v1/models/{id}: the handler reads the rest of the path). An exact route
+  // wins over a prefix route, a longer prefix over a shorter one.
+  void AddPrefix(std::string method, std::string prefix, HttpHandler handler);
   // Whether `request` goes to an AddInline handler.
   bool IsInline(const HttpRequest& request) const;
 
@@ -39,8 +43,13 @@ class Router {
   }
 
  private:
-  std::map<std::string, std::map<std::string, HttpHandler>> routes_;  // path -> method -> handler
-  std::set<std::pair<std::string, std::string>> inline_;              // (method, path)
+  using Methods = std::map<std::string, HttpHandler>;  // method -> handler
+  // The routes of `path`: its exact ones, else those of its longest prefix; nullptr for none.
+  const Methods* Find(const std::string& path) const;
+
+  std::map<std::string, Methods> routes_;                 // path -> method -> handler
+  std::map<std::string, Methods> prefixes_;               // prefix -> method -> handler
+  std::set<std::pair<std::string, std::string>> inline_;  // (method, path)
 };
 
 // A JSON response with `status`.

@@ -44,6 +44,12 @@ std::string UpstreamBody(const CompletionRequest& r, std::span<const int32_t> re
   body["temperature"] = r.temperature;
   body["top_p"] = r.top_p;
   if (r.top_k > 0) body["top_k"] = r.top_k;
+  // vLLM's fields go with every attempt: a resume continues under the same rules (the penalty's
+  // tokens, prompt + output, are the resumed prompt's).
+  if (r.min_p > 0) body["min_p"] = r.min_p;
+  if (r.repetition_penalty != 1) body["repetition_penalty"] = r.repetition_penalty;
+  if (r.ignore_eos) body["ignore_eos"] = true;
+  if (!r.stop_token_ids.empty()) body["stop_token_ids"] = r.stop_token_ids;
   return body.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 

@@ -28,6 +28,41 @@ TEST(UpstreamTest, AResumeSendsThePromptAndTheDeliveredTokensWithWhatIsLeft) {
   EXPECT_FALSE(first.contains("prompt"));
 }
 
+// A resume carries vLLM's sampling and stopping fields as the first attempt does, parsed back
+// into the same request by a replica.
+TEST(UpstreamTest, EveryAttemptCarriesTheVllmFields) {
+  CompletionRequest r;
+  r.model = "tiny";
+  r.prompt_text = "x";
+  r.seed = 7;
+  r.temperature = 0.9;
+  r.min_p = 0.1;
+  r.repetition_penalty = 1.25;
+  r.ignore_eos = true;
+  r.stop_token_ids = {10, 33};
+  const std::vector<int32_t> prompt = {256, 120}, delivered = {257, 11};
+  for (const UpstreamRequest& u :
+       {MakeUpstreamRequest(r, prompt, {}, 16), MakeUpstreamRequest(r, prompt, delivered, 14)}) {
+    RequestLimits limits;
+    absl::StatusOr<CompletionRequest> back =
+        ParseCompletionRequest(Endpoint::kCompletions, u.body, limits);
+    ASSERT_TRUE(back.ok()) << back.status() << " " << u.body;
+    EXPECT_DOUBLE_EQ(back->min_p, 0.1);
+    EXPECT_DOUBLE_EQ(back->repetition_penalty, 1.25);
+    EXPECT_TRUE(back->ignore_eos);
+    EXPECT_THAT(back->stop_token_ids, ::testing::ElementsAre(10, 33));
+    EXPECT_EQ(back->seed, 7u);
+  }
+  // Their defaults are not sent.
+  CompletionRequest plain;
+  plain.model = "tiny";
+  plain.prompt_text = "x";
+  nlohmann::json body = nlohmann::json::parse(UpstreamBody(plain, {}, 16));
+  for (const char* field : {"min_p", "repetition_penalty", "ignore_eos", "stop_token_ids"}) {
+    EXPECT_FALSE(body.contains(field)) << field;
+  }
+}
+
 TEST(UpstreamTest, AnErrorBodysMessageOrItsStart) {
   EXPECT_EQ(ErrorMessageOf(R"({"error":{"message":"no such model"}})"), "no such model");
   EXPECT_EQ(ErrorMessageOf("<html>bad gateway</html>"), "<html>bad gateway</html>");
