@@ -2,7 +2,11 @@
 // seeded counter-based sampling) generation for one prompt (--prompt) or for the lines of a file
 // (--prompts-file, one continuous batch), optionally
 // as n pipeline stages passing tensor dicts (--stages) and with the KV cache dropped and rebuilt
-// after K tokens (--recompute-at): the output must not change.
+// after K tokens (--recompute-at): the output must not change. Text goes through the model's
+// tokenizer (tokenizer.json in the model's directory, else the byte tokenizer) as stage 0's
+// does (serving::ModelText): prompts with its special tokens, and generation ends at the same
+// stop tokens (the checkpoint's EOS ids, the tokenizer's and the chat template's end of turn).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +17,7 @@
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
 #include "connex/engine/tokenizer.h"
+#include "connex/serving/model_text.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -35,7 +40,7 @@ int main(int argc, char** argv) {
   int threads = *env_threads;
 
   connex::pp::Sampling sampling;
-  CLI::App app{"Generation with the reference engine (byte-level tokenizer)"};
+  CLI::App app{"Generation with the reference engine"};
   app.add_option("--model", model,
                  "checkpoint: a .safetensors file or a directory with "
                  "model.safetensors")
@@ -93,6 +98,16 @@ int main(int argc, char** argv) {
   options.stop_at_eos = !ignore_eos;
   if (absl::Status ok = sampling.Validate(); !ok.ok()) return Fail(ok);
 
+  absl::StatusOr<std::unique_ptr<Pipeline>> pipeline =
+      Pipeline::Load(model, stages, std::make_shared<ThreadPool>(threads));
+  if (!pipeline.ok()) return Fail(pipeline.status());
+  const int64_t eos[] = {(*pipeline)->config().eos_token_id};
+  absl::StatusOr<std::unique_ptr<const connex::serving::ModelText>> text =
+      connex::serving::ModelText::Load(model, eos);
+  if (!text.ok()) return Fail(text.status());
+  auto encode = [&](const std::string& line) -> absl::StatusOr<std::vector<int32_t>> {
+    return (*text)->CompletionPrompt(line);
+  };
   std::vector<std::vector<int32_t>> prompts;
   if (file_opt->count() > 0) {
     // A directory opens as a stream that reads nothing: it would run no prompt and exit 0.
@@ -103,27 +118,43 @@ int main(int argc, char** argv) {
     std::ifstream in(prompts_file, std::ios::binary);
     if (!in) return Fail(absl::NotFoundError(prompts_file + ": cannot open the prompts file"));
     std::string line;
-    while (std::getline(in, line)) prompts.push_back(Tokenize(line, /*add_bos=*/true));
+    while (std::getline(in, line)) {
+      absl::StatusOr<std::vector<int32_t>> ids = encode(line);
+      if (!ids.ok()) return Fail(ids.status());
+      prompts.push_back(*std::move(ids));
+    }
     if (in.bad()) return Fail(absl::DataLossError(prompts_file + ": reading the prompts failed"));
   } else {
-    prompts.push_back(Tokenize(prompt, /*add_bos=*/true));
+    absl::StatusOr<std::vector<int32_t>> ids = encode(prompt);
+    if (!ids.ok()) return Fail(ids.status());
+    prompts.push_back(*std::move(ids));
   }
 
   if (!sampling.greedy()) options.sampling.assign(prompts.size(), sampling);
-  absl::StatusOr<std::unique_ptr<Pipeline>> pipeline =
-      Pipeline::Load(model, stages, std::make_shared<ThreadPool>(threads));
-  if (!pipeline.ok()) return Fail(pipeline.status());
   absl::StatusOr<std::vector<Generation>> results = Generate(**pipeline, prompts, options);
   if (!results.ok()) return Fail(results.status());
-  for (const Generation& g : *results) {
-    std::string text = Detokenize(g.tokens);
+  for (size_t i = 0; i < results->size(); ++i) {
+    std::vector<int32_t> tokens = (*results)[i].tokens;
+    // The engine stops at the checkpoint's first EOS; the other stop tokens end it here, as
+    // they end a served request (the tokens before one are the same either way).
+    bool stopped = false;
+    if (!ignore_eos) {
+      auto stop =
+          std::find_if(tokens.begin(), tokens.end(), [&](int32_t t) { return (*text)->Stops(t); });
+      stopped = stop != tokens.end();
+      if (stopped) tokens.erase(stop + 1, tokens.end());
+    }
+    const std::string out = (*text)->GeneratedText(prompts[i], tokens);
     if (json) {
-      nlohmann::ordered_json line = {{"tokens", g.tokens}, {"text", text}};
+      nlohmann::ordered_json line = {{"tokens", tokens},
+                                     {"text", out},
+                                     {"prompt_tokens", prompts[i].size()},
+                                     {"finish_reason", stopped ? "stop" : "length"}};
       // Invalid UTF-8 (a random model emits any byte) is replaced in "text"; "tokens" is exact.
       std::cout << line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
                 << "\n";
     } else {
-      std::cout << text << "\n";
+      std::cout << out << "\n";
     }
   }
   std::cout.flush();
