@@ -1,7 +1,9 @@
 # bench_engine: decode and prefill tokens/s of the reference engine on the default model
 # (connex-mkmodel's defaults), next to the machine's fp32 matrix-vector bound (streaming read
-# bandwidth and the engine's own sgemv kernel on a matrix larger than the caches).
-add_executable(bench_engine ${CMAKE_CURRENT_LIST_DIR}/engine_bench.cc)
+# bandwidth and the engine's own sgemv kernel on a matrix larger than the caches); with
+# --vs-bound, batch-1 decode of BF16 and F32 weights against the memory bound in the same run.
+add_executable(bench_engine ${CMAKE_CURRENT_LIST_DIR}/engine_bench.cc
+                            ${CMAKE_CURRENT_LIST_DIR}/engine_vs_bound.cc)
 target_link_libraries(bench_engine PRIVATE connex_engine connex_cli benchmark::benchmark)
 target_compile_options(bench_engine PRIVATE -O3)
 if(CONNEX_MARCH)

@@ -5,8 +5,12 @@
 //   BM_StreamRead: memory bandwidth of a plain streaming read of 256 MiB.
 //   BM_Sgemv:      the engine's own matrix-vector kernel on a 4096x4096 fp32 matrix (64 MiB, larger
 //                  than the caches): the fp32 matrix-vector bound in GB/s and GFLOP/s.
+//   BM_GemvBF16:   the same kernel on BF16 matrices, from the caches and from memory.
+//   BM_ParallelFor: the fork-join cost of one ParallelFor over two threads.
 // The model is CONNEX_BENCH_MODEL when set, else connex-mkmodel's default written to a temporary
 // file. Flags: Google Benchmark's (--benchmark_filter, ...) and --log-level.
+// --vs-bound runs instead batch-1 decode against the memory bound, in the same run, on a larger
+// model in several weight dtypes (bench/engine_vs_bound.h).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -14,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/engine_vs_bound.h"
 #include "benchmark/benchmark.h"
 #include "connex/base/cli.h"
 #include "connex/engine/kernels.h"
@@ -140,9 +145,9 @@ void BM_Sgemv(benchmark::State& state) {
   const int64_t rows = 4096, cols = 4096;
   std::vector<float> w(rows * cols, 0.5f), x(cols, 0.25f), y(rows);
   ThreadPool pool(threads);
-  MatMulOutput out[] = {{w.data(), rows, y.data(), rows}};
+  MatMulOutput out[] = {{WeightMatrix::F32(w.data(), rows, cols), y.data(), rows}};
   for (auto _ : state) {
-    MatMul(pool, out, x.data(), 1, cols);
+    MatMul(pool, out, x.data(), 1);
     benchmark::DoNotOptimize(y.data());
   }
   const double iters = static_cast<double>(state.iterations());
@@ -153,6 +158,42 @@ void BM_Sgemv(benchmark::State& state) {
 }
 BENCHMARK(BM_Sgemv)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 
+// Args: {threads, n}. y = W x with W n x n BF16 through the engine's kernel (widened in
+// registers): n = 1024 (2 MiB) runs from the caches, so it measures the kernel's compute rate;
+// n = 8192 (128 MiB) streams from memory.
+void BM_GemvBF16(benchmark::State& state) {
+  const int threads = state.range(0);
+  const int64_t n = state.range(1);
+  std::vector<uint16_t> w(n * n, 0x3f00);  // 0.5
+  std::vector<float> x(n, 0.25f), y(n);
+  ThreadPool pool(threads);
+  MatMulOutput out[] = {{WeightMatrix{w.data(), DType::kBF16, n, n}, y.data(), n}};
+  for (auto _ : state) {
+    MatMul(pool, out, x.data(), 1);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * n * n * 2 / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GemvBF16)
+    ->ArgNames({"threads", "n"})
+    ->ArgsProduct({{1, 2}, {1024, 8192}})
+    ->UseRealTime();
+
+// Arg: threads. One ParallelFor of two trivial ranges: the fork-join cost that every matrix
+// product of a decode step pays (a layer has five).
+void BM_ParallelFor(benchmark::State& state) {
+  ThreadPool pool(state.range(0));
+  std::vector<int64_t> hits(16 * 8);
+  for (auto _ : state) {
+    pool.ParallelFor(pool.size(), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) ++hits[i * 8];
+    });
+  }
+  benchmark::DoNotOptimize(hits.data());
+}
+BENCHMARK(BM_ParallelFor)->ArgName("threads")->Arg(2)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 }  // namespace
 }  // namespace connex::engine
 
@@ -160,7 +201,54 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);  // takes its own flags out of argv
   CLI::App app{"bench_engine: reference-engine figures (also Google Benchmark's flags)"};
   connex::AddLogLevelFlag(app);
-  if (std::optional<int> code = connex::ParseFlags(app, argc, argv)) return *code;
+  bool vs_bound = false;
+  connex::engine::VsBoundOptions vs;
+  vs.config = connex::engine::VsBoundDefaultConfig();
+  connex::engine::ModelConfig& c = vs.config;
+  app.add_flag("--vs-bound", vs_bound,
+               "instead of the benchmarks: batch-1 decode against the memory bound, same run, "
+               "on a model of the shape below (written to /tmp and removed)");
+  auto shape = [&](const char* flag, int64_t& field, const char* name) {
+    auto [min, max] = connex::engine::ModelConfig::FieldRange(name);
+    app.add_option(flag, field, std::string("--vs-bound: ") + name)
+        ->check(CLI::Range(min, max))
+        ->capture_default_str();
+  };
+  shape("--layers", c.num_hidden_layers, "num_hidden_layers");
+  shape("--dim", c.hidden_size, "hidden_size");
+  shape("--ffn", c.intermediate_size, "intermediate_size");
+  shape("--heads", c.num_attention_heads, "num_attention_heads");
+  shape("--kv-heads", c.num_key_value_heads, "num_key_value_heads");
+  shape("--vocab", c.vocab_size, "vocab_size");
+  app.add_option("--dtypes", vs.dtypes, "--vs-bound: weight dtypes, in the order measured")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--threads", vs.threads, "--vs-bound: kernel threads (0: one per core)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  app.add_option("--rounds", vs.rounds, "--vs-bound: rounds (bound then decode, per dtype)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--tokens", vs.tokens, "--vs-bound: decode tokens timed per round")
+      ->check(CLI::Range(1, 4000))
+      ->capture_default_str();
+  app.add_flag("--cpu-time", vs.cpu_time,
+               "--vs-bound with --threads 1: time on the thread's CPU clock, not the wall clock");
+  app.add_option("--model-dir", vs.model_dir,
+                 "--vs-bound: keep the models in this directory, and reuse them when there with "
+                 "the same shape (default: a temporary directory, removed)");
+  if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
+        if (vs.cpu_time && vs.threads != 1) {
+          throw CLI::ValidationError("--cpu-time", "needs --threads 1 (one thread's CPU clock)");
+        }
+        if (absl::Status valid = c.Validate(); !valid.ok()) {
+          throw CLI::ValidationError("model shape", std::string(valid.message()));
+        }
+      })) {
+    return *code;
+  }
+  if (vs_bound) return connex::engine::RunDecodeVsBound(vs);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -20,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)sink;
     }
     (void)(*file)->ReadTensor(name);
-    (void)(*file)->MappedF32(name, info.shape);
+    (void)(*file)->MappedFloat(name, info.shape);
   }
   (void)ModelConfig::FromMetadata((*file)->metadata());
   return 0;

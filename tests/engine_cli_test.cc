@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -147,6 +148,83 @@ TEST_F(EngineCliTest, ErrorsNameTheProblem) {
       Shell(Bin("connex-mkmodel") + " --out " + dir_ + "/m.safetensors --dim 64 --heads 5");
   EXPECT_EQ(heads.code, 2);
   EXPECT_THAT(heads.out, HasSubstr("'num_attention_heads' 5"));
+  Result head_dim =
+      Shell(Bin("connex-mkmodel") + " --out " + dir_ + "/m.safetensors --head-dim 32");
+  EXPECT_EQ(head_dim.code, 2);
+  EXPECT_THAT(head_dim.out, HasSubstr("the one-file form (__metadata__) carries a plain Llama"));
+}
+
+// connex-mkmodel --hf writes a Hugging Face directory (shards, index, configs, the tokenizer
+// files it is given) that connex-generate runs, with the same tokens however it is split.
+TEST_F(EngineCliTest, HfDirectoryRunsTheSameAloneStagedAndRecomputed) {
+  const std::string hf = dir_ + "/qwen";
+  ASSERT_EQ(Shell("mkdir -p " + dir_ + "/tok && echo '{}' > " + dir_ + "/tok/tokenizer.json").code,
+            0);
+  Result mk = Shell(Bin("connex-mkmodel") + " --hf " + hf +
+                    " --config qwen2.5-0.5b --layers 3 --hidden 64 --heads 4 --kv-heads 2"
+                    " --ffn 96 --shard-size 64K --tokenizer-from " +
+                    dir_ + "/tok");
+  ASSERT_EQ(mk.code, 0) << mk.out;
+  EXPECT_THAT(mk.out, HasSubstr("qwen2.5-0.5b-shaped (Qwen/Qwen2.5-0.5B-Instruct), 3 layers"));
+  EXPECT_THAT(mk.out, HasSubstr("BF16 in "));
+  std::ifstream config_file(hf + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(config_file);
+  EXPECT_EQ(config["model_type"], "qwen2");
+  EXPECT_EQ(config["tie_word_embeddings"], true);
+  EXPECT_EQ(config["torch_dtype"], "bfloat16");
+  std::ifstream index_file(hf + "/model.safetensors.index.json");
+  nlohmann::json index = nlohmann::json::parse(index_file);
+  std::set<std::string> shards;
+  for (const auto& [name, file] : index["weight_map"].items()) shards.insert(file);
+  EXPECT_GE(shards.size(), 3u);
+  EXPECT_EQ(shards.begin()->find("model-00001-of-0000"), 0u) << *shards.begin();
+  EXPECT_TRUE(index["weight_map"].contains("model.layers.2.self_attn.v_proj.bias"));
+  EXPECT_FALSE(index["weight_map"].contains("lm_head.weight"));
+  EXPECT_EQ(Shell("test -f " + hf + "/tokenizer.json -a -f " + hf + "/generation_config.json").code,
+            0);
+
+  auto run = [&](const std::string& extra) {
+    return Shell(Bin("connex-generate") + " --model " + hf +
+                 " --max-tokens 10 --ignore-eos --json --prompt-tokens 151643,17,33,400,5 " +
+                 extra);
+  };
+  Result alone = run("");
+  ASSERT_EQ(alone.code, 0) << alone.out;
+  EXPECT_EQ(nlohmann::json::parse(alone.out)["tokens"].size(), 10u);
+  for (const char* extra : {"--stages 2", "--stages 3 --threads 1", "--recompute-at 4",
+                            "--prefill-chunk 2 --stages 3 --recompute-at 2"}) {
+    Result r = run(extra);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.out, alone.out) << extra;
+  }
+
+  Result bad_id = run("--prompt-tokens 1,x");
+  EXPECT_EQ(bad_id.code, 2);
+  EXPECT_THAT(bad_id.out, HasSubstr("--prompt-tokens"));
+  Result out_of_vocab =
+      Shell(Bin("connex-generate") + " --model " + hf + " --prompt-tokens 1,151936");
+  EXPECT_NE(out_of_vocab.code, 0);
+  EXPECT_THAT(out_of_vocab.out, HasSubstr("token 151936 is outside the vocabulary [0, 151936)"));
+  Result vocab =
+      Shell(Bin("connex-mkmodel") + " --hf " + hf + " --config qwen2.5-0.5b --vocab 600");
+  EXPECT_EQ(vocab.code, 2);
+  EXPECT_THAT(vocab.out, HasSubstr("'bos_token_id' 151643 must be < 'vocab_size' 600 (--vocab"));
+  Result preset = Shell(Bin("connex-mkmodel") + " --hf " + hf + " --config gpt2");
+  EXPECT_EQ(preset.code, 2);
+  EXPECT_THAT(preset.out, HasSubstr("--config \"gpt2\" is no preset (llama-3.2-1b, "
+                                    "llama-3.1-8b, qwen2.5-0.5b, tinyllama-1.1b, smollm-135m, "
+                                    "mistral-7b)"));
+  Result no_config = Shell(Bin("connex-mkmodel") + " --hf " + hf);
+  EXPECT_EQ(no_config.code, 2);
+  EXPECT_THAT(no_config.out, HasSubstr("--config"));
+  Result tokenizer = Shell(Bin("connex-mkmodel") + " --hf " + hf +
+                           " --config tinyllama-1.1b --layers 1 --hidden 64 --heads 4 --kv-heads 2"
+                           " --ffn 64 --vocab 300 --tokenizer-from " +
+                           dir_ + "/absent");
+  EXPECT_EQ(tokenizer.code, 2);
+  EXPECT_THAT(tokenizer.out,
+              HasSubstr("--tokenizer-from: no tokenizer.json in " + dir_ + "/absent nor in " +
+                        dir_ + "/absent/tokenizer-llama2/models"));
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "connex/base/cli.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
@@ -31,7 +33,7 @@ int Fail(const absl::Status& status) {
 
 int main(int argc, char** argv) {
   using namespace connex::engine;
-  std::string model, prompt, prompts_file;
+  std::string model, prompt, prompts_file, prompt_tokens;
   bool json = false, ignore_eos = false;
   int stages = 1;
   GenerateOptions options;
@@ -42,13 +44,16 @@ int main(int argc, char** argv) {
   connex::pp::Sampling sampling;
   CLI::App app{"Generation with the reference engine"};
   app.add_option("--model", model,
-                 "checkpoint: a .safetensors file or a directory with "
-                 "model.safetensors")
+                 "checkpoint: a .safetensors file, or a Hugging Face model directory "
+                 "(config.json with model.safetensors or shards and their index)")
       ->required();
   auto* prompt_opt = app.add_option("--prompt", prompt, "prompt text");
   auto* file_opt =
       app.add_option("--prompts-file", prompts_file, "one prompt per line, run as one batch");
+  auto* ids_opt = app.add_option("--prompt-tokens", prompt_tokens,
+                                 "the prompt as token ids (\"128000,9906\"), no tokenizer");
   prompt_opt->excludes(file_opt);
+  ids_opt->excludes(prompt_opt)->excludes(file_opt);
   app.add_option("--max-tokens", options.max_tokens, "tokens to generate per prompt")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
@@ -89,7 +94,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   connex::AddLogLevelFlag(app);
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
-        if (prompt_opt->count() == 0 && file_opt->count() == 0) {
+        if (prompt_opt->count() == 0 && file_opt->count() == 0 && ids_opt->count() == 0) {
           throw CLI::RequiredError("--prompt or --prompts-file");
         }
       })) {
@@ -101,9 +106,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Pipeline>> pipeline =
       Pipeline::Load(model, stages, std::make_shared<ThreadPool>(threads));
   if (!pipeline.ok()) return Fail(pipeline.status());
-  const int64_t eos[] = {(*pipeline)->config().eos_token_id};
   absl::StatusOr<std::unique_ptr<const connex::serving::ModelText>> text =
-      connex::serving::ModelText::Load(model, eos);
+      connex::serving::ModelText::Load(model, (*pipeline)->config().eos_token_ids);
   if (!text.ok()) return Fail(text.status());
   auto encode = [&](const std::string& line) -> absl::StatusOr<std::vector<int32_t>> {
     return (*text)->CompletionPrompt(line);
@@ -124,6 +128,17 @@ int main(int argc, char** argv) {
       prompts.push_back(*std::move(ids));
     }
     if (in.bad()) return Fail(absl::DataLossError(prompts_file + ": reading the prompts failed"));
+  } else if (ids_opt->count() > 0) {
+    std::vector<int32_t> ids;
+    for (absl::string_view item : absl::StrSplit(prompt_tokens, ',')) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(item, &id)) {
+        return Fail(absl::InvalidArgumentError("--prompt-tokens: \"" + std::string(item) +
+                                               "\" is not a token id"));
+      }
+      ids.push_back(id);
+    }
+    prompts.push_back(std::move(ids));
   } else {
     absl::StatusOr<std::vector<int32_t>> ids = encode(prompt);
     if (!ids.ok()) return Fail(ids.status());

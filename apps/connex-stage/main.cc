@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
       ->envname("CONNEX_DIRECTORY")
       ->capture_default_str();
   app.add_option("--model", options.model_path,
-                 "checkpoint: a .safetensors file or a directory with model.safetensors")
+                 "checkpoint: a .safetensors file, or a Hugging Face model directory (config.json "
+                 "with model.safetensors or shards and their index)")
       ->envname("CONNEX_MODEL")
       ->required();
   app.add_option("--model-name", options.model_name,

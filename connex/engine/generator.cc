@@ -20,8 +20,20 @@ absl::StatusOr<std::vector<Generation>> Generate(Pipeline& pipeline,
     bool recomputed = false;
   };
   std::vector<Generation> results(prompts.size());
+  const int64_t limit = pipeline.config().max_positions();
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].empty()) return absl::InvalidArgumentError(StrCat("prompt ", i, " is empty"));
+    // The last token generated is never fed back: prompt + max_tokens - 1 positions are run.
+    const int64_t positions =
+        static_cast<int64_t>(prompts[i].size()) + std::max<int64_t>(options.max_tokens, 1) - 1;
+    if (positions > limit) {
+      return absl::InvalidArgumentError(
+          StrCat("prompt ", i, ": ", prompts[i].size(), " tokens and up to ", options.max_tokens,
+                 " generated need ", positions, " positions, more than the model's ", limit,
+                 limit == pipeline.config().max_position_embeddings
+                     ? " (max_position_embeddings)"
+                     : " (max_position_embeddings x rope_scaling.factor)"));
+    }
   }
   if (!options.sampling.empty() && options.sampling.size() != prompts.size()) {
     return absl::InvalidArgumentError(StrCat("sampling is given for ", options.sampling.size(),
@@ -81,7 +93,7 @@ absl::StatusOr<std::vector<Generation>> Generate(Pipeline& pipeline,
         g.logits.emplace_back(logits.begin() + i * vocab, logits.begin() + (i + 1) * vocab);
       }
       bool done = static_cast<int64_t>(g.tokens.size()) >= options.max_tokens ||
-                  (options.stop_at_eos && token == pipeline.config().eos_token_id);
+                  (options.stop_at_eos && pipeline.config().IsEos(token));
       if (done) {
         pipeline.Release(r.id);
         continue;

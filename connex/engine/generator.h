@@ -33,8 +33,9 @@ struct Generation {
 };
 
 // Generates for every prompt (token ids, BOS included; none empty), in the prompts' order.
-// Request ids are `first_request_id + index`. Errors of the pipeline (e.g. a prompt longer than
-// max_position_embeddings) are returned as they are.
+// Request ids are `first_request_id + index`. InvalidArgument before any step when a prompt and
+// max_tokens would pass the model's max_positions(); errors of the pipeline are returned as they
+// are.
 absl::StatusOr<std::vector<Generation>> Generate(Pipeline& pipeline,
                                                  const std::vector<std::vector<int32_t>>& prompts,
                                                  const GenerateOptions& options,

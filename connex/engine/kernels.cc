@@ -1,23 +1,101 @@
 #include "connex/engine/kernels.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
-#include <vector>
+#include <cstring>
 
-#if defined(__AVX2__) || defined(__AVX512F__)
+#include "connex/base/check.h"
+#include "connex/engine/half.h"
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define CONNEX_KERNELS_SIMD 1
 #endif
 
 namespace connex::engine {
 namespace {
 
 constexpr int64_t kTokenBlock = 32;  // tokens per pass over a block of weight rows
-// Weight rows per register block when several tokens share a pass (4 x 4 accumulators fit the 32
+// Weight rows per register block when four tokens share a pass (4 x 4 accumulators fit the 32
 // AVX-512 registers; AVX2 has 16, so 2 x 4 x 2 halves).
 #if defined(__AVX512F__)
 constexpr int kRowBlock = 4;
 #else
 constexpr int kRowBlock = 2;
+#endif
+
+// Rows per register block when only NT < 4 tokens share a pass (decode): the weights stream from
+// memory once. 8 rows (4 with AVX2's 16 registers), i.e. 8 streams for the hardware prefetcher,
+// streamed a BF16 decode step 1.3x as fast as 4 rows and a little faster than 16 (one core's CPU
+// time, bench_engine --vs-bound --cpu-time); a software prefetch of the next block only slowed it
+// (by 15-25 %), so there is none.
+template <int NT>
+constexpr int StreamBlockRows() {
+#if defined(__AVX512F__)
+  return NT == 1 ? 8 : 4;
+#else
+  return NT == 1 ? 4 : 2;
+#endif
+}
+
+template <DType kType>
+constexpr int64_t kElementSize = kType == DType::kF32 ? 4 : 2;
+
+// Checkpoints are little-endian, and the weights are read as they lie in the file.
+static_assert(std::endian::native == std::endian::little);
+
+// Element i of a row of kType weights, widened to fp32 (exactly). memcpy because a checkpoint's
+// tensor may sit at any address.
+template <DType kType>
+inline float Widen(const char* row, int64_t i) {
+  if constexpr (kType == DType::kF32) {
+    float f;
+    std::memcpy(&f, row + 4 * i, sizeof(f));
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * i, sizeof(h));
+    if constexpr (kType == DType::kF16) return F16ToFloat(h);
+    return BF16ToFloat(h);
+  }
+}
+
+#if defined(__AVX512F__)
+// Weights i..i+16 of a row as one vector: bf16 is the high half of an fp32, F16C converts f16
+// exactly (subnormals included), so lane j holds exactly Widen(row, i + j).
+template <DType kType>
+inline __m512 Load16(const char* p) {
+  if constexpr (kType == DType::kF32) {
+    return _mm512_loadu_ps(p);
+  } else {
+    // The maskz forms (all lanes) are the same instructions; the plain ones trip g++ 12's
+    // -Wmaybe-uninitialized on their _mm512_undefined_* operand.
+    constexpr __mmask16 kAll = 0xffff;
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if constexpr (kType == DType::kF16) return _mm512_maskz_cvtph_ps(kAll, h);
+    return _mm512_castsi512_ps(
+        _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, h), 16));
+  }
+}
+#elif defined(CONNEX_KERNELS_SIMD)
+template <DType kType>
+inline __m256 Load8(const char* p) {
+  if constexpr (kType == DType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else if constexpr (kType == DType::kBF16) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+#if defined(__F16C__)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+    alignas(32) float f[8];
+    for (int j = 0; j < 8; ++j) f[j] = Widen<kType>(p, j);
+    return _mm256_load_ps(f);
+#endif
+  }
+}
 #endif
 
 inline float ReduceLanes(const float* acc) {
@@ -28,69 +106,96 @@ inline float ReduceLanes(const float* acc) {
   return s2[0] + s2[1];
 }
 
-// The NR x NT dot products of weight rows w[0..NR) with token rows x[0..NT). Each output is
-// reduced exactly as DotReference does (the 16 vector lanes are its 16 accumulators); computing
-// several outputs in one pass only shares loads and hides FMA latency.
-template <int NR, int NT>
-inline void DotBlock(const float* const* w, const float* const* x, int64_t n,
-                     float (&out)[NR][NT]) {
-  alignas(64) float acc[NR][NT][kDotLanes];
+// The main loop of DotBlock over whole 16-element chunks, one vector lane per accumulator of the
+// reduction. Returns where it stopped.
+#if defined(CONNEX_KERNELS_SIMD)
+template <DType kType, int NR, int NT>
+inline int64_t SimdChunks(const char* const* w, const float* const* x, int64_t n,
+                          float (&acc)[NR][NT][kDotLanes]) {
+  constexpr int64_t kSize = kElementSize<kType>;
   int64_t i = 0;
 #if defined(__AVX512F__)
   __m512 a[NR][NT];
   for (int r = 0; r < NR; ++r) {
     for (int t = 0; t < NT; ++t) a[r][t] = _mm512_setzero_ps();
   }
-  for (; i + kDotLanes <= n; i += kDotLanes) {
+  auto chunk = [&](int64_t at) {
     __m512 xv[NT];
-    for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_ps(x[t] + i);
+    for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_ps(x[t] + at);
     for (int r = 0; r < NR; ++r) {
-      __m512 wv = _mm512_loadu_ps(w[r] + i);
+      __m512 wv = Load16<kType>(w[r] + at * kSize);
       for (int t = 0; t < NT; ++t) a[r][t] = _mm512_fmadd_ps(wv, xv[t], a[r][t]);
     }
-  }
-  for (int r = 0; r < NR; ++r) {
-    for (int t = 0; t < NT; ++t) _mm512_store_ps(acc[r][t], a[r][t]);
-  }
-#elif defined(__AVX2__) && defined(__FMA__)
+  };
+#else
   __m256 lo[NR][NT], hi[NR][NT];
   for (int r = 0; r < NR; ++r) {
     for (int t = 0; t < NT; ++t) lo[r][t] = hi[r][t] = _mm256_setzero_ps();
   }
-  for (; i + kDotLanes <= n; i += kDotLanes) {
+  auto chunk = [&](int64_t at) {
     for (int r = 0; r < NR; ++r) {
-      __m256 wlo = _mm256_loadu_ps(w[r] + i), whi = _mm256_loadu_ps(w[r] + i + 8);
+      __m256 wlo = Load8<kType>(w[r] + at * kSize), whi = Load8<kType>(w[r] + (at + 8) * kSize);
       for (int t = 0; t < NT; ++t) {
-        lo[r][t] = _mm256_fmadd_ps(wlo, _mm256_loadu_ps(x[t] + i), lo[r][t]);
-        hi[r][t] = _mm256_fmadd_ps(whi, _mm256_loadu_ps(x[t] + i + 8), hi[r][t]);
+        lo[r][t] = _mm256_fmadd_ps(wlo, _mm256_loadu_ps(x[t] + at), lo[r][t]);
+        hi[r][t] = _mm256_fmadd_ps(whi, _mm256_loadu_ps(x[t] + at + 8), hi[r][t]);
       }
     }
-  }
+  };
+#endif
+  for (; i + kDotLanes <= n; i += kDotLanes) chunk(i);
+#if defined(__AVX512F__)
   for (int r = 0; r < NR; ++r) {
-    for (int t = 0; t < NT; ++t) {
-      _mm256_store_ps(acc[r][t], lo[r][t]);
-      _mm256_store_ps(acc[r][t] + 8, hi[r][t]);
-    }
+    for (int t = 0; t < NT; ++t) _mm512_storeu_ps(acc[r][t], a[r][t]);
   }
 #else
   for (int r = 0; r < NR; ++r) {
     for (int t = 0; t < NT; ++t) {
-      for (int j = 0; j < kDotLanes; ++j) acc[r][t][j] = 0.0f;
+      _mm256_storeu_ps(acc[r][t], lo[r][t]);
+      _mm256_storeu_ps(acc[r][t] + 8, hi[r][t]);
     }
   }
+#endif
+  return i;
+}
+#endif
+
+template <DType kType, int NR, int NT>
+inline int64_t ScalarChunks(const char* const* w, const float* const* x, int64_t n,
+                            float (&acc)[NR][NT][kDotLanes]) {
+  int64_t i = 0;
   for (; i + kDotLanes <= n; i += kDotLanes) {
     for (int r = 0; r < NR; ++r) {
       for (int t = 0; t < NT; ++t) {
         for (int j = 0; j < kDotLanes; ++j) {
-          acc[r][t][j] = std::fma(w[r][i + j], x[t][i + j], acc[r][t][j]);
+          acc[r][t][j] = std::fma(Widen<kType>(w[r], i + j), x[t][i + j], acc[r][t][j]);
         }
       }
     }
   }
+  return i;
+}
+
+// The NR x NT dot products of weight rows w[0..NR) (kType elements) with token rows x[0..NT).
+// Each output is reduced exactly as DotReference does on the widened row (the 16 vector lanes are
+// its 16 accumulators); computing several outputs in one pass only shares loads and hides
+// latency. kSimd false: the portable code, even where vectors exist (tests).
+template <DType kType, int NR, int NT, bool kSimd>
+inline void DotBlock(const char* const* w, const float* const* x, int64_t n, float (&out)[NR][NT]) {
+  float acc[NR][NT][kDotLanes] = {};
+  int64_t i;
+#if defined(CONNEX_KERNELS_SIMD)
+  if constexpr (kSimd) {
+    i = SimdChunks<kType, NR, NT>(w, x, n, acc);
+  } else {
+    i = ScalarChunks<kType, NR, NT>(w, x, n, acc);
+  }
+#else
+  i = ScalarChunks<kType, NR, NT>(w, x, n, acc);
 #endif
   for (int j = 0; i + j < n; ++j) {
     for (int r = 0; r < NR; ++r) {
-      for (int t = 0; t < NT; ++t) acc[r][t][j] = std::fma(w[r][i + j], x[t][i + j], acc[r][t][j]);
+      const float wj = Widen<kType>(w[r], i + j);
+      for (int t = 0; t < NT; ++t) acc[r][t][j] = std::fma(wj, x[t][i + j], acc[r][t][j]);
     }
   }
   for (int r = 0; r < NR; ++r) {
@@ -98,17 +203,129 @@ inline void DotBlock(const float* const* w, const float* const* x, int64_t n,
   }
 }
 
+// The rows of one matrix, read as kType: base, bytes per row, elements per row.
+struct Rows {
+  const char* base;
+  int64_t stride;
+  int64_t in;
+  const char* row(int64_t r) const { return base + r * stride; }
+};
+
+// Outputs y[t * ldy + r] for rows [r, r + NR) and the NT tokens x[0..NT) (rows of `in` floats).
+template <DType kType, int NR, int NT, bool kSimd>
+inline void Block(const Rows& w, int64_t r, const float* x, float* y, int64_t ldy) {
+  const char* ws[NR];
+  for (int k = 0; k < NR; ++k) ws[k] = w.row(r + k);
+  const float* xs[NT];
+  for (int t = 0; t < NT; ++t) xs[t] = x + t * w.in;
+  float out[NR][NT];
+  DotBlock<kType, NR, NT, kSimd>(ws, xs, w.in, out);
+  for (int k = 0; k < NR; ++k) {
+    for (int t = 0; t < NT; ++t) y[t * ldy + r + k] = out[k][t];
+  }
+}
+
+// Block for a number of tokens known at run time, 1..3.
+template <DType kType, int NR, bool kSimd>
+inline void BlockOfFew(int nt, const Rows& w, int64_t r, const float* x, float* y, int64_t ldy) {
+  switch (nt) {
+    case 1:
+      return Block<kType, NR, 1, kSimd>(w, r, x, y, ldy);
+    case 2:
+      return Block<kType, NR, 2, kSimd>(w, r, x, y, ldy);
+    default:
+      CONNEX_DCHECK(nt == 3);
+      return Block<kType, NR, 3, kSimd>(w, r, x, y, ldy);
+  }
+}
+
+// Fewer than four tokens (decode): the rows stream from memory once, in tall blocks.
+template <DType kType, int NT, bool kSimd>
+void StreamRows(const Rows& w, const float* x, float* y, int64_t ldy, int64_t row_begin,
+                int64_t row_end) {
+  constexpr int NR = StreamBlockRows<NT>();
+  int64_t r = row_begin;
+  for (; r + NR <= row_end; r += NR) Block<kType, NR, NT, kSimd>(w, r, x, y, ldy);
+  for (; r < row_end; ++r) Block<kType, 1, NT, kSimd>(w, r, x, y, ldy);
+}
+
+template <DType kType, bool kSimd>
+void MatMulRowsOf(const WeightMatrix& m, const float* x, int64_t tokens, float* y, int64_t ldy,
+                  int64_t row_begin, int64_t row_end) {
+  const Rows w{static_cast<const char*>(m.data), m.cols * kElementSize<kType>, m.cols};
+  for (int64_t t0 = 0; t0 < tokens; t0 += kTokenBlock) {
+    const int64_t t1 = std::min(tokens, t0 + kTokenBlock);
+    const int64_t full = t0 + (t1 - t0) / 4 * 4;  // tokens [t0, full) go four at a time
+    const int few = static_cast<int>(t1 - full);  // the rest (0..3) together
+    const float* xt = x + t0 * m.cols;
+    float* yt = y + t0 * ldy;
+    if (full == t0) {
+      if (few == 1) StreamRows<kType, 1, kSimd>(w, xt, yt, ldy, row_begin, row_end);
+      if (few == 2) StreamRows<kType, 2, kSimd>(w, xt, yt, ldy, row_begin, row_end);
+      if (few == 3) StreamRows<kType, 3, kSimd>(w, xt, yt, ldy, row_begin, row_end);
+      continue;
+    }
+    const float* xf = x + full * m.cols;
+    float* yf = y + full * ldy;
+    int64_t r = row_begin;
+    for (; r + kRowBlock <= row_end; r += kRowBlock) {
+      for (int64_t t = t0; t < full; t += 4) {
+        Block<kType, kRowBlock, 4, kSimd>(w, r, x + t * m.cols, y + t * ldy, ldy);
+      }
+      if (few > 0) BlockOfFew<kType, kRowBlock, kSimd>(few, w, r, xf, yf, ldy);
+    }
+    for (; r < row_end; ++r) {
+      for (int64_t t = t0; t < full; t += 4) {
+        Block<kType, 1, 4, kSimd>(w, r, x + t * m.cols, y + t * ldy, ldy);
+      }
+      if (few > 0) BlockOfFew<kType, 1, kSimd>(few, w, r, xf, yf, ldy);
+    }
+  }
+}
+
+template <bool kSimd>
+void MatMulRowsDispatch(const WeightMatrix& w, const float* x, int64_t tokens, float* y,
+                        int64_t ldy, int64_t row_begin, int64_t row_end) {
+  CONNEX_DCHECK(0 <= row_begin && row_begin <= row_end && row_end <= w.rows);
+  switch (w.dtype) {
+    case DType::kF32:
+      return MatMulRowsOf<DType::kF32, kSimd>(w, x, tokens, y, ldy, row_begin, row_end);
+    case DType::kF16:
+      return MatMulRowsOf<DType::kF16, kSimd>(w, x, tokens, y, ldy, row_begin, row_end);
+    case DType::kBF16:
+      return MatMulRowsOf<DType::kBF16, kSimd>(w, x, tokens, y, ldy, row_begin, row_end);
+    default:
+      CONNEX_CHECK(false && "a weight matrix is F32, F16 or BF16");
+  }
+}
+
+template <DType kType>
+void WidenRowOf(const WeightMatrix& w, int64_t row, float* out) {
+  const char* p = static_cast<const char*>(w.data) + row * w.cols * kElementSize<kType>;
+  for (int64_t i = 0; i < w.cols; ++i) out[i] = Widen<kType>(p, i);
+}
+
+// The same two products for every weight type (out may be x).
+template <DType kType>
+void ScaleOf(const float* x, float inv, const WeightMatrix& weight, float* out) {
+  const char* p = static_cast<const char*>(weight.data);
+  for (int64_t i = 0; i < weight.cols; ++i) out[i] = x[i] * inv * Widen<kType>(p, i);
+}
+
 }  // namespace
 
 float Dot(const float* a, const float* b, int64_t n) {
+  const char* w = reinterpret_cast<const char*>(a);
   float out[1][1];
-  DotBlock<1, 1>(&a, &b, n, out);
+  DotBlock<DType::kF32, 1, 1, true>(&w, &b, n, out);
   return out[0][0];
 }
 
 void Dot4(const float* const* rows, const float* x, int64_t n, float* out) {
+  const char* w[4];
+  for (int k = 0; k < 4; ++k) w[k] = reinterpret_cast<const char*>(rows[k]);
   float block[4][1];
-  DotBlock<4, 1>(rows, &x, n, block);
+  DotBlock<DType::kF32, 4, 1, true>(w, &x, n, block);
   for (int k = 0; k < 4; ++k) out[k] = block[k][0];
 }
 
@@ -118,72 +335,61 @@ float DotReference(const float* a, const float* b, int64_t n) {
   return ReduceLanes(acc);
 }
 
-void MatMulRows(const float* w, int64_t in, const float* x, int64_t tokens, float* y, int64_t ldy,
+void MatMulRows(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int64_t ldy,
                 int64_t row_begin, int64_t row_end) {
-  for (int64_t t0 = 0; t0 < tokens; t0 += kTokenBlock) {
-    int64_t t1 = std::min(tokens, t0 + kTokenBlock);
-    int64_t full = t0 + (t1 - t0) / 4 * 4;  // tokens [t0, full) go four at a time
-    if (full > t0) {
-      int64_t r = row_begin;
-      for (; r + kRowBlock <= row_end; r += kRowBlock) {
-        const float* ws[kRowBlock];
-        for (int k = 0; k < kRowBlock; ++k) ws[k] = w + (r + k) * in;
-        for (int64_t t = t0; t < full; t += 4) {
-          const float* xs[4] = {x + t * in, x + (t + 1) * in, x + (t + 2) * in, x + (t + 3) * in};
-          float out[kRowBlock][4];
-          DotBlock<kRowBlock, 4>(ws, xs, in, out);
-          for (int k = 0; k < kRowBlock; ++k) {
-            for (int j = 0; j < 4; ++j) y[(t + j) * ldy + r + k] = out[k][j];
-          }
-        }
-      }
-      for (; r < row_end; ++r) {
-        const float* wr = w + r * in;
-        for (int64_t t = t0; t < full; t += 4) {
-          const float* xs[4] = {x + t * in, x + (t + 1) * in, x + (t + 2) * in, x + (t + 3) * in};
-          float out[1][4];
-          DotBlock<1, 4>(&wr, xs, in, out);
-          for (int k = 0; k < 4; ++k) y[(t + k) * ldy + r] = out[0][k];
-        }
-      }
-    }
-    for (int64_t t = full; t < t1; ++t) {  // the rest one at a time, four rows per pass
-      const float* xt = x + t * in;
-      int64_t r = row_begin;
-      for (; r + 4 <= row_end; r += 4) {
-        const float* ws[4] = {w + r * in, w + (r + 1) * in, w + (r + 2) * in, w + (r + 3) * in};
-        float out[4][1];
-        DotBlock<4, 1>(ws, &xt, in, out);
-        for (int k = 0; k < 4; ++k) y[t * ldy + r + k] = out[k][0];
-      }
-      for (; r < row_end; ++r) {
-        const float* wr = w + r * in;
-        float out[1][1];
-        DotBlock<1, 1>(&wr, &xt, in, out);
-        y[t * ldy + r] = out[0][0];
-      }
-    }
-  }
+  MatMulRowsDispatch<true>(w, x, tokens, y, ldy, row_begin, row_end);
 }
 
-void MatMul(ThreadPool& pool, std::span<const MatMulOutput> outputs, const float* x, int64_t tokens,
-            int64_t in) {
+void MatMulRowsScalarForTest(const WeightMatrix& w, const float* x, int64_t tokens, float* y,
+                             int64_t ldy, int64_t row_begin, int64_t row_end) {
+  MatMulRowsDispatch<false>(w, x, tokens, y, ldy, row_begin, row_end);
+}
+
+void MatMul(ThreadPool& pool, std::span<const MatMulOutput> outputs, const float* x,
+            int64_t tokens) {
   int64_t total = 0;
-  for (const MatMulOutput& o : outputs) total += o.rows;
+  for (const MatMulOutput& o : outputs) {
+    CONNEX_DCHECK(o.w.cols == outputs[0].w.cols);
+    total += o.w.rows;
+  }
   pool.ParallelFor(total, [&](int64_t begin, int64_t end) {
     int64_t base = 0;
     for (const MatMulOutput& o : outputs) {
-      int64_t b = std::max(begin, base), e = std::min(end, base + o.rows);
-      if (b < e) MatMulRows(o.w, in, x, tokens, o.y, o.ldy, b - base, e - base);
-      base += o.rows;
+      int64_t b = std::max(begin, base), e = std::min(end, base + o.w.rows);
+      if (b < e) MatMulRows(o.w, x, tokens, o.y, o.ldy, b - base, e - base);
+      base += o.w.rows;
     }
   });
 }
 
-void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
+void WidenRow(const WeightMatrix& w, int64_t row, float* out) {
+  CONNEX_DCHECK(0 <= row && row < w.rows);
+  switch (w.dtype) {
+    case DType::kF32:
+      return WidenRowOf<DType::kF32>(w, row, out);
+    case DType::kF16:
+      return WidenRowOf<DType::kF16>(w, row, out);
+    case DType::kBF16:
+      return WidenRowOf<DType::kBF16>(w, row, out);
+    default:
+      CONNEX_CHECK(false && "a weight matrix is F32, F16 or BF16");
+  }
+}
+
+void RmsNorm(const float* x, const WeightMatrix& weight, float eps, float* out) {
+  const int64_t n = weight.cols;
   float mean = Dot(x, x, n) / static_cast<float>(n);
   float inv = 1.0f / std::sqrt(mean + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * weight[i];
+  switch (weight.dtype) {
+    case DType::kF32:
+      return ScaleOf<DType::kF32>(x, inv, weight, out);
+    case DType::kF16:
+      return ScaleOf<DType::kF16>(x, inv, weight, out);
+    case DType::kBF16:
+      return ScaleOf<DType::kBF16>(x, inv, weight, out);
+    default:
+      CONNEX_CHECK(false && "a weight matrix is F32, F16 or BF16");
+  }
 }
 
 int64_t ArgMax(const float* values, int64_t n) {

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "connex/engine/half.h"
 #include "gtest/gtest.h"
 
 namespace connex::engine {
@@ -56,9 +57,10 @@ TEST(KernelsTest, MatMulRowsIsInvariantToTokenCountAndRowRange) {
   std::vector<float> w = RandomVector(rows * in, rng);
   for (int64_t tokens : {1, 2, 3, 4, 5, 7, 8, 33, 70}) {
     std::vector<float> x = RandomVector(tokens * in, rng), y(tokens * rows);
-    MatMulRows(w.data(), in, x.data(), tokens, y.data(), rows, 0, 13);
-    MatMulRows(w.data(), in, x.data(), tokens, y.data(), rows, 13, 14);
-    MatMulRows(w.data(), in, x.data(), tokens, y.data(), rows, 14, rows);
+    const WeightMatrix m = WeightMatrix::F32(w.data(), rows, in);
+    MatMulRows(m, x.data(), tokens, y.data(), rows, 0, 13);
+    MatMulRows(m, x.data(), tokens, y.data(), rows, 13, 14);
+    MatMulRows(m, x.data(), tokens, y.data(), rows, 14, rows);
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t r = 0; r < rows; ++r) {
         ASSERT_TRUE(SameBits(y[t * rows + r], Dot(w.data() + r * in, x.data() + t * in, in)))
@@ -77,8 +79,9 @@ TEST(KernelsTest, MatMulIsInvariantToThreadCount) {
   for (int threads : {1, 2, 3, 8}) {
     ThreadPool pool(threads);
     std::vector<float> y(tokens * 71);
-    MatMulOutput outputs[] = {{w1.data(), 50, y.data(), 71}, {w2.data(), 21, y.data() + 50, 71}};
-    MatMul(pool, outputs, x.data(), tokens, in);
+    MatMulOutput outputs[] = {{WeightMatrix::F32(w1.data(), 50, in), y.data(), 71},
+                              {WeightMatrix::F32(w2.data(), 21, in), y.data() + 50, 71}};
+    MatMul(pool, outputs, x.data(), tokens);
     results.push_back(y);
   }
   for (size_t i = 1; i < results.size(); ++i) {
@@ -97,10 +100,125 @@ TEST(KernelsTest, ArgMaxTakesLowestIndexOnTies) {
 
 TEST(KernelsTest, RmsNormNormalises) {
   std::vector<float> x = {3, 4}, w = {1, 2}, out(2);
-  RmsNorm(x.data(), w.data(), 2, 0.0f, out.data());
+  RmsNorm(x.data(), WeightMatrix::F32(w.data(), 1, 2), 0.0f, out.data());
   float inv = 1.0f / std::sqrt(12.5f);
   EXPECT_FLOAT_EQ(out[0], 3 * inv);
   EXPECT_FLOAT_EQ(out[1], 8 * inv);
+}
+
+// A weight matrix in a 16-bit format, stored at an odd address (a checkpoint aligns nothing), and
+// the same values widened to F32 by the scalar conversions of half.h.
+struct TypedWeights {
+  std::vector<uint8_t> storage;
+  std::vector<float> widened;
+  WeightMatrix typed;
+  WeightMatrix f32;
+};
+
+TypedWeights MakeTyped(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
+  TypedWeights w;
+  std::vector<float> values = RandomVector(rows * cols, rng);
+  // Some subnormal and some large values: each format's exact widening is the point.
+  for (size_t i = 0; i < values.size(); i += 7) values[i] *= dtype == DType::kF16 ? 1e-6f : 1e-39f;
+  for (size_t i = 3; i < values.size(); i += 11) values[i] *= 3e4f;
+  w.storage.resize(1 + values.size() * 2);
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint16_t h = dtype == DType::kF16 ? FloatToF16(values[i]) : FloatToBF16(values[i]);
+    std::memcpy(w.storage.data() + 1 + 2 * i, &h, 2);
+    w.widened.push_back(dtype == DType::kF16 ? F16ToFloat(h) : BF16ToFloat(h));
+  }
+  w.typed = {w.storage.data() + 1, dtype, rows, cols};
+  w.f32 = WeightMatrix::F32(w.widened.data(), rows, cols);
+  return w;
+}
+
+TEST(KernelsTest, TypedWeightsGiveTheBitsOfTheirWidenedCopy) {
+  std::mt19937 rng(5);
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    for (int64_t rows : {1, 3, 17, 40}) {
+      for (int64_t in : {1, 15, 16, 17, 33, 100, 129}) {
+        TypedWeights w = MakeTyped(dtype, rows, in, rng);
+        for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 8, 11, 33, 38}) {
+          std::vector<float> x = RandomVector(tokens * in, rng);
+          std::vector<float> typed(tokens * rows), widened(tokens * rows), scalar(tokens * rows);
+          // The typed matrix in two row ranges, its widened copy in one.
+          MatMulRows(w.typed, x.data(), tokens, typed.data(), rows, 0, rows / 2);
+          MatMulRows(w.typed, x.data(), tokens, typed.data(), rows, rows / 2, rows);
+          MatMulRows(w.f32, x.data(), tokens, widened.data(), rows, 0, rows);
+          MatMulRowsScalarForTest(w.typed, x.data(), tokens, scalar.data(), rows, 0, rows);
+          for (int64_t t = 0; t < tokens; ++t) {
+            for (int64_t r = 0; r < rows; ++r) {
+              const int64_t i = t * rows + r;
+              const float reference =
+                  DotReference(w.widened.data() + r * in, x.data() + t * in, in);
+              ASSERT_TRUE(SameBits(typed[i], reference) && SameBits(widened[i], reference) &&
+                          SameBits(scalar[i], reference))
+                  << DTypeName(dtype) << " " << rows << "x" << in << ", token " << t << " of "
+                  << tokens << ", row " << r << ": " << typed[i] << " " << widened[i] << " "
+                  << scalar[i] << " " << reference;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelsTest, ScalarPathGivesTheBitsOfTheVectorPath) {
+  std::mt19937 rng(6);
+  const int64_t rows = 41, in = 77;
+  std::vector<float> w = RandomVector(rows * in, rng);
+  const WeightMatrix m = WeightMatrix::F32(w.data(), rows, in);
+  for (int64_t tokens : {1, 2, 3, 4, 9, 40}) {
+    std::vector<float> x = RandomVector(tokens * in, rng), y(tokens * rows), s(tokens * rows);
+    MatMulRows(m, x.data(), tokens, y.data(), rows, 0, rows);
+    MatMulRowsScalarForTest(m, x.data(), tokens, s.data(), rows, 0, rows);
+    EXPECT_EQ(std::memcmp(y.data(), s.data(), y.size() * sizeof(float)), 0) << tokens;
+  }
+}
+
+TEST(KernelsTest, TypedMatMulIsInvariantToThreadCount) {
+  std::mt19937 rng(7);
+  const int64_t in = 300, tokens = 3;
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    // Two matrices sharing the input, as q/k/v or gate/up do; one typed, one F32.
+    TypedWeights w1 = MakeTyped(dtype, 70, in, rng);
+    std::vector<float> w2 = RandomVector(19 * in, rng), x = RandomVector(tokens * in, rng);
+    std::vector<float> expected(tokens * 89);
+    {
+      ThreadPool one(1);
+      MatMulOutput outputs[] = {{w1.f32, expected.data(), 89},
+                                {WeightMatrix::F32(w2.data(), 19, in), expected.data() + 70, 89}};
+      MatMul(one, outputs, x.data(), tokens);
+    }
+    for (int threads : {1, 2, 3, 8}) {
+      ThreadPool pool(threads);
+      std::vector<float> y(tokens * 89);
+      MatMulOutput outputs[] = {{w1.typed, y.data(), 89},
+                                {WeightMatrix::F32(w2.data(), 19, in), y.data() + 70, 89}};
+      MatMul(pool, outputs, x.data(), tokens);
+      EXPECT_EQ(std::memcmp(y.data(), expected.data(), y.size() * sizeof(float)), 0)
+          << DTypeName(dtype) << ", " << threads << " threads";
+    }
+  }
+}
+
+TEST(KernelsTest, TypedEmbeddingAndNormWeightsWidenExactly) {
+  std::mt19937 rng(8);
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    TypedWeights w = MakeTyped(dtype, 5, 37, rng);
+    std::vector<float> row(37);
+    WidenRow(w.typed, 3, row.data());
+    EXPECT_EQ(std::memcmp(row.data(), w.widened.data() + 3 * 37, 37 * sizeof(float)), 0);
+    const WeightMatrix norm = {w.typed.data, dtype, 1, 37},
+                       norm32 = {w.f32.data, DType::kF32, 1, 37};
+    std::vector<float> x = RandomVector(37, rng), typed(37), widened(37);
+    RmsNorm(x.data(), norm, 1e-5f, typed.data());
+    RmsNorm(x.data(), norm32, 1e-5f, widened.data());
+    EXPECT_EQ(std::memcmp(typed.data(), widened.data(), 37 * sizeof(float)), 0);
+    RmsNorm(x.data(), norm, 1e-5f, x.data());  // in place
+    EXPECT_EQ(std::memcmp(x.data(), widened.data(), 37 * sizeof(float)), 0);
+  }
 }
 
 TEST(ThreadPoolTest, CoversEveryIndexOnce) {

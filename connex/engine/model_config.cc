@@ -1,5 +1,6 @@
 #include "connex/engine/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -7,12 +8,9 @@
 #include "connex/base/check.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
-#include "nlohmann/json.hpp"
 
 namespace connex::engine {
 namespace {
-
-using Json = nlohmann::json;
 
 struct IntField {
   const char* name;
@@ -21,16 +19,19 @@ struct IntField {
   int64_t max;
 };
 
+constexpr int64_t kMaxVocab = 1 << 20;
+
 constexpr IntField kIntFields[] = {
-    {"vocab_size", &ModelConfig::vocab_size, 258, 1 << 20},
+    {"vocab_size", &ModelConfig::vocab_size, 258, kMaxVocab},
     {"hidden_size", &ModelConfig::hidden_size, 2, 1 << 16},
     {"num_hidden_layers", &ModelConfig::num_hidden_layers, 1, 1024},
     {"num_attention_heads", &ModelConfig::num_attention_heads, 1, 1024},
     {"num_key_value_heads", &ModelConfig::num_key_value_heads, 1, 1024},
     {"intermediate_size", &ModelConfig::intermediate_size, 1, 1 << 18},
     {"max_position_embeddings", &ModelConfig::max_position_embeddings, 1, 1 << 20},
-    {"bos_token_id", &ModelConfig::bos_token_id, 0, (1 << 20) - 1},
-    {"eos_token_id", &ModelConfig::eos_token_id, 0, (1 << 20) - 1},
+    {"bos_token_id", &ModelConfig::bos_token_id, -1, kMaxVocab - 1},
+    {"head_dim", &ModelConfig::explicit_head_dim, 0, 1 << 12},
+    {"sliding_window", &ModelConfig::sliding_window, 0, 1 << 20},
 };
 
 struct RealField {
@@ -43,30 +44,85 @@ constexpr RealField kRealFields[] = {
     {"rms_norm_eps", &ModelConfig::rms_norm_eps},
 };
 
+// The fields of the one-file `__metadata__` form (connex-mkmodel's test models).
+constexpr const char* kMetadataInts[] = {
+    "vocab_size",          "hidden_size",       "num_hidden_layers",       "num_attention_heads",
+    "num_key_value_heads", "intermediate_size", "max_position_embeddings", "bos_token_id"};
+
 absl::Status Bad(std::string_view what) {
   return absl::InvalidArgumentError(StrCat("model config: ", what));
 }
 
+const IntField& IntFieldNamed(std::string_view name) {
+  for (const IntField& f : kIntFields) {
+    if (name == f.name) return f;
+  }
+  CONNEX_CHECK(false && "no integer field of ModelConfig has this name");
+  return kIntFields[0];
+}
+
+absl::Status ValidateRopeScaling(const RopeScaling& r) {
+  using Type = RopeScaling::Type;
+  if (r.type == Type::kNone) return absl::OkStatus();
+  // Linear scaling may compress or stretch; dynamic and llama3 only stretch (HF warns below 1).
+  const bool linear = r.type == Type::kLinear;
+  if (!std::isfinite(r.factor) || !(linear ? r.factor > 0 : r.factor >= 1) || r.factor > 1024) {
+    return Bad(StrCat("'rope_scaling.factor' = ", r.factor, " must be in ", linear ? "(0" : "[1",
+                      ", 1024]"));
+  }
+  if (r.type != Type::kLlama3) return absl::OkStatus();
+  if (r.original_max_position_embeddings < 1 || r.original_max_position_embeddings > (1 << 24)) {
+    return Bad(StrCat("'rope_scaling.original_max_position_embeddings' = ",
+                      r.original_max_position_embeddings, " must be in [1, ", 1 << 24, "]"));
+  }
+  if (!(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor) ||
+      !std::isfinite(r.high_freq_factor)) {
+    return Bad(StrCat("'rope_scaling.low_freq_factor' = ", r.low_freq_factor,
+                      " and 'high_freq_factor' = ", r.high_freq_factor,
+                      " must satisfy 0 < low < high"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+bool ModelConfig::IsEos(int64_t token) const {
+  return std::find(eos_token_ids.begin(), eos_token_ids.end(), token) != eos_token_ids.end();
+}
+
+int64_t ModelConfig::max_positions() const {
+  if (rope_scaling.type != RopeScaling::Type::kDynamic) return max_position_embeddings;
+  const double n = std::floor(static_cast<double>(max_position_embeddings) * rope_scaling.factor);
+  return static_cast<int64_t>(std::min(n, static_cast<double>(1 << 24)));
+}
+
 absl::Status ModelConfig::Validate() const {
+  if (model_type != "llama" && model_type != "mistral" && model_type != "qwen2") {
+    return Bad(
+        StrCat("'model_type' \"", model_type, "\" is not supported (llama, mistral, qwen2)"));
+  }
   for (const IntField& f : kIntFields) {
     int64_t v = this->*f.field;
     if (v < f.min || v > f.max) {
       return Bad(StrCat("'", f.name, "' = ", v, " is out of range [", f.min, ", ", f.max, "]"));
     }
   }
-  if (hidden_size % num_attention_heads != 0) {
+  if (explicit_head_dim == 0 && hidden_size % num_attention_heads != 0) {
     return Bad(StrCat("'hidden_size' ", hidden_size, " is not a multiple of 'num_attention_heads' ",
-                      num_attention_heads));
+                      num_attention_heads, " (and no 'head_dim' is given)"));
   }
   if (head_dim() % 2 != 0) return Bad(StrCat("head dimension ", head_dim(), " is odd (RoPE)"));
   if (num_attention_heads % num_key_value_heads != 0) {
     return Bad(StrCat("'num_attention_heads' ", num_attention_heads,
                       " is not a multiple of 'num_key_value_heads' ", num_key_value_heads));
   }
-  if (bos_token_id >= vocab_size || eos_token_id >= vocab_size) {
-    return Bad(StrCat("'bos_token_id'/'eos_token_id' must be < 'vocab_size' ", vocab_size));
+  if (bos_token_id >= vocab_size) {
+    return Bad(StrCat("'bos_token_id' ", bos_token_id, " must be < 'vocab_size' ", vocab_size));
+  }
+  for (int64_t eos : eos_token_ids) {
+    if (eos < 0 || eos >= vocab_size) {
+      return Bad(StrCat("'eos_token_id' ", eos, " is outside [0, 'vocab_size' ", vocab_size, ")"));
+    }
   }
   if (!(rope_theta > 1.0) || !std::isfinite(rope_theta)) {
     return Bad(StrCat("'rope_theta' = ", rope_theta, " must be a finite number > 1"));
@@ -74,22 +130,38 @@ absl::Status ModelConfig::Validate() const {
   if (!(rms_norm_eps > 0.0) || !(rms_norm_eps < 1.0)) {
     return Bad(StrCat("'rms_norm_eps' = ", rms_norm_eps, " must be in (0, 1)"));
   }
+  CONNEX_RETURN_IF_ERROR(ValidateRopeScaling(rope_scaling));
+  // What each architecture has: Qwen2 q/k/v biases always, Llama all four or none, Mistral none.
+  if (model_type == "qwen2" ? (!qkv_bias || o_bias)
+                            : (o_bias != qkv_bias || (model_type == "mistral" && qkv_bias))) {
+    return Bad(StrCat("model_type \"", model_type, "\" with q/k/v biases ", qkv_bias,
+                      " and o_proj bias ", o_bias, " is no published layout"));
+  }
+  if (sliding_window > 0 && model_type != "mistral") {
+    return Bad(StrCat("'sliding_window' = ", sliding_window, " is only honoured for mistral"));
+  }
   return absl::OkStatus();
 }
 
 std::pair<int64_t, int64_t> ModelConfig::FieldRange(std::string_view name) {
-  for (const IntField& f : kIntFields) {
-    if (name == f.name) return {f.min, f.max};
-  }
-  CONNEX_CHECK(false && "FieldRange of a name that is no integer field of ModelConfig");
-  return {0, 0};
+  const IntField& f = IntFieldNamed(name);
+  return {f.min, f.max};
+}
+
+bool ModelConfig::HasMetadataForm() const {
+  ModelConfig plain;
+  return model_type == plain.model_type && explicit_head_dim == 0 && eos_token_ids.size() == 1 &&
+         bos_token_id >= 0 && rope_scaling == plain.rope_scaling && !tie_word_embeddings &&
+         !qkv_bias && !o_bias && sliding_window == 0;
 }
 
 std::map<std::string, std::string, std::less<>> ModelConfig::ToMetadata() const {
+  CONNEX_CHECK(HasMetadataForm());
   std::map<std::string, std::string, std::less<>> m;
   m["format"] = "pt";  // what Hugging Face's loaders expect
   m["architecture"] = "LlamaForCausalLM";
-  for (const IntField& f : kIntFields) m[f.name] = StrCat(this->*f.field);
+  for (const char* name : kMetadataInts) m[name] = StrCat(this->*IntFieldNamed(name).field);
+  m["eos_token_id"] = StrCat(eos_token_id());
   for (const RealField& f : kRealFields) m[f.name] = StrCat(this->*f.field);
   return m;
 }
@@ -97,58 +169,26 @@ std::map<std::string, std::string, std::less<>> ModelConfig::ToMetadata() const 
 absl::StatusOr<ModelConfig> ModelConfig::FromMetadata(
     const std::map<std::string, std::string, std::less<>>& metadata) {
   ModelConfig c;
-  for (const IntField& f : kIntFields) {
-    auto it = metadata.find(f.name);
-    if (it == metadata.end()) return Bad(StrCat("field '", f.name, "' is missing"));
-    if (!absl::SimpleAtoi(it->second, &(c.*f.field))) {
-      return Bad(StrCat("field '", f.name, "' = '", it->second, "' is not an integer"));
+  auto integer = [&](const char* name, int64_t& out) -> absl::Status {
+    auto it = metadata.find(name);
+    if (it == metadata.end()) return Bad(StrCat("field '", name, "' is missing"));
+    if (!absl::SimpleAtoi(it->second, &out)) {
+      return Bad(StrCat("field '", name, "' = '", it->second, "' is not an integer"));
     }
+    return absl::OkStatus();
+  };
+  for (const char* name : kMetadataInts) {
+    CONNEX_RETURN_IF_ERROR(integer(name, c.*IntFieldNamed(name).field));
   }
+  int64_t eos = 0;
+  CONNEX_RETURN_IF_ERROR(integer("eos_token_id", eos));
+  c.eos_token_ids = {eos};
   for (const RealField& f : kRealFields) {
     auto it = metadata.find(f.name);
     if (it == metadata.end()) continue;  // optional: Llama defaults
     if (!absl::SimpleAtod(it->second, &(c.*f.field))) {
       return Bad(StrCat("field '", f.name, "' = '", it->second, "' is not a number"));
     }
-  }
-  CONNEX_RETURN_IF_ERROR(c.Validate());
-  return c;
-}
-
-std::string ModelConfig::ToJson() const {
-  Json j = Json::object();
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
-  j["hidden_act"] = "silu";
-  j["tie_word_embeddings"] = false;
-  for (const IntField& f : kIntFields) j[f.name] = this->*f.field;
-  for (const RealField& f : kRealFields) j[f.name] = this->*f.field;
-  return j.dump(2) + "\n";
-}
-
-absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view json) {
-  Json j = Json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Bad("config.json is not a JSON object");
-  ModelConfig c;
-  for (const IntField& f : kIntFields) {
-    auto it = j.find(f.name);
-    if (it == j.end()) {
-      if (std::string_view(f.name) == "max_position_embeddings") continue;
-      return Bad(StrCat("field '", f.name, "' is missing"));
-    }
-    if (!it->is_number_integer()) return Bad(StrCat("field '", f.name, "' is not an integer"));
-    c.*f.field = it->get<int64_t>();
-  }
-  for (const RealField& f : kRealFields) {
-    auto it = j.find(f.name);
-    if (it == j.end()) continue;
-    if (!it->is_number()) return Bad(StrCat("field '", f.name, "' is not a number"));
-    c.*f.field = it->get<double>();
-  }
-  if (auto it = j.find("tie_word_embeddings");
-      it != j.end() && it->is_boolean() && it->get<bool>()) {
-    return Bad(
-        "'tie_word_embeddings' = true is not supported (the checkpoint needs lm_head.weight)");
   }
   CONNEX_RETURN_IF_ERROR(c.Validate());
   return c;

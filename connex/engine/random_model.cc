@@ -25,14 +25,7 @@ uint64_t NameSeed(uint64_t seed, const std::string& name) {
 }
 
 Tensor Uniform(const std::string& name, std::vector<int64_t> shape, double stddev, uint64_t seed) {
-  Tensor t = Tensor::Zeros<float>(std::move(shape));
-  uint64_t state = NameSeed(seed, name);
-  const double half_width = stddev * std::sqrt(3.0);
-  for (float& x : t.mutable_values<float>()) {
-    double u = static_cast<double>(SplitMix64(state) >> 40) * (1.0 / (1ull << 24));  // [0, 1)
-    x = static_cast<float>((2.0 * u - 1.0) * half_width);
-  }
-  return t;
+  return RandomUniformTensor(name, std::move(shape), stddev, seed);
 }
 
 Tensor Ones(int64_t n) {
@@ -42,6 +35,18 @@ Tensor Ones(int64_t n) {
 }
 
 }  // namespace
+
+Tensor RandomUniformTensor(const std::string& name, std::vector<int64_t> shape, double stddev,
+                           uint64_t seed, double mean) {
+  Tensor t = Tensor::Zeros<float>(std::move(shape));
+  uint64_t state = NameSeed(seed, name);
+  const double half_width = stddev * std::sqrt(3.0);
+  for (float& x : t.mutable_values<float>()) {
+    double u = static_cast<double>(SplitMix64(state) >> 40) * (1.0 / (1ull << 24));  // [0, 1)
+    x = static_cast<float>(mean + (2.0 * u - 1.0) * half_width);
+  }
+  return t;
+}
 
 TensorDict RandomModelTensors(const ModelConfig& c, uint64_t seed, DType dtype) {
   const int64_t d = c.hidden_size, q = c.head_dim() * c.num_attention_heads, kv = c.kv_dim(),
@@ -79,6 +84,11 @@ int64_t ParameterCount(const ModelConfig& c) {
 absl::Status WriteRandomModel(const std::string& path, const ModelConfig& config, uint64_t seed,
                               DType dtype) {
   CONNEX_RETURN_IF_ERROR(config.Validate());
+  if (!config.HasMetadataForm()) {
+    return absl::InvalidArgumentError(
+        "the one-file form (__metadata__) carries a plain Llama only: no head_dim, biases, tied "
+        "head, rope scaling, window or several end tokens (write a Hugging Face directory)");
+  }
   if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError(
         StrCat("weights dtype ", DTypeName(dtype), " is not F32, F16 or BF16"));

@@ -6,12 +6,18 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "connex/engine/model_config.h"
 #include "connex/engine/tensor_dict.h"
 
 namespace connex::engine {
+
+// An F32 tensor uniform around `mean` with standard deviation `stddev`, drawn from a splitmix64
+// stream seeded by (seed, name): the same bits on every platform.
+Tensor RandomUniformTensor(const std::string& name, std::vector<int64_t> shape, double stddev,
+                           uint64_t seed, double mean = 0.0);
 
 // Every tensor of `config` (Hugging Face Llama names), in `dtype` (F32, F16 or BF16).
 // Linear layers are uniform with standard deviation 1/sqrt(fan-in), the embedding has standard
@@ -26,7 +32,8 @@ int64_t ParameterCount(const ModelConfig& config);
 inline constexpr uint64_t kMaxRandomModelBytes = uint64_t{16} << 30;
 
 // Writes RandomModelTensors(...) to `path` as safetensors with the config in __metadata__.
-// InvalidArgument when the config is invalid or its weights exceed kMaxRandomModelBytes;
+// InvalidArgument when the config is invalid, has no __metadata__ form (HasMetadataForm) or its
+// weights exceed kMaxRandomModelBytes;
 // ResourceExhausted when the memory to build it cannot be allocated; the write's error otherwise.
 absl::Status WriteRandomModel(const std::string& path, const ModelConfig& config, uint64_t seed,
                               DType dtype);

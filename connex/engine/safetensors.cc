@@ -217,8 +217,8 @@ absl::StatusOr<std::span<const uint8_t>> SafetensorsFile::RawBytes(std::string_v
                                   info->end - info->begin);
 }
 
-absl::StatusOr<std::vector<float>> SafetensorsFile::ReadF32(std::string_view name,
-                                                            std::span<const int64_t> shape) const {
+absl::StatusOr<SafetensorsFile::FloatTensor> SafetensorsFile::MappedFloat(
+    std::string_view name, std::span<const int64_t> shape) const {
   CONNEX_ASSIGN_OR_RETURN(std::span<const uint8_t> raw, RawBytes(name));
   const TensorInfo& info = *Find(name);
   if (!std::equal(info.shape.begin(), info.shape.end(), shape.begin(), shape.end())) {
@@ -226,23 +226,26 @@ absl::StatusOr<std::vector<float>> SafetensorsFile::ReadF32(std::string_view nam
                                              ShapeString(info.shape), ", expected ",
                                              ShapeString(shape)));
   }
-  size_t n = raw.size() / DTypeSize(info.dtype);
+  if (info.dtype != DType::kF32 && info.dtype != DType::kF16 && info.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(StrCat(path_, ": tensor '", name, "' has dtype ",
+                                             DTypeName(info.dtype), ", expected F32, F16 or BF16"));
+  }
+  return FloatTensor{info.dtype, raw};
+}
+
+absl::StatusOr<std::vector<float>> SafetensorsFile::ReadF32(std::string_view name,
+                                                            std::span<const int64_t> shape) const {
+  CONNEX_ASSIGN_OR_RETURN(FloatTensor t, MappedFloat(name, shape));
+  const std::span<const uint8_t> raw = t.bytes;
+  size_t n = raw.size() / DTypeSize(t.dtype);
   std::vector<float> out(n);
-  switch (info.dtype) {
-    case DType::kF32:
-      if (n > 0) std::memcpy(out.data(), raw.data(), n * sizeof(float));
-      break;
-    case DType::kF16:
-    case DType::kBF16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h = static_cast<uint16_t>(raw[2 * i] | (raw[2 * i + 1] << 8));
-        out[i] = info.dtype == DType::kF16 ? F16ToFloat(h) : BF16ToFloat(h);
-      }
-      break;
-    default:
-      return absl::InvalidArgumentError(StrCat(path_, ": tensor '", name, "' has dtype ",
-                                               DTypeName(info.dtype),
-                                               ", expected F32, F16 or BF16"));
+  if (t.dtype == DType::kF32) {
+    if (n > 0) std::memcpy(out.data(), raw.data(), n * sizeof(float));
+    return out;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h = static_cast<uint16_t>(raw[2 * i] | (raw[2 * i + 1] << 8));
+    out[i] = t.dtype == DType::kF16 ? F16ToFloat(h) : BF16ToFloat(h);
   }
   return out;
 }
@@ -255,18 +258,6 @@ absl::StatusOr<Tensor> SafetensorsFile::ReadTensor(std::string_view name) const 
   t.shape = info.shape;
   t.data.assign(raw.begin(), raw.end());
   return t;
-}
-
-const float* SafetensorsFile::MappedF32(std::string_view name,
-                                        std::span<const int64_t> shape) const {
-  const TensorInfo* info = Find(name);
-  if (info == nullptr || info->dtype != DType::kF32 ||
-      !std::equal(info->shape.begin(), info->shape.end(), shape.begin(), shape.end())) {
-    return nullptr;
-  }
-  const uint8_t* p = base_ + header_.data_offset + info->begin;
-  if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) return nullptr;
-  return reinterpret_cast<const float*>(p);
 }
 
 std::vector<uint8_t> SerializeSafetensors(

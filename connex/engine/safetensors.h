@@ -68,12 +68,17 @@ class SafetensorsFile {
   absl::StatusOr<std::vector<float>> ReadF32(std::string_view name,
                                              std::span<const int64_t> shape) const;
 
+  // Tensor `name` in place (zero copy, at any alignment: the format aligns nothing), checked as
+  // ReadF32 checks it: F32, F16 or BF16, with `shape`. The bytes live as long as this file.
+  struct FloatTensor {
+    DType dtype;
+    std::span<const uint8_t> bytes;
+  };
+  absl::StatusOr<FloatTensor> MappedFloat(std::string_view name,
+                                          std::span<const int64_t> shape) const;
+
   // Tensor `name` as a TensorDict entry (a copy, any dtype).
   absl::StatusOr<Tensor> ReadTensor(std::string_view name) const;
-
-  // When tensor `name` is F32 with `shape` and suitably aligned in the mapping, a pointer to its
-  // data (zero copy); otherwise nullptr (use ReadF32).
-  const float* MappedF32(std::string_view name, std::span<const int64_t> shape) const;
 
  private:
   SafetensorsFile() = default;

@@ -11,6 +11,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/engine/kernels.h"
+#include "connex/engine/rope.h"
 #include "connex/engine/sampler.h"
 
 namespace connex::engine {
@@ -29,61 +30,66 @@ struct StageEngine::Batch {
 
 namespace {
 
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-std::string Dirname(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
-}
-
 std::string LayerName(int64_t i, const char* leaf) { return StrCat("model.layers.", i, ".", leaf); }
+
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(StrCat(path, ": cannot open"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool IsFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
 
 }  // namespace
 
-absl::StatusOr<std::string> ResolveModelFile(const std::string& path) {
-  if (path.empty()) return absl::InvalidArgumentError("model path is empty");
-  if (IsDirectory(path)) return StrCat(path, "/model.safetensors");
-  return path;
+absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path) {
+  CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(path));
+  return ReadModelConfig(*checkpoint);
 }
 
-absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path) {
-  CONNEX_ASSIGN_OR_RETURN(std::string file_path, ResolveModelFile(path));
-  CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(file_path));
-  if (file->metadata().contains("hidden_size")) {
-    absl::StatusOr<ModelConfig> config = ModelConfig::FromMetadata(file->metadata());
-    if (!config.ok()) return Annotate(config.status(), StrCat(file_path, ": __metadata__"));
+absl::StatusOr<ModelConfig> ReadModelConfig(const Checkpoint& checkpoint) {
+  if (checkpoint.metadata().contains("hidden_size")) {
+    absl::StatusOr<ModelConfig> config = ModelConfig::FromMetadata(checkpoint.metadata());
+    if (!config.ok()) {
+      return Annotate(config.status(), StrCat(checkpoint.shard_names()[0], ": __metadata__"));
+    }
     return config;
   }
-  std::string json_path = StrCat(Dirname(file_path), "/config.json");
-  std::ifstream in(json_path);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        StrCat(file_path, ": no model config in __metadata__ and no ", json_path));
+  const std::string json_path = StrCat(checkpoint.directory(), "/config.json");
+  if (!IsFile(json_path)) {
+    return absl::InvalidArgumentError(StrCat(
+        checkpoint.shard_names()[0], ": no model config in __metadata__ and no ", json_path));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(text.str());
+  CONNEX_ASSIGN_OR_RETURN(std::string json, ReadText(json_path));
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(json);
   if (!config.ok()) return Annotate(config.status(), json_path);
+  const std::string generation_path = StrCat(checkpoint.directory(), "/generation_config.json");
+  if (IsFile(generation_path)) {
+    CONNEX_ASSIGN_OR_RETURN(std::string text, ReadText(generation_path));
+    if (absl::Status s = config->ApplyGenerationConfig(text); !s.ok()) {
+      return Annotate(s, generation_path);
+    }
+  }
   return config;
 }
 
 StageEngine::~StageEngine() = default;
 
-absl::StatusOr<const float*> StageEngine::Weight(const std::string& name,
+absl::StatusOr<WeightMatrix> StageEngine::Weight(const std::string& name,
                                                  std::vector<int64_t> shape) {
-  if (const float* p = file_->MappedF32(name, shape)) return p;
-  CONNEX_ASSIGN_OR_RETURN(std::vector<float> values, file_->ReadF32(name, shape));
-  owned_.push_back(std::move(values));
-  return owned_.back().data();
+  CONNEX_ASSIGN_OR_RETURN(SafetensorsFile::FloatTensor t, file_->MappedFloat(name, shape));
+  return WeightMatrix{t.bytes.data(), t.dtype, shape.size() == 2 ? shape[0] : 1, shape.back()};
 }
 
 absl::StatusOr<std::unique_ptr<StageEngine>> StageEngine::Load(const std::string& path,
                                                                const StageOptions& options) {
-  CONNEX_ASSIGN_OR_RETURN(ModelConfig config, ReadModelConfig(path));
-  CONNEX_ASSIGN_OR_RETURN(std::string file_path, ResolveModelFile(path));
+  CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(path));
+  CONNEX_ASSIGN_OR_RETURN(ModelConfig config, ReadModelConfig(*checkpoint));
   if (options.stages < 1 || options.stage < 0 || options.stage >= options.stages) {
     return absl::InvalidArgumentError(
         StrCat("stage ", options.stage, " of ", options.stages, " does not exist"));
@@ -97,13 +103,19 @@ absl::StatusOr<std::unique_ptr<StageEngine>> StageEngine::Load(const std::string
   engine->stage_ = options.stage;
   engine->stages_ = options.stages;
   engine->layers_ = StageLayers(config.num_hidden_layers, options.stage, options.stages);
-  CONNEX_ASSIGN_OR_RETURN(engine->file_, SafetensorsFile::Open(file_path));
+  engine->file_ = std::move(checkpoint);
 
-  const int64_t d = config.hidden_size, q = config.head_dim() * config.num_attention_heads,
-                kv = config.kv_dim(), f = config.intermediate_size, v = config.vocab_size;
+  const int64_t d = config.hidden_size, q = config.q_dim(), kv = config.kv_dim(),
+                f = config.intermediate_size, v = config.vocab_size;
   auto load = [&](const std::string& name, std::vector<int64_t> shape) {
-    absl::StatusOr<const float*> w = engine->Weight(name, std::move(shape));
-    return w.ok() ? w : Annotate(w.status(), file_path);
+    absl::StatusOr<WeightMatrix> w = engine->Weight(name, std::move(shape));
+    return w.ok() ? w : Annotate(w.status(), path);
+  };
+  auto load_bias = [&](const std::string& name, int64_t n) -> absl::StatusOr<std::vector<float>> {
+    CONNEX_ASSIGN_OR_RETURN(WeightMatrix w, load(name, {n}));
+    std::vector<float> values(n);
+    WidenRow(w, 0, values.data());
+    return values;
   };
   if (engine->is_first()) {
     CONNEX_ASSIGN_OR_RETURN(engine->embed_, load("model.embed_tokens.weight", {v, d}));
@@ -115,6 +127,14 @@ absl::StatusOr<std::unique_ptr<StageEngine>> StageEngine::Load(const std::string
     CONNEX_ASSIGN_OR_RETURN(l.wk, load(LayerName(i, "self_attn.k_proj.weight"), {kv, d}));
     CONNEX_ASSIGN_OR_RETURN(l.wv, load(LayerName(i, "self_attn.v_proj.weight"), {kv, d}));
     CONNEX_ASSIGN_OR_RETURN(l.wo, load(LayerName(i, "self_attn.o_proj.weight"), {d, q}));
+    if (config.qkv_bias) {
+      CONNEX_ASSIGN_OR_RETURN(l.bq, load_bias(LayerName(i, "self_attn.q_proj.bias"), q));
+      CONNEX_ASSIGN_OR_RETURN(l.bk, load_bias(LayerName(i, "self_attn.k_proj.bias"), kv));
+      CONNEX_ASSIGN_OR_RETURN(l.bv, load_bias(LayerName(i, "self_attn.v_proj.bias"), kv));
+    }
+    if (config.o_bias) {
+      CONNEX_ASSIGN_OR_RETURN(l.bo, load_bias(LayerName(i, "self_attn.o_proj.bias"), d));
+    }
     CONNEX_ASSIGN_OR_RETURN(l.mlp_norm, load(LayerName(i, "post_attention_layernorm.weight"), {d}));
     CONNEX_ASSIGN_OR_RETURN(l.w_gate, load(LayerName(i, "mlp.gate_proj.weight"), {f, d}));
     CONNEX_ASSIGN_OR_RETURN(l.w_up, load(LayerName(i, "mlp.up_proj.weight"), {f, d}));
@@ -123,13 +143,15 @@ absl::StatusOr<std::unique_ptr<StageEngine>> StageEngine::Load(const std::string
   }
   if (engine->is_last()) {
     CONNEX_ASSIGN_OR_RETURN(engine->final_norm_, load("model.norm.weight", {d}));
-    CONNEX_ASSIGN_OR_RETURN(engine->lm_head_, load("lm_head.weight", {v, d}));
+    if (!config.tie_word_embeddings) {
+      CONNEX_ASSIGN_OR_RETURN(engine->lm_head_, load("lm_head.weight", {v, d}));
+    } else if (engine->is_first()) {
+      engine->lm_head_ = engine->embed_;  // tied, one stage: the same weights serve both ends
+    } else {
+      CONNEX_ASSIGN_OR_RETURN(engine->lm_head_, load("model.embed_tokens.weight", {v, d}));
+    }
   }
-  const int64_t hd = config.head_dim();
-  for (int64_t i = 0; i < hd / 2; ++i) {
-    engine->inv_freq_.push_back(static_cast<float>(
-        std::pow(config.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd))));
-  }
+  if (!RopeDependsOnPosition(config)) engine->inv_freq_ = RopeInverseFrequencies(config, 0);
   engine->pool_ = options.pool;
   if (!engine->pool_) {
     CONNEX_ASSIGN_OR_RETURN(int threads, EngineThreadsFromEnv());
@@ -160,10 +182,14 @@ absl::Status StageEngine::ParseBatch(const TensorDict& in, Batch& batch) const {
     if (!seen.insert(id).second) {
       return absl::InvalidArgumentError(StrCat("step: request ", id, " appears twice"));
     }
-    if (start < 0 || count < 1 || start + count > config_.max_position_embeddings) {
-      return absl::InvalidArgumentError(StrCat(
-          "step: request ", id, ": positions [", start, ", ", start + count,
-          ") are outside [0, max_position_embeddings = ", config_.max_position_embeddings, ")"));
+    if (start < 0 || count < 1 || start + count > config_.max_positions()) {
+      return absl::InvalidArgumentError(
+          StrCat("step: request ", id, ": positions [", start, ", ", start + count,
+                 ") are outside [0, ", config_.max_positions(), ") (the model's ",
+                 config_.max_positions() == config_.max_position_embeddings
+                     ? "max_position_embeddings"
+                     : "max_position_embeddings x rope_scaling.factor",
+                 ")"));
     }
     batch.ids.push_back(id);
     batch.start.push_back(start);
@@ -198,11 +224,15 @@ absl::Status StageEngine::ParseBatch(const TensorDict& in, Batch& batch) const {
   const int64_t half = config_.head_dim() / 2;
   batch.rope_cos.resize(batch.tokens * half);
   batch.rope_sin.resize(batch.tokens * half);
+  std::vector<float> inv_freq;
   for (int64_t t = 0; t < batch.tokens; ++t) {
+    // Dynamic scaling's frequencies depend on the position (and on nothing else).
+    if (inv_freq_.empty()) inv_freq = RopeInverseFrequencies(config_, batch.token_pos[t]);
+    const std::vector<float>& freq = inv_freq_.empty() ? inv_freq : inv_freq_;
     for (int64_t i = 0; i < half; ++i) {
       // The angle in double, from the position alone: the same bits for a position wherever it
       // appears.
-      double angle = static_cast<double>(batch.token_pos[t]) * static_cast<double>(inv_freq_[i]);
+      double angle = static_cast<double>(batch.token_pos[t]) * static_cast<double>(freq[i]);
       batch.rope_cos[t * half + i] = static_cast<float>(std::cos(angle));
       batch.rope_sin[t * half + i] = static_cast<float>(std::sin(angle));
     }
@@ -263,9 +293,7 @@ absl::StatusOr<TensorDict> StageEngine::ExecuteStep(const TensorDict& in) {
   std::vector<float> h(n * d);
   if (is_first()) {
     std::span<const int32_t> tokens = in.Find(kTokens)->values<int32_t>();
-    for (int64_t t = 0; t < n; ++t) {
-      std::copy_n(embed_ + static_cast<int64_t>(tokens[t]) * d, d, h.data() + t * d);
-    }
+    for (int64_t t = 0; t < n; ++t) WidenRow(embed_, tokens[t], h.data() + t * d);
   } else {
     std::span<const float> hidden = in.Find(kHidden)->values<float>();
     std::copy(hidden.begin(), hidden.end(), h.begin());
@@ -287,13 +315,13 @@ absl::StatusOr<TensorDict> StageEngine::ExecuteStep(const TensorDict& in) {
   std::vector<float> last(b * d);
   for (int64_t i = 0; i < b; ++i) {
     int64_t t = batch.first[i] + batch.count[i] - 1;
-    RmsNorm(h.data() + t * d, final_norm_, d, static_cast<float>(config_.rms_norm_eps),
+    RmsNorm(h.data() + t * d, final_norm_, static_cast<float>(config_.rms_norm_eps),
             last.data() + i * d);
   }
   Tensor logits = Tensor::Zeros<float>({b, v});
   float* lp = logits.mutable_values<float>().data();
-  MatMulOutput head[] = {{lm_head_, v, lp, v}};
-  MatMul(*pool_, head, last.data(), b, d);
+  MatMulOutput head[] = {{lm_head_, lp, v}};
+  MatMul(*pool_, head, last.data(), b);
   std::vector<int32_t> next(b);
   for (int64_t i = 0; i < b; ++i) {
     // The token drawn is at position start + count: the request's length after this step.
@@ -310,18 +338,24 @@ void StageEngine::RunLayer(const Layer& w, size_t li, const Batch& batch,
                            std::vector<RequestCache*>& caches, std::vector<float>& h) {
   const int64_t n = batch.tokens, d = config_.hidden_size, hd = config_.head_dim(),
                 heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads,
-                qd = heads * hd, kvd = config_.kv_dim(), f = config_.intermediate_size,
+                qd = config_.q_dim(), kvd = config_.kv_dim(), f = config_.intermediate_size,
                 half = hd / 2;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   ThreadPool& pool = *pool_;
 
   // Attention block.
   std::vector<float> xn(n * d);
-  for (int64_t t = 0; t < n; ++t) RmsNorm(h.data() + t * d, w.attn_norm, d, eps, xn.data() + t * d);
+  for (int64_t t = 0; t < n; ++t) RmsNorm(h.data() + t * d, w.attn_norm, eps, xn.data() + t * d);
   std::vector<float> q(n * qd), k(n * kvd), v(n * kvd);
-  MatMulOutput qkv[] = {
-      {w.wq, qd, q.data(), qd}, {w.wk, kvd, k.data(), kvd}, {w.wv, kvd, v.data(), kvd}};
-  MatMul(pool, qkv, xn.data(), n, d);
+  MatMulOutput qkv[] = {{w.wq, q.data(), qd}, {w.wk, k.data(), kvd}, {w.wv, v.data(), kvd}};
+  MatMul(pool, qkv, xn.data(), n);
+  if (!w.bq.empty()) {
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < qd; ++i) q[t * qd + i] += w.bq[i];
+      for (int64_t i = 0; i < kvd; ++i) k[t * kvd + i] += w.bk[i];
+      for (int64_t i = 0; i < kvd; ++i) v[t * kvd + i] += w.bv[i];
+    }
+  }
   auto rope = [&](float* vec, int64_t nheads, int64_t t) {
     const float* c = batch.rope_cos.data() + t * half;
     const float* s = batch.rope_sin.data() + t * half;
@@ -346,37 +380,39 @@ void StageEngine::RunLayer(const Layer& w, size_t li, const Batch& batch,
   }
   std::vector<float> attn(n * qd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t group = heads / kv_heads;
+  const int64_t group = heads / kv_heads, window = config_.sliding_window;
   pool.ParallelFor(n * heads, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
-      // One query (token t, head hh) against positions 0..pos of its own request, in order.
+      // One query (token t, head hh) against positions first..pos of its own request, in order:
+      // first is 0, or with a sliding window the oldest of the last `window` positions.
       const int64_t t = item / heads, hh = item % heads;
       const LayerCache& c = caches[batch.token_req[t]]->layers[li];
       const int64_t pos = batch.token_pos[t], kvh = hh / group;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
       const float* qv = q.data() + t * qd + hh * hd;
       scores.resize(pos + 1);
       float max = -INFINITY;
       const float* keys = c.k.data() + kvh * hd;
-      int64_t j = 0;
+      int64_t j = first;
       for (; j + 4 <= pos + 1; j += 4) {
         const float* rows[4] = {keys + j * kvd, keys + (j + 1) * kvd, keys + (j + 2) * kvd,
                                 keys + (j + 3) * kvd};
         Dot4(rows, qv, hd, &scores[j]);
       }
       for (; j <= pos; ++j) scores[j] = Dot(keys + j * kvd, qv, hd);
-      for (j = 0; j <= pos; ++j) {
+      for (j = first; j <= pos; ++j) {
         scores[j] *= scale;
         max = std::max(max, scores[j]);
       }
       float sum = 0.0f;
-      for (int64_t j = 0; j <= pos; ++j) {
+      for (int64_t j = first; j <= pos; ++j) {
         scores[j] = std::exp(scores[j] - max);
         sum += scores[j];
       }
       float* out = attn.data() + t * qd + hh * hd;
       std::fill(out, out + hd, 0.0f);
-      for (int64_t j = 0; j <= pos; ++j) {
+      for (int64_t j = first; j <= pos; ++j) {
         const float* vv = c.v.data() + j * kvd + kvh * hd;
         const float e = scores[j];
         for (int64_t i = 0; i < hd; ++i) out[i] += e * vv[i];
@@ -386,21 +422,24 @@ void StageEngine::RunLayer(const Layer& w, size_t li, const Batch& batch,
     }
   });
   std::vector<float> o(n * d);
-  MatMulOutput proj[] = {{w.wo, d, o.data(), d}};
-  MatMul(pool, proj, attn.data(), n, qd);
+  MatMulOutput proj[] = {{w.wo, o.data(), d}};
+  MatMul(pool, proj, attn.data(), n);
+  if (!w.bo.empty()) {
+    for (int64_t i = 0; i < n * d; ++i) o[i] += w.bo[i % d];
+  }
   for (int64_t i = 0; i < n * d; ++i) h[i] += o[i];
 
   // MLP block (SwiGLU).
-  for (int64_t t = 0; t < n; ++t) RmsNorm(h.data() + t * d, w.mlp_norm, d, eps, xn.data() + t * d);
+  for (int64_t t = 0; t < n; ++t) RmsNorm(h.data() + t * d, w.mlp_norm, eps, xn.data() + t * d);
   std::vector<float> gate(n * f), up(n * f);
-  MatMulOutput gu[] = {{w.w_gate, f, gate.data(), f}, {w.w_up, f, up.data(), f}};
-  MatMul(pool, gu, xn.data(), n, d);
+  MatMulOutput gu[] = {{w.w_gate, gate.data(), f}, {w.w_up, up.data(), f}};
+  MatMul(pool, gu, xn.data(), n);
   for (int64_t i = 0; i < n * f; ++i) {
     const float g = gate[i];
     gate[i] = g / (1.0f + std::exp(-g)) * up[i];
   }
-  MatMulOutput down[] = {{w.w_down, d, o.data(), d}};
-  MatMul(pool, down, gate.data(), n, f);
+  MatMulOutput down[] = {{w.w_down, o.data(), d}};
+  MatMul(pool, down, gate.data(), n);
   for (int64_t i = 0; i < n * d; ++i) h[i] += o[i];
 }
 

@@ -17,6 +17,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "connex/engine/checkpoint.h"
+#include "connex/engine/kernels.h"
 #include "connex/engine/model_config.h"
 #include "connex/engine/safetensors.h"
 #include "connex/engine/tensor_dict.h"
@@ -59,16 +61,21 @@ struct StageOptions {
   std::shared_ptr<ThreadPool> pool;
 };
 
-// `path` is a .safetensors file or a directory holding model.safetensors. The config comes from
-// the file's __metadata__, else from config.json beside it.
-absl::StatusOr<std::string> ResolveModelFile(const std::string& path);
+// `path` is a .safetensors file or a Hugging Face model directory (Checkpoint::Open). The config
+// comes from a single file's __metadata__ (connex-mkmodel's test models), else from config.json
+// beside the weights, updated by generation_config.json when there is one. InvalidArgument
+// names the file and the key.
 absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path);
+absl::StatusOr<ModelConfig> ReadModelConfig(const Checkpoint& checkpoint);
 
 class StageEngine : public pp::Engine {
  public:
   // Loads the layer slice of `options.stage` (StageLayers), plus the embedding on stage 0 and the
-  // final norm and LM head on the last stage. F32 weights stay memory-mapped; F16/BF16 are
-  // converted. NotFound: no such file; InvalidArgument names the tensor or field that is wrong.
+  // final norm and LM head on the last stage (the embedding when the model ties them). Only the
+  // shards holding these tensors are opened. Weights stay memory-mapped in the checkpoint's
+  // precision (F32, F16 or BF16; the kernels widen them in registers, with the same bits as a
+  // widened copy). NotFound: no such file; InvalidArgument names the tensor or field that is
+  // wrong.
   static absl::StatusOr<std::unique_ptr<StageEngine>> Load(const std::string& path,
                                                            const StageOptions& options);
   ~StageEngine() override;
@@ -79,6 +86,7 @@ class StageEngine : public pp::Engine {
   bool is_first() const { return stage_ == 0; }
   bool is_last() const { return stage_ == stages_ - 1; }
   LayerRange layers() const { return layers_; }
+  const Checkpoint& checkpoint() const { return *file_; }
 
   // Runs one step. A request whose start_position is 0 starts afresh (any cache it had is
   // dropped: this is how a request is recomputed); otherwise start_position must be at most the
@@ -105,16 +113,22 @@ class StageEngine : public pp::Engine {
   size_t NumHeldRequests() const override { return cache_.size(); }
 
  private:
+  // Views into the mapped checkpoint; a norm is a matrix of one row.
   struct Layer {
-    const float* attn_norm;
-    const float* wq;
-    const float* wk;
-    const float* wv;
-    const float* wo;
-    const float* mlp_norm;
-    const float* w_gate;
-    const float* w_up;
-    const float* w_down;
+    WeightMatrix attn_norm;
+    WeightMatrix wq;
+    WeightMatrix wk;
+    WeightMatrix wv;
+    WeightMatrix wo;
+    // Biases, widened to fp32 at load (a few KB a layer): empty when the model has none.
+    std::vector<float> bq;
+    std::vector<float> bk;
+    std::vector<float> bv;
+    std::vector<float> bo;
+    WeightMatrix mlp_norm;
+    WeightMatrix w_gate;
+    WeightMatrix w_up;
+    WeightMatrix w_down;
   };
   struct LayerCache {
     std::vector<float> k;  // [positions, kv_dim], RoPE applied
@@ -127,7 +141,7 @@ class StageEngine : public pp::Engine {
   struct Batch;
 
   StageEngine() = default;
-  absl::StatusOr<const float*> Weight(const std::string& name, std::vector<int64_t> shape);
+  absl::StatusOr<WeightMatrix> Weight(const std::string& name, std::vector<int64_t> shape);
   absl::Status ParseBatch(const TensorDict& in, Batch& batch) const;
   void RunLayer(const Layer& layer, size_t local_index, const Batch& batch,
                 std::vector<RequestCache*>& caches, std::vector<float>& h);
@@ -136,13 +150,12 @@ class StageEngine : public pp::Engine {
   int stage_ = 0;
   int stages_ = 1;
   LayerRange layers_;
-  std::unique_ptr<SafetensorsFile> file_;
-  std::vector<std::vector<float>> owned_;  // converted (F16/BF16 or unaligned) weights
-  const float* embed_ = nullptr;
-  const float* final_norm_ = nullptr;
-  const float* lm_head_ = nullptr;
+  std::unique_ptr<Checkpoint> file_;  // every weight is a view into its shards
+  WeightMatrix embed_;
+  WeightMatrix final_norm_;
+  WeightMatrix lm_head_;
   std::vector<Layer> weights_;
-  std::vector<float> inv_freq_;  // RoPE, [head_dim / 2]
+  std::vector<float> inv_freq_;  // RoPE, [head_dim / 2], unless it depends on the position
   std::shared_ptr<ThreadPool> pool_;
   absl::flat_hash_map<uint64_t, RequestCache> cache_;
 };

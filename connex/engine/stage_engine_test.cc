@@ -7,11 +7,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <set>
 
+#include "connex/base/strings.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
 #include "connex/engine/random_model.h"
+#include "connex/engine/safetensors.h"
 #include "connex/engine/tokenizer.h"
 #include "connex/pp/engine.h"
 #include "gmock/gmock.h"
@@ -389,6 +392,53 @@ TEST_F(EngineTest, HalfPrecisionCheckpointsLoadAndRun) {
     EXPECT_GT(max_diff, 0.0);
     EXPECT_LT(max_diff, dtype == DType::kF16 ? 0.05 : 0.5);
     ::unlink(path.c_str());
+  }
+}
+
+// A 16-bit checkpoint is computed in its own precision (mapped, widened in registers): its logits
+// and tokens are bitwise those of the same weights widened to F32 in the file, batched, over 1 and
+// 3 stages, with 1 and 3 threads. Norm weights are random here, not ones, so that they count.
+TEST_F(EngineTest, HalfPrecisionWeightsGiveTheBitsOfTheirWidenedCopy) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> dist(0.5f, 1.5f);
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    TensorDict half = RandomModelTensors(TestConfig(), 42, dtype);
+    const TensorDict f32 = RandomModelTensors(TestConfig(), 42, DType::kF32);
+    for (const auto& [name, t] : f32.tensors()) {
+      if (name.find("norm") == std::string::npos) continue;
+      std::vector<float> values(t.num_elements());
+      for (float& v : values) v = dist(rng);
+      half.Set(name, ConvertF32(Tensor::Of<float>(t.shape, values), dtype));
+    }
+    const std::string half_path = *path_ + "." + std::string(DTypeName(dtype));
+    const std::string wide_path = half_path + ".widened";
+    ASSERT_TRUE(WriteSafetensors(half_path, half, TestConfig().ToMetadata()).ok());
+    auto file = SafetensorsFile::Open(half_path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    TensorDict wide;
+    for (const auto& [name, t] : half.tensors()) {
+      wide.Set(name, Tensor::Of<float>(t.shape, *(*file)->ReadF32(name, t.shape)));
+    }
+    ASSERT_TRUE(WriteSafetensors(wide_path, wide, TestConfig().ToMetadata()).ok());
+
+    std::vector<Generation> expected;
+    auto reference = Pipeline::Load(wide_path, 1, std::make_shared<ThreadPool>(1));
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    for (const auto& prompt : Prompts())
+      expected.push_back((*Generate(**reference, {prompt}, Options()))[0]);
+    for (int stages : {1, 3}) {
+      for (int threads : {1, 3}) {
+        auto pipeline = Pipeline::Load(half_path, stages, std::make_shared<ThreadPool>(threads));
+        ASSERT_TRUE(pipeline.ok()) << pipeline.status();
+        GenerateOptions o = Options();
+        o.max_batch = 3;
+        ExpectBitwiseEqual(
+            expected, *Generate(**pipeline, Prompts(), o),
+            StrCat(DTypeName(dtype), ", ", stages, " stages, ", threads, " threads"));
+      }
+    }
+    ::unlink(half_path.c_str());
+    ::unlink(wide_path.c_str());
   }
 }
 

@@ -127,8 +127,8 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Listen(OpenAiServerO
   s->router_.Add("POST", kTokenizePath, [self, starting](std::shared_ptr<HttpExchange> x) {
     StageProcess* stage = self->stage();
     if (stage == nullptr) return starting(*x);
-    x->Respond(TokenizeResponse(*self->text_, self->Limits(*stage),
-                                stage->config().max_position_embeddings, x->request().body));
+    x->Respond(TokenizeResponse(*self->text_, self->Limits(*stage), stage->config().max_positions(),
+                                x->request().body));
   });
   s->router_.Add("POST", kDetokenizePath, [self, starting](std::shared_ptr<HttpExchange> x) {
     StageProcess* stage = self->stage();
@@ -165,9 +165,8 @@ absl::Status OpenAiServer::Attach(StageProcess& stage) {
         StrCat("--http: only stage 0 serves the API (this is stage ", stage.lid().group, ")"));
   }
   if (text_ != nullptr) return absl::FailedPreconditionError("the API already serves a stage");
-  const int64_t eos[] = {stage.config().eos_token_id};
-  absl::StatusOr<std::unique_ptr<const ModelText>> text =
-      ModelText::Load(stage.model_path(), eos, options_.chat_template_path);
+  absl::StatusOr<std::unique_ptr<const ModelText>> text = ModelText::Load(
+      stage.model_path(), stage.config().eos_token_ids, options_.chat_template_path);
   if (!text.ok()) return Annotate(text.status(), StrCat("--model ", stage.model_path()));
   text_ = *std::move(text);
   CONNEX_LOG_INFO("serving {}: {} tokenizer, chat template {}", stage.model_name(),
@@ -272,7 +271,7 @@ RequestLimits OpenAiServer::Limits(StageProcess& stage) const {
   limits.models = {stage.model_name()};
   limits.vocab_size = stage.config().vocab_size;
   limits.default_max_tokens = options_.default_max_tokens;
-  limits.max_tokens_limit = stage.config().max_position_embeddings;
+  limits.max_tokens_limit = stage.config().max_positions();
   return limits;
 }
 
@@ -309,7 +308,7 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
         ErrorResponse(InvalidRequest(input_field, "invalid_value", "the prompt is empty")));
     return;
   }
-  const int64_t context = config.max_position_embeddings;
+  const int64_t context = config.max_positions();
   if (static_cast<int64_t>(g->prompt.size()) + req.max_tokens > context) {
     exchange->Respond(ErrorResponse(InvalidRequest(
         static_cast<int64_t>(g->prompt.size()) >= context ? input_field : "max_tokens",

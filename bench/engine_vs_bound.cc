@@ -1,0 +1,243 @@
+#include "bench/engine_vs_bound.h"
+
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "connex/engine/pipeline.h"
+#include "connex/engine/random_model.h"
+#include "connex/engine/stage_engine.h"
+#include "connex/engine/tokenizer.h"
+
+namespace connex::engine {
+namespace {
+
+// Seconds on the wall clock, or on this thread's CPU clock (--cpu-time, one thread: the time the
+// thread ran, stalls on memory included, preemptions by other processes not).
+double Now(bool cpu) {
+  timespec ts;
+  ::clock_gettime(cpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one + " " + five + " " + fifteen;
+}
+
+// Field `name` of /proc/self/status, in bytes ("VmRSS", "RssAnon", "RssFile").
+int64_t StatusBytes(const std::string& name) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + ":", 0) != 0) continue;
+    std::istringstream fields(line.substr(name.size() + 1));
+    int64_t kb = 0;
+    fields >> kb;
+    return kb * 1024;
+  }
+  return 0;
+}
+
+// Bytes of the weights a batch-1 decode step reads: every matrix and norm except the embedding
+// table, of which it reads one row.
+int64_t DecodeWeightBytes(const ModelConfig& c, DType dtype) {
+  const int64_t params = ParameterCount(c) - c.vocab_size * c.hidden_size + c.hidden_size;
+  return params * static_cast<int64_t>(DTypeSize(dtype));
+}
+
+// The bound: `threads` threads each summing a contiguous part of `data` as 64-bit integers (the
+// adds vectorise, so only memory limits it), through the engine's own pool. GB/s of one pass.
+double StreamReadGBps(ThreadPool& pool, const std::vector<uint64_t>& data, bool cpu) {
+  const int64_t n = static_cast<int64_t>(data.size()), parts = pool.size();
+  std::vector<uint64_t> sums(parts * 8);  // a cache line apart
+  const double start = Now(cpu);
+  pool.ParallelFor(parts, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      uint64_t sum = 0;
+      for (int64_t i = n * p / parts; i < n * (p + 1) / parts; ++i) sum += data[i];
+      sums[p * 8] = sum;
+    }
+  });
+  const double s = Now(cpu) - start;
+  uint64_t total = 0;
+  for (int64_t p = 0; p < parts; ++p) total += sums[p * 8];
+  if (total != static_cast<uint64_t>(n)) std::abort();  // every element is 1: nothing skipped
+  return static_cast<double>(n) * sizeof(uint64_t) / s / 1e9;
+}
+
+TensorDict Step(int64_t id, int32_t start, const std::vector<int32_t>& tokens) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  TensorDict t;
+  t.Set(kRequestIds, Tensor::Of<int64_t>({1}, std::vector<int64_t>{id}));
+  t.Set(kStartPositions, Tensor::Of<int32_t>({1}, std::vector<int32_t>{start}));
+  t.Set(kNumTokens, Tensor::Of<int32_t>({1}, std::vector<int32_t>{static_cast<int32_t>(n)}));
+  t.Set(kTokens, Tensor::Of<int32_t>({n}, tokens));
+  return t;
+}
+
+// One model under test: its file, pipeline, the bound's buffer (as large as its decode weights)
+// and the figures of every round.
+struct Subject {
+  DType dtype;
+  std::string path;
+  std::unique_ptr<Pipeline> pipeline;
+  int64_t weight_bytes = 0;
+  int64_t resident_bytes = 0;  // VmRSS growth over loading and the first steps
+  int64_t file_bytes = 0;      // of which mapped file pages (RssFile)
+  std::vector<uint64_t> buffer;
+  std::vector<double> bound_gbps, decode_tps;
+};
+
+// A fresh 16-token prompt, then `tokens` decode steps; the median step time.
+double DecodeTokensPerSecond(Pipeline& pipeline, int tokens, bool cpu) {
+  std::vector<int32_t> prompt = Tokenize("Streaming weights.", /*add_bos=*/true);
+  prompt.resize(16, 'x');
+  pipeline.Release(1);
+  auto out = pipeline.Step(Step(1, 0, prompt));
+  if (!out.ok()) std::abort();
+  int32_t next = out->Find(kNextTokens)->values<int32_t>()[0];
+  std::vector<double> seconds;
+  for (int i = 0; i < tokens; ++i) {
+    const double start = Now(cpu);
+    out = pipeline.Step(Step(1, static_cast<int32_t>(prompt.size()) + i, {next}));
+    seconds.push_back(Now(cpu) - start);
+    if (!out.ok()) std::abort();
+    next = out->Find(kNextTokens)->values<int32_t>()[0];
+  }
+  return 1.0 / Median(seconds);
+}
+
+std::string Range(const std::vector<double>& v, const char* format) {
+  char buf[96];
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  std::snprintf(buf, sizeof(buf), format, Median(v));
+  std::string out = buf;
+  std::snprintf(buf, sizeof(buf), format, *lo);
+  out += std::string(" (") + buf;
+  std::snprintf(buf, sizeof(buf), format, *hi);
+  return out + "-" + buf + ")";
+}
+
+}  // namespace
+
+ModelConfig VsBoundDefaultConfig() {
+  ModelConfig c;
+  c.num_hidden_layers = 2;
+  c.hidden_size = 2048;
+  c.intermediate_size = 8192;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.vocab_size = 32000;
+  c.rope_theta = 500000.0;
+  return c;
+}
+
+int RunDecodeVsBound(const VsBoundOptions& options) {
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto pool = std::make_shared<ThreadPool>(threads);
+  char dir_template[] = "/tmp/connex-vs-bound.XXXXXX";
+  const bool keep = !options.model_dir.empty();
+  if (!keep && ::mkdtemp(dir_template) == nullptr) {
+    std::perror("bench_engine: mkdtemp");
+    return 1;
+  }
+  const std::string dir = keep ? options.model_dir : dir_template;
+  const ModelConfig& c = options.config;
+  std::printf(
+      "model: %lld layers, hidden %lld, SwiGLU %lld, heads %lld/%lld, vocabulary %lld; "
+      "%d threads; %d rounds of %d decode tokens; %s clock; load average %s\n",
+      static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
+      static_cast<long long>(c.intermediate_size), static_cast<long long>(c.num_attention_heads),
+      static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.vocab_size), threads,
+      options.rounds, options.tokens, options.cpu_time ? "thread CPU" : "wall",
+      LoadAverage().c_str());
+  std::vector<Subject> subjects;
+  int code = 0;
+  for (const std::string& name : options.dtypes) {
+    Subject s;
+    s.dtype = name == "f16" ? DType::kF16 : name == "bf16" ? DType::kBF16 : DType::kF32;
+    s.path = dir + "/" + name + ".safetensors";
+    absl::StatusOr<ModelConfig> existing = ReadModelConfig(s.path);
+    absl::Status w = keep && existing.ok() && *existing == c
+                         ? absl::OkStatus()
+                         : WriteRandomModel(s.path, c, 1, s.dtype);
+    if (!w.ok()) {
+      std::fprintf(stderr, "bench_engine: %s\n", std::string(w.message()).c_str());
+      code = 1;
+      break;
+    }
+    const int64_t rss = StatusBytes("VmRSS"), file = StatusBytes("RssFile");
+    auto pipeline = Pipeline::Load(s.path, 1, pool);
+    if (!pipeline.ok()) {
+      std::fprintf(stderr, "bench_engine: %s\n", std::string(pipeline.status().message()).c_str());
+      code = 1;
+      break;
+    }
+    s.pipeline = *std::move(pipeline);
+    DecodeTokensPerSecond(*s.pipeline, 2, false);  // maps every page a step reads
+    s.resident_bytes = StatusBytes("VmRSS") - rss;
+    s.file_bytes = StatusBytes("RssFile") - file;
+    s.weight_bytes = DecodeWeightBytes(c, s.dtype);
+    s.buffer.assign(static_cast<size_t>(s.weight_bytes) / sizeof(uint64_t), 1);
+    subjects.push_back(std::move(s));
+  }
+  for (int round = 0; code == 0 && round < options.rounds; ++round) {
+    for (Subject& s : subjects) {  // alternated: each decode right after its own bound
+      std::vector<double> passes;
+      for (int p = 0; p < options.bound_passes; ++p) {
+        passes.push_back(StreamReadGBps(*pool, s.buffer, options.cpu_time));
+      }
+      s.bound_gbps.push_back(Median(passes));
+      s.decode_tps.push_back(DecodeTokensPerSecond(*s.pipeline, options.tokens, options.cpu_time));
+      std::printf("  round %d %-4s: bound %6.1f GB/s, decode %7.1f tok/s = %6.1f GB/s (%.2f)\n",
+                  round + 1, std::string(DTypeName(s.dtype)).c_str(), s.bound_gbps.back(),
+                  s.decode_tps.back(), s.decode_tps.back() * s.weight_bytes / 1e9,
+                  s.decode_tps.back() * s.weight_bytes / 1e9 / s.bound_gbps.back());
+    }
+  }
+  if (code == 0) {
+    std::printf("\nload average at the end: %s\n", LoadAverage().c_str());
+    std::printf("median (min-max) over %d rounds\n", options.rounds);
+    std::printf(
+        "| weights | bytes/token | resident (mapped) | bound GB/s | decode tok/s | decode GB/s "
+        "| decode / bound |\n|---|---|---|---|---|---|---|\n");
+    for (const Subject& s : subjects) {
+      std::vector<double> gbps, ratio;
+      for (size_t i = 0; i < s.decode_tps.size(); ++i) {
+        gbps.push_back(s.decode_tps[i] * s.weight_bytes / 1e9);
+        ratio.push_back(gbps.back() / s.bound_gbps[i]);
+      }
+      std::printf("| %s | %.1f MB | %.0f MB (%.0f MB) | %s | %s | %s | %s |\n",
+                  std::string(DTypeName(s.dtype)).c_str(), s.weight_bytes / 1e6,
+                  s.resident_bytes / 1e6, s.file_bytes / 1e6, Range(s.bound_gbps, "%.1f").c_str(),
+                  Range(s.decode_tps, "%.1f").c_str(), Range(gbps, "%.1f").c_str(),
+                  Range(ratio, "%.2f").c_str());
+    }
+  }
+  if (!keep) {
+    for (const std::string& name : options.dtypes)
+      ::unlink((dir + "/" + name + ".safetensors").c_str());
+    ::rmdir(dir.c_str());
+  }
+  return code;
+}
+
+}  // namespace connex::engine

@@ -1,0 +1,40 @@
+// bench_engine --vs-bound: batch-1 decode of a model against the machine's memory bound, measured
+// in the same run. A decode step reads every weight once, so its speed is bounded by the bandwidth
+// of a plain streaming read; the table gives decode's GB/s of weight bytes over that bound.
+// Thread-compatible (run from main).
+#ifndef CONNEX_BENCH_ENGINE_VS_BOUND_H_
+#define CONNEX_BENCH_ENGINE_VS_BOUND_H_
+
+#include <string>
+#include <vector>
+
+#include "connex/engine/model_config.h"
+
+namespace connex::engine {
+
+struct VsBoundOptions {
+  ModelConfig config;  // shapes; set by the flags
+  std::vector<std::string> dtypes = {"bf16", "f32"};
+  int threads = 0;       // 0: the hardware concurrency
+  int rounds = 5;        // each round: bound, decode, per dtype in turn
+  int tokens = 32;       // decode steps timed per round
+  int bound_passes = 5;  // streaming reads per round (the median counts)
+  // Time the bound and decode on the thread's CPU clock instead of the wall clock (one thread
+  // only): on a machine shared with other processes, how fast the code streams while it runs.
+  bool cpu_time = false;
+  // Where the models are written and kept, and reused when there with the same shape; empty: a
+  // temporary directory, removed at the end.
+  std::string model_dir;
+};
+
+// Llama-3.2-1B's widths (hidden 2048, SwiGLU 8192, 32 heads, 8 KV heads) with 2 layers and a
+// 32,000-token vocabulary: 374 MB of BF16 weights per decode step, far beyond the caches.
+ModelConfig VsBoundDefaultConfig();
+
+// Writes the models (seeded random weights), measures, prints the table. Returns the process exit
+// code.
+int RunDecodeVsBound(const VsBoundOptions& options);
+
+}  // namespace connex::engine
+
+#endif  // CONNEX_BENCH_ENGINE_VS_BOUND_H_
