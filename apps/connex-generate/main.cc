@@ -106,12 +106,21 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Pipeline>> pipeline =
       Pipeline::Load(model, stages, std::make_shared<ThreadPool>(threads));
   if (!pipeline.ok()) return Fail(pipeline.status());
-  absl::StatusOr<std::unique_ptr<const connex::serving::ModelText>> text =
-      connex::serving::ModelText::Load(model, (*pipeline)->config().eos_token_ids);
-  if (!text.ok()) return Fail(text.status());
+  // The model's text side. --prompt-tokens needs no tokenizer: without one that loads, the run
+  // prints no text and stops at the checkpoint's EOS ids alone (the engine's own stop).
+  const ModelConfig& config = (*pipeline)->config();
+  std::unique_ptr<const connex::serving::ModelText> text;
+  if (absl::StatusOr<std::unique_ptr<const connex::serving::ModelText>> loaded =
+          connex::serving::ModelText::Load(model, config.eos_token_ids);
+      loaded.ok()) {
+    text = *std::move(loaded);
+  } else if (ids_opt->count() == 0) {
+    return Fail(loaded.status());
+  }
   auto encode = [&](const std::string& line) -> absl::StatusOr<std::vector<int32_t>> {
-    return (*text)->CompletionPrompt(line);
+    return text->CompletionPrompt(line);
   };
+  auto stops = [&](int32_t t) { return text ? text->Stops(t) : config.IsEos(t); };
   std::vector<std::vector<int32_t>> prompts;
   if (file_opt->count() > 0) {
     // A directory opens as a stream that reads nothing: it would run no prompt and exit 0.
@@ -154,12 +163,17 @@ int main(int argc, char** argv) {
     // they end a served request (the tokens before one are the same either way).
     bool stopped = false;
     if (!ignore_eos) {
-      auto stop =
-          std::find_if(tokens.begin(), tokens.end(), [&](int32_t t) { return (*text)->Stops(t); });
+      auto stop = std::find_if(tokens.begin(), tokens.end(), stops);
       stopped = stop != tokens.end();
       if (stopped) tokens.erase(stop + 1, tokens.end());
     }
-    const std::string out = (*text)->GeneratedText(prompts[i], tokens);
+    // The text as stage 0 streams it; the byte tokenizer's plain output keeps the exact bytes.
+    std::string out;
+    if (text && text->byte_level() && !json) {
+      out = Detokenize(tokens);
+    } else if (text) {
+      out = text->GeneratedText(prompts[i], tokens);
+    }
     if (json) {
       nlohmann::ordered_json line = {{"tokens", tokens},
                                      {"text", out},
