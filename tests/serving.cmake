@@ -4,13 +4,17 @@
 add_library(serving_e2e_fixture STATIC ${CMAKE_CURRENT_LIST_DIR}/serving_e2e_fixture.cc)
 target_link_libraries(serving_e2e_fixture PUBLIC connex_chaos connex_subprocess connex_base
                       nlohmann_json::nlohmann_json GTest::gtest)
-foreach(test serving_e2e_test serving_e2e_proxy_test serving_e2e_hostile_test)
+foreach(test serving_e2e_test serving_e2e_proxy_test serving_e2e_hostile_test
+             serving_e2e_tokenizer_test)
   connex_test(${test}
     SRCS ${CMAKE_CURRENT_LIST_DIR}/${test}.cc
-    LIBS serving_e2e_fixture connex_serving connex_directory nlohmann_json::nlohmann_json
+    LIBS serving_e2e_fixture connex_serving connex_directory connex_tokenizer
+         connex_chat_template nlohmann_json::nlohmann_json
     LABELS e2e)
   add_dependencies(${test} connex-stage connex-proxy connex-directory connex-mkmodel
                    connex-generate connexctl)
 endforeach()
 # The OpenAI client test runs tests/openai-client/stream.mjs (its node_modules: scripts/install-deps.sh).
 target_compile_definitions(serving_e2e_proxy_test PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# The real-tokenizer test copies Llama 3.2's tokenizer files from tests/hf-tokenizers.
+target_compile_definitions(serving_e2e_tokenizer_test PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -3,7 +3,10 @@
 // API's fields) generation for one prompt (--prompt) or for the lines of a file
 // (--prompts-file, one continuous batch), optionally
 // as n pipeline stages passing tensor dicts (--stages) and with the KV cache dropped and rebuilt
-// after K tokens (--recompute-at): the output must not change.
+// after K tokens (--recompute-at): the output must not change. Text goes through the model's
+// tokenizer (tokenizer.json in the model's directory, else the byte tokenizer) as stage 0's
+// does (serving::ModelText): prompts with its special tokens, and generation ends at the same
+// stop tokens (the checkpoint's EOS ids, the tokenizer's and the chat template's end of turn).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +20,7 @@
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
 #include "connex/engine/tokenizer.h"
+#include "connex/serving/model_text.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -39,7 +43,7 @@ int main(int argc, char** argv) {
   int threads = *env_threads;
 
   connex::pp::Sampling sampling;
-  CLI::App app{"Generation with the reference engine (byte-level tokenizer)"};
+  CLI::App app{"Generation with the reference engine"};
   app.add_option("--model", model,
                  "checkpoint: a .safetensors file, or a Hugging Face model directory "
                  "(config.json with model.safetensors or shards and their index)")
@@ -112,6 +116,24 @@ int main(int argc, char** argv) {
   options.stop_at_eos = !ignore_eos;
   if (absl::Status ok = sampling.Validate(); !ok.ok()) return Fail(ok);
 
+  absl::StatusOr<std::unique_ptr<Pipeline>> pipeline =
+      Pipeline::Load(model, stages, std::make_shared<ThreadPool>(threads));
+  if (!pipeline.ok()) return Fail(pipeline.status());
+  // The model's text side. --prompt-tokens needs no tokenizer: without one that loads, the run
+  // prints no text and stops at the checkpoint's EOS ids alone (the engine's own stop).
+  const ModelConfig& config = (*pipeline)->config();
+  std::unique_ptr<const connex::serving::ModelText> text;
+  if (absl::StatusOr<std::unique_ptr<const connex::serving::ModelText>> loaded =
+          connex::serving::ModelText::Load(model, config.eos_token_ids);
+      loaded.ok()) {
+    text = *std::move(loaded);
+  } else if (ids_opt->count() == 0) {
+    return Fail(loaded.status());
+  }
+  auto encode = [&](const std::string& line) -> absl::StatusOr<std::vector<int32_t>> {
+    return text->CompletionPrompt(line);
+  };
+  auto stops = [&](int32_t t) { return text ? text->Stops(t) : config.IsEos(t); };
   std::vector<std::vector<int32_t>> prompts;
   if (file_opt->count() > 0) {
     // A directory opens as a stream that reads nothing: it would run no prompt and exit 0.
@@ -122,7 +144,11 @@ int main(int argc, char** argv) {
     std::ifstream in(prompts_file, std::ios::binary);
     if (!in) return Fail(absl::NotFoundError(prompts_file + ": cannot open the prompts file"));
     std::string line;
-    while (std::getline(in, line)) prompts.push_back(Tokenize(line, /*add_bos=*/true));
+    while (std::getline(in, line)) {
+      absl::StatusOr<std::vector<int32_t>> ids = encode(line);
+      if (!ids.ok()) return Fail(ids.status());
+      prompts.push_back(*std::move(ids));
+    }
     if (in.bad()) return Fail(absl::DataLossError(prompts_file + ": reading the prompts failed"));
   } else if (ids_opt->count() > 0) {
     std::vector<int32_t> ids;
@@ -136,33 +162,47 @@ int main(int argc, char** argv) {
     }
     prompts.push_back(std::move(ids));
   } else {
-    prompts.push_back(Tokenize(prompt, /*add_bos=*/true));
+    absl::StatusOr<std::vector<int32_t>> ids = encode(prompt);
+    if (!ids.ok()) return Fail(ids.status());
+    prompts.push_back(*std::move(ids));
   }
 
   if (!sampling.argmax()) options.sampling.assign(prompts.size(), sampling);
-  absl::StatusOr<std::unique_ptr<Pipeline>> pipeline =
-      Pipeline::Load(model, stages, std::make_shared<ThreadPool>(threads));
-  if (!pipeline.ok()) return Fail(pipeline.status());
+  // The engine stops at the checkpoint's EOS ids; the model's other stop tokens (the tokenizer's
+  // EOS, the chat template's end of turn) end a generation the same way, as they end a served
+  // request, unless --ignore-eos. --stop-token-ids adds the caller's.
+  const std::vector<int32_t> caller_stops = options.stop_token_ids;
+  if (!ignore_eos && text) {
+    options.stop_token_ids.insert(options.stop_token_ids.end(), text->stop_tokens().begin(),
+                                  text->stop_tokens().end());
+  }
   absl::StatusOr<std::vector<Generation>> results = Generate(**pipeline, prompts, options);
   if (!results.ok()) return Fail(results.status());
-  const ModelConfig& config = (*pipeline)->config();
-  for (const Generation& g : *results) {
-    // The token that ended the generation (EOS, a --stop-token-ids one) is not in the text, as
-    // the API leaves it out (vLLM's rule).
-    std::span<const int32_t> shown = g.tokens;
-    if (!shown.empty() && ((options.stop_at_eos && config.IsEos(shown.back())) ||
-                           std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(),
-                                     shown.back()) != options.stop_token_ids.end())) {
-      shown = shown.first(shown.size() - 1);
+  for (size_t i = 0; i < results->size(); ++i) {
+    const std::vector<int32_t>& tokens = (*results)[i].tokens;
+    // The token that ended the generation is in `tokens`, not in the text (vLLM's rule).
+    const bool stopped = !tokens.empty() && ((!ignore_eos && stops(tokens.back())) ||
+                                             std::find(caller_stops.begin(), caller_stops.end(),
+                                                       tokens.back()) != caller_stops.end());
+    std::span<const int32_t> shown = tokens;
+    if (stopped) shown = shown.first(shown.size() - 1);
+    // The text as stage 0 streams it; the byte tokenizer's plain output keeps the exact bytes.
+    std::string out;
+    if (text && text->byte_level() && !json) {
+      out = Detokenize(shown);
+    } else if (text) {
+      out = text->GeneratedText(prompts[i], shown, ignore_eos);
     }
-    std::string text = Detokenize(shown);
     if (json) {
-      nlohmann::ordered_json line = {{"tokens", g.tokens}, {"text", text}};
+      nlohmann::ordered_json line = {{"tokens", tokens},
+                                     {"text", out},
+                                     {"prompt_tokens", prompts[i].size()},
+                                     {"finish_reason", stopped ? "stop" : "length"}};
       // Invalid UTF-8 (a random model emits any byte) is replaced in "text"; "tokens" is exact.
       std::cout << line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
                 << "\n";
     } else {
-      std::cout << text << "\n";
+      std::cout << out << "\n";
     }
   }
   std::cout.flush();

@@ -84,6 +84,12 @@ int main(int argc, char** argv) {
       ->envname("CONNEX_STAGE_QUEUE_MAX")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
+  std::string chat_template;
+  app.add_option("--chat-template", chat_template,
+                 "stage 0: the chat template of /v1/chat/completions (a Jinja file, or a .json "
+                 "with a chat_template field); default: the model's tokenizer_config.json")
+      ->envname("CONNEX_CHAT_TEMPLATE")
+      ->check(CLI::ExistingFile);
   connex::AddLogLevelFlag(app);
   connex::AddInsecureFlag(app);
   if (std::optional<int> exit = connex::ParseFlags(app, argc, argv)) return *exit;
@@ -91,6 +97,7 @@ int main(int argc, char** argv) {
   api.default_max_tokens = default_max_tokens;
   api.kv_budget_bytes = static_cast<int64_t>(*connex::ParseSize(kv_budget));
   api.queue_max = queue_max;
+  api.chat_template_path = chat_template;
   if (!http.empty()) {
     auto http_options = connex::serving::HttpServerOptions::FromEnv();
     if (!http_options.ok()) {

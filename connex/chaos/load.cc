@@ -6,7 +6,6 @@
 
 #include "connex/base/stats.h"
 #include "connex/base/strings.h"
-#include "connex/engine/tokenizer.h"
 
 namespace connex::chaos {
 namespace {
@@ -227,19 +226,18 @@ std::vector<std::string> OtherDifferences(const Outcome& o, const Reference& wan
     why.push_back(StrCat("text differs (streamed ", Quoted(r.text, 40), ", connex-generate ",
                          Quoted(want.text, 40), ")"));
   }
-  // The byte-level tokenizer: a completion ends with EOS (unless ignore_eos) or a stop token
-  // id, or at max_tokens.
-  const std::string finish = !r.tokens.empty() && o.spec.Stops(r.tokens.back()) ? "stop" : "length";
-  if (r.finish_reason != finish) {
-    why.push_back(StrCat("finish_reason ", r.finish_reason, ", expected ", finish));
+  // A completion ends at one of the model's stop tokens (connex-generate says which), or at
+  // max_tokens.
+  if (r.finish_reason != want.finish_reason) {
+    why.push_back(StrCat("finish_reason ", r.finish_reason, ", expected ", want.finish_reason));
   }
   if (r.response_ids.size() != 1) {
     std::string ids;
     for (const std::string& id : r.response_ids) ids += (ids.empty() ? "" : ", ") + id;
     why.push_back(StrCat(r.response_ids.size(), " response ids in one stream: [", ids, "]"));
   }
-  // Usage: BOS and the prompt's bytes, the tokens generated.
-  const int64_t prompt = static_cast<int64_t>(o.spec.prompt.size()) + 1;
+  // Usage: the prompt's ids (as the model's tokenizer makes them), the tokens generated.
+  const int64_t prompt = want.prompt_tokens;
   const int64_t completion = static_cast<int64_t>(r.tokens.size());
   if (r.prompt_tokens != prompt || r.completion_tokens != completion ||
       r.total_tokens != prompt + completion) {

@@ -101,10 +101,12 @@ absl::Status References::Generate(const RequestSpec& sampling,
   std::vector<Reference> lines;
   while (std::optional<std::string> line = g->ReadLine(600'000)) {
     nlohmann::json j = nlohmann::json::parse(*line, nullptr, false);
-    if (j.is_discarded() || !j.contains("tokens") || !j.contains("text")) {
+    if (j.is_discarded() || !j.contains("tokens") || !j.contains("text") ||
+        !j.contains("prompt_tokens") || !j.contains("finish_reason")) {
       return absl::InternalError("reference: connex-generate printed " + line->substr(0, 200));
     }
-    lines.push_back({j["tokens"].get<std::vector<int32_t>>(), j["text"].get<std::string>()});
+    lines.push_back({j["tokens"].get<std::vector<int32_t>>(), j["text"].get<std::string>(),
+                     j["prompt_tokens"].get<int64_t>(), j["finish_reason"].get<std::string>()});
   }
   std::optional<int> code = g->Wait(60'000);
   if (code != 0 || lines.size() != prompts.size()) {

@@ -40,7 +40,9 @@ struct RequestSpec {
 // connex-generate's answer to one request.
 struct Reference {
   std::vector<int32_t> tokens;
-  std::string text;  // invalid UTF-8 replaced by U+FFFD, as the API does
+  std::string text;           // invalid UTF-8 replaced by U+FFFD, as the API does
+  int64_t prompt_tokens = 0;  // the prompt's ids, as the model's tokenizer makes them
+  std::string finish_reason;  // "stop" (a stop token ended it) or "length"
 };
 
 class References {

@@ -438,4 +438,63 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(Endpoint endpoint, std:
   return request;
 }
 
+namespace {
+
+// `model` of a /tokenize or /detokenize body: optional, but a served one when given.
+absl::Status CheckOptionalModel(const FieldReader& fields, const RequestLimits& limits) {
+  CONNEX_ASSIGN_OR_RETURN(std::optional<std::string> model, fields.String("model"));
+  if (model && !limits.models.empty() &&
+      std::find(limits.models.begin(), limits.models.end(), *model) == limits.models.end()) {
+    return ModelNotFound(*model);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body,
+                                                     const RequestLimits& limits) {
+  CONNEX_ASSIGN_OR_RETURN(Json json, ParseBody(body, limits.max_json_depth));
+  FieldReader fields(json);
+  TokenizeRequest request;
+  const bool has_prompt = fields.Find("prompt") != nullptr;
+  const bool has_messages = fields.Find("messages") != nullptr;
+  if (has_prompt == has_messages) {
+    return InvalidRequest(has_prompt ? "messages" : "prompt",
+                          has_prompt ? "invalid_value" : "missing_required_parameter",
+                          "give exactly one of 'prompt' (a string) and 'messages' (a chat)");
+  }
+  if (has_prompt) {
+    CONNEX_ASSIGN_OR_RETURN(request.prompt, fields.String("prompt"));
+  } else {
+    CompletionRequest chat;
+    CONNEX_RETURN_IF_ERROR(ParseMessages(fields, &chat));
+    request.messages = std::move(chat.messages);
+    request.add_special_tokens = false;
+  }
+  CONNEX_ASSIGN_OR_RETURN(std::optional<bool> add_special, fields.Bool("add_special_tokens"));
+  if (add_special) request.add_special_tokens = *add_special;
+  CONNEX_ASSIGN_OR_RETURN(std::optional<bool> add_generation, fields.Bool("add_generation_prompt"));
+  if (add_generation) request.add_generation_prompt = *add_generation;
+  CONNEX_ASSIGN_OR_RETURN(std::optional<bool> strs, fields.Bool("return_token_strs"));
+  request.return_token_strs = strs.value_or(false);
+  CONNEX_RETURN_IF_ERROR(CheckOptionalModel(fields, limits));
+  return request;
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseDetokenizeRequest(std::string_view body,
+                                                            const RequestLimits& limits) {
+  CONNEX_ASSIGN_OR_RETURN(Json json, ParseBody(body, limits.max_json_depth));
+  FieldReader fields(json);
+  const Json* tokens = fields.Find("tokens");
+  if (tokens == nullptr) {
+    return InvalidRequest("tokens", "missing_required_parameter", "'tokens' is required");
+  }
+  if (!tokens->is_array()) return WrongType("tokens", "a list of integer token ids", *tokens);
+  std::vector<int32_t> ids;
+  if (!tokens->empty()) CONNEX_RETURN_IF_ERROR(ParseTokenIds(*tokens, "tokens", limits, &ids));
+  CONNEX_RETURN_IF_ERROR(CheckOptionalModel(fields, limits));
+  return ids;
+}
+
 }  // namespace connex::serving

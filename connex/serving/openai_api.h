@@ -75,6 +75,23 @@ struct CompletionRequest {
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(Endpoint endpoint, std::string_view body,
                                                          const RequestLimits& limits);
 
+// `POST /tokenize`, in vLLM's shape: {"prompt": "..."} (add_special_tokens, default true) or
+// {"messages": [...]} (add_generation_prompt, default true; add_special_tokens, default false:
+// the template writes BOS); `model` optional; return_token_strs adds each token's text.
+struct TokenizeRequest {
+  std::optional<std::string> prompt;  // else `messages`
+  std::vector<ChatMessage> messages;
+  bool add_special_tokens = true;
+  bool add_generation_prompt = true;
+  bool return_token_strs = false;
+};
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body,
+                                                     const RequestLimits& limits);
+
+// `POST /detokenize`: {"tokens": [id, ...]} (each in [0, vocab)), `model` optional.
+absl::StatusOr<std::vector<int32_t>> ParseDetokenizeRequest(std::string_view body,
+                                                            const RequestLimits& limits);
+
 }  // namespace connex::serving
 
 #endif  // CONNEX_SERVING_OPENAI_API_H_

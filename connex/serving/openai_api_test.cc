@@ -295,6 +295,53 @@ TEST(OpenAiApiTest, ErrorEnvelopeNamesTheField) {
   EXPECT_EQ(HttpStatusOf(absl::UnavailableError("x")), 503);
 }
 
+// /tokenize and /detokenize in vLLM's shape: a prompt (special tokens added by default) or a chat
+// (the template's BOS only, by default), token ids in the vocabulary; refusals name the field.
+TEST(OpenAiApiTest, TokenizeAndDetokenizeBodies) {
+  absl::StatusOr<TokenizeRequest> t = ParseTokenizeRequest(R"({"prompt": "Hi"})", Limits());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->prompt, "Hi");
+  EXPECT_TRUE(t->add_special_tokens);
+  EXPECT_FALSE(t->return_token_strs);
+  t = ParseTokenizeRequest(
+      R"({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+          {"type": "text", "text": "b"}]}], "add_generation_prompt": false,
+          "return_token_strs": true})",
+      Limits());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE(t->prompt.has_value());
+  ASSERT_EQ(t->messages.size(), 1u);
+  EXPECT_EQ(t->messages[0].content, "ab");
+  EXPECT_FALSE(t->add_special_tokens);
+  EXPECT_FALSE(t->add_generation_prompt);
+  EXPECT_TRUE(t->return_token_strs);
+  auto refused = [](const std::string& body, int http, const std::string& param) {
+    absl::Status s = ParseTokenizeRequest(body, Limits()).status();
+    EXPECT_EQ(HttpStatusOf(s), http) << body << ": " << s;
+    EXPECT_EQ(ApiParam(s).value_or("<none>"), param) << body << ": " << s;
+  };
+  refused(R"({})", 400, "prompt");
+  refused(R"({"prompt": "a", "messages": []})", 400, "messages");
+  refused(R"({"prompt": ["a"]})", 400, "prompt");
+  refused(R"({"messages": [{"role": "tool", "content": "x"}]})", 400, "messages[0].role");
+  refused(R"({"prompt": "a", "add_special_tokens": "yes"})", 400, "add_special_tokens");
+  refused(R"({"prompt": "a", "model": "other"})", 404, "model");
+
+  absl::StatusOr<std::vector<int32_t>> d =
+      ParseDetokenizeRequest(R"({"tokens": [72, 105]})", Limits());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT(*d, ElementsAre(72, 105));
+  d = ParseDetokenizeRequest(R"({"tokens": []})", Limits());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->empty());
+  for (const char* body : {R"({})", R"({"tokens": [258]})", R"({"tokens": [-1]})",
+                           R"({"tokens": "72"})", R"({"tokens": [1.5]})"}) {
+    absl::Status s = ParseDetokenizeRequest(body, Limits()).status();
+    EXPECT_EQ(HttpStatusOf(s), 400) << body << ": " << s;
+    EXPECT_EQ(ApiParam(s).value_or("<none>"), "tokens") << body << ": " << s;
+  }
+}
+
 TEST(ChatTemplateTest, RendersTurnsAndOpensTheAssistantTurn) {
   std::vector<ChatMessage> messages = {{"system", "Be brief."}, {"user", "Hi"}};
   EXPECT_EQ(RenderChatPrompt(messages), "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n");

@@ -9,13 +9,12 @@
 #include "connex/base/logging.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
-#include "connex/engine/tokenizer.h"
 #include "connex/serving/api_error.h"
-#include "connex/serving/chat_template.h"
 #include "connex/serving/node_metrics.h"
 #include "connex/serving/openai_response.h"
 #include "connex/serving/openai_stream.h"
 #include "connex/serving/stop_strings.h"
+#include "connex/serving/tokenize_endpoints.h"
 
 namespace connex::serving {
 namespace {
@@ -32,12 +31,6 @@ int64_t UnixSeconds() {
       .count();
 }
 
-// The text of one token of the byte-level tokenizer (BOS and EOS have none).
-std::string TokenText(int32_t token) {
-  const int32_t one[] = {token};
-  return engine::Detokenize(one);
-}
-
 }  // namespace
 
 // One completion in flight. Its callbacks come from the node's loop thread (one at a time);
@@ -50,20 +43,23 @@ struct OpenAiServer::Generation {
   ResponseHeader header;
   std::optional<ChunkBuilder> chunks;  // streaming
   std::optional<StopStringFilter> stop;
-  std::vector<int32_t> tokens;                    // generated so far
-  std::deque<std::pair<int32_t, size_t>> unsent;  // tokens not in a chunk yet, with their bytes
+  std::unique_ptr<engine::StreamDecoder> decoder;  // the generated text, after the prompt's
+  std::vector<int32_t> tokens;                     // generated so far
+  std::deque<std::pair<int32_t, size_t>> unsent;   // tokens not in a chunk yet, with their bytes
   bool stopped_by_string = false;
-  std::vector<int64_t> eos;  // the model's end tokens (config.json / generation_config.json)
-  pp::SubmitOptions submit;  // sampling; on_token is set when it starts
-  int64_t kv_cost = 0;       // its charge against the KV budget while admitted
+  std::vector<int32_t> stop_tokens;  // the model's (ModelText::stop_tokens) unless ignore_eos
+  pp::SubmitOptions submit;          // sampling; on_token is set when it starts
+  int64_t kv_cost = 0;               // its charge against the KV budget while admitted
   int64_t start_us = 0;
   int64_t last_token_us = 0;
 
-  // The tokens whose text makes up the first `bytes` bytes of what is still unsent (a token
-  // without text goes with the text before it).
+  // The tokens whose text makes up the first `bytes` bytes of what is still unsent. A token
+  // without text of its own goes with the text after it: its text may be held back (the start
+  // of a character that the next token completes), and a token id is never sent before its text
+  // (a resume continues from the ids sent).
   std::vector<int32_t> TakeTokens(size_t bytes) {
     std::vector<int32_t> out;
-    while (!unsent.empty() && unsent.front().second <= bytes) {
+    while (!unsent.empty() && bytes > 0 && unsent.front().second <= bytes) {
       bytes -= unsent.front().second;
       out.push_back(unsent.front().first);
       unsent.pop_front();
@@ -74,7 +70,7 @@ struct OpenAiServer::Generation {
   // Whether `token` ends the completion (the owner decides the same: pp::StopTokens).
   bool Stops(int32_t token) const {
     const std::vector<int32_t>& ids = request.stop_token_ids;
-    return (!request.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) ||
+    return std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end() ||
            std::find(ids.begin(), ids.end(), token) != ids.end();
   }
 };
@@ -134,6 +130,17 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Listen(OpenAiServerO
                      self->Complete(*stage, endpoint, std::move(x));
                    });
   }
+  s->router_.Add("POST", kTokenizePath, [self, starting](std::shared_ptr<HttpExchange> x) {
+    StageProcess* stage = self->stage();
+    if (stage == nullptr) return starting(*x);
+    x->Respond(TokenizeResponse(*self->text_, self->Limits(*stage), stage->config().max_positions(),
+                                x->request().body));
+  });
+  s->router_.Add("POST", kDetokenizePath, [self, starting](std::shared_ptr<HttpExchange> x) {
+    StageProcess* stage = self->stage();
+    if (stage == nullptr) return starting(*x);
+    x->Respond(DetokenizeResponse(*self->text_, self->Limits(*stage), x->request().body));
+  });
   s->router_.Add("GET", "/v1/models", [self, starting](std::shared_ptr<HttpExchange> x) {
     StageProcess* stage = self->stage();
     if (stage == nullptr) return starting(*x);
@@ -173,10 +180,16 @@ absl::Status OpenAiServer::Attach(StageProcess& stage) {
     return absl::InvalidArgumentError(
         StrCat("--http: only stage 0 serves the API (this is stage ", stage.lid().group, ")"));
   }
-  StageProcess* none = nullptr;
-  if (!stage_.compare_exchange_strong(none, &stage)) {
-    return absl::FailedPreconditionError("the API already serves a stage");
-  }
+  if (text_ != nullptr) return absl::FailedPreconditionError("the API already serves a stage");
+  absl::StatusOr<std::unique_ptr<const ModelText>> text = ModelText::Load(
+      stage.model_path(), stage.config().eos_token_ids, options_.chat_template_path);
+  if (!text.ok()) return Annotate(text.status(), StrCat("--model ", stage.model_path()));
+  text_ = *std::move(text);
+  CONNEX_LOG_INFO("serving {}: {} tokenizer, chat template {}", stage.model_name(),
+                  text_->byte_level() ? "byte" : "tokenizer.json",
+                  text_->chat_template_source().empty() ? "none (completions only)"
+                                                        : text_->chat_template_source());
+  stage_.store(&stage);
   requests_.AddVllmAliases(stage.model_name());
   return absl::OkStatus();
 }
@@ -269,17 +282,21 @@ absl::Status ServerSide(const absl::Status& status) {
 
 }  // namespace
 
+RequestLimits OpenAiServer::Limits(StageProcess& stage) const {
+  RequestLimits limits;
+  limits.models = {stage.model_name()};
+  limits.vocab_size = stage.config().vocab_size;
+  limits.default_max_tokens = options_.default_max_tokens;
+  limits.max_tokens_limit = stage.config().max_positions();
+  return limits;
+}
+
 void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
                             std::shared_ptr<HttpExchange> exchange) {
   const int64_t arrived_us = NowUs();
   const engine::ModelConfig& config = stage.config();
-  RequestLimits limits;
-  limits.models = {stage.model_name()};
-  limits.vocab_size = config.vocab_size;
-  limits.default_max_tokens = options_.default_max_tokens;
-  limits.max_tokens_limit = config.max_positions();
   absl::StatusOr<CompletionRequest> parsed =
-      ParseCompletionRequest(endpoint, exchange->request().body, limits);
+      ParseCompletionRequest(endpoint, exchange->request().body, Limits(stage));
   if (!parsed.ok()) {
     exchange->Respond(ErrorResponse(parsed.status()));
     return;
@@ -287,15 +304,21 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
   auto g = std::make_shared<Generation>();
   g->request = *std::move(parsed);
   const CompletionRequest& req = g->request;
-  std::string input_field = "prompt";
+  // Chat: the model's template, its text tokenized as it is (the template writes BOS); a text
+  // prompt with the tokenizer's special tokens; token ids exactly as given.
+  const std::string input_field = endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  absl::StatusOr<std::vector<int32_t>> prompt = req.prompt_token_ids;
   if (endpoint == Endpoint::kChatCompletions) {
-    g->prompt = engine::Tokenize(RenderChatPrompt(req.messages), /*add_bos=*/true);
-    input_field = "messages";
+    prompt = text_->ChatPrompt(req.messages);
   } else if (req.prompt_text) {
-    g->prompt = engine::Tokenize(*req.prompt_text, /*add_bos=*/true);
-  } else {
-    g->prompt = req.prompt_token_ids;
+    prompt = text_->CompletionPrompt(*req.prompt_text);
   }
+  if (!prompt.ok()) {
+    exchange->Respond(ErrorResponse(
+        InvalidRequest(input_field, "invalid_value", AsStd(prompt.status().message()))));
+    return;
+  }
+  g->prompt = *std::move(prompt);
   if (g->prompt.empty()) {
     exchange->Respond(
         ErrorResponse(InvalidRequest(input_field, "invalid_value", "the prompt is empty")));
@@ -318,12 +341,13 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
   submit.sampling.repetition_penalty = static_cast<float>(req.repetition_penalty);
   submit.ignore_eos = req.ignore_eos;
   submit.stop_token_ids = req.stop_token_ids;
-  // The node stops on the model's first end token; the others (Llama 3's <|eot_id|>, a
-  // generation_config.json's list) end the request the same way, unless ignore_eos.
+  // The node stops on the model's first end token; the model's other stop tokens (its other
+  // EOS ids, the tokenizer's EOS, the chat template's end of turn: ModelText) end the request
+  // the same way, in the owner, unless ignore_eos — exact across failover and resume.
   if (!req.ignore_eos) {
-    for (size_t i = 1; i < config.eos_token_ids.size(); ++i) {
-      submit.stop_token_ids.push_back(static_cast<int32_t>(config.eos_token_ids[i]));
-    }
+    g->stop_tokens = text_->stop_tokens();
+    submit.stop_token_ids.insert(submit.stop_token_ids.end(), g->stop_tokens.begin(),
+                                 g->stop_tokens.end());
   }
   if (req.seed) {
     submit.sampling.seed = *req.seed;
@@ -336,7 +360,7 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
   g->header =
       ResponseHeader{endpoint, MakeResponseId(endpoint, g->id), UnixSeconds(), stage.model_name()};
   g->stop.emplace(req.stop);
-  g->eos = config.eos_token_ids;
+  g->decoder = text_->NewDecoder(g->prompt);
   g->start_us = arrived_us;
   g->submit = std::move(submit);
   // Admission: the request's whole context of KV on the largest stage, now or after a wait in a
@@ -455,9 +479,14 @@ void OpenAiServer::OnToken(const std::shared_ptr<Generation>& g, int32_t token) 
   g->last_token_us = now;
   requests_.generation_tokens.Increment();
   g->tokens.push_back(token);
-  // The token that ends the completion (EOS, a stop_token_ids one) is in token_ids, not in the
-  // text: vLLM's rule.
-  std::string text = g->Stops(token) ? std::string() : TokenText(token);
+  // A stop token (the model's, unless ignore_eos; a stop_token_ids one) ends the request — the
+  // owner decides the same (pp::StopTokens) — and has no text (vLLM's rule); other text comes
+  // out of the decoder whole characters at a time.
+  std::string text;
+  if (!g->Stops(token)) {
+    absl::StatusOr<std::string> decoded = g->decoder->Push(token);
+    if (decoded.ok()) text = *std::move(decoded);
+  }
   g->unsent.emplace_back(token, text.size());
   const std::string safe = g->stop->Append(text);  // before a stop string, if one completed
   if (g->chunks && !safe.empty()) {
@@ -483,8 +512,9 @@ void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
                       static_cast<int64_t>(g->prompt.size()),
                       static_cast<int64_t>(g->tokens.size()), latency_us, outcome});
   };
-  if (!result.ok() && !g->stopped_by_string) result = ServerSide(result.status());
-  if (!result.ok() && !g->stopped_by_string) {
+  const bool stopped = g->stopped_by_string;
+  if (!result.ok() && !stopped) result = ServerSide(result.status());
+  if (!result.ok() && !stopped) {
     // A client that went away is logged with nginx's 499 ("client closed request").
     access(x.cancelled() ? 499 : HttpStatusOf(result.status()), AsStd(result.status().message()));
     if (x.cancelled()) return;  // the client is gone: nobody to tell
@@ -504,7 +534,12 @@ void OpenAiServer::OnDone(const std::shared_ptr<Generation>& g,
   requests_.success.WithLabels({std::string(FinishReasonName(finish))}).Increment();
   access(200, FinishReasonName(finish));
   // What was held back (a possible stop string's start, a partial character) goes now.
-  std::string rest = g->stop->stopped() ? std::string() : g->stop->Finish();
+  std::string rest;
+  if (!g->stop->stopped()) {
+    absl::StatusOr<std::string> held = g->decoder->Flush();
+    if (held.ok()) rest = g->stop->Append(*held);
+    if (!g->stop->stopped()) rest += g->stop->Finish();
+  }
   if (g->chunks) {
     std::vector<int32_t> ids = g->TakeAllTokens();
     x.Send(g->chunks->Delta(rest, ids, g->prompt, finish));

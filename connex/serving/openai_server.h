@@ -2,8 +2,10 @@
 // request of the stage's StageNode (the owner), streamed as its tokens arrive — through
 // failovers, which never change a token — and every client that goes away cancels its request,
 // whose state is then released on every stage. Routes: POST /v1/completions and
-// /v1/chat/completions (docs/serving.md), GET /v1/models, GET /health (503 until every stage of
-// the pipeline has a live replica), GET /metrics (Prometheus). Thread-safe; the HTTP server's
+// /v1/chat/completions (docs/serving.md), POST /tokenize and /detokenize (vLLM's), GET /v1/models,
+// GET /health (503 until every stage of the pipeline has a live replica), GET /metrics
+// (Prometheus). Prompts are tokenized, and generated ids decoded, with the model's tokenizer and
+// chat template (ModelText). Thread-safe; the HTTP server's
 // handler threads and the node's loop call into it.
 #ifndef CONNEX_SERVING_OPENAI_SERVER_H_
 #define CONNEX_SERVING_OPENAI_SERVER_H_
@@ -20,6 +22,7 @@
 #include "connex/engine/model_config.h"
 #include "connex/serving/http_server.h"
 #include "connex/serving/metrics.h"
+#include "connex/serving/model_text.h"
 #include "connex/serving/openai_api.h"
 #include "connex/serving/router.h"
 #include "connex/serving/stage.h"
@@ -35,6 +38,9 @@ struct OpenAiServerOptions {
   // Past both a request is answered 429 with Retry-After (connex-proxy tries another replica).
   int64_t kv_budget_bytes = int64_t{1} << 30;  // CONNEX_STAGE_KV_BUDGET_BYTES
   int64_t queue_max = 64;                      // CONNEX_STAGE_QUEUE_MAX
+  // --chat-template (CONNEX_CHAT_TEMPLATE): a template file that overrides the model's own
+  // (tokenizer_config.json's chat_template); empty: the model's.
+  std::string chat_template_path;
 };
 
 // The KV bytes one token costs on the pipeline's largest stage (its share of the layers, K and V
@@ -47,8 +53,10 @@ class OpenAiServer {
   // "starting" until Attach. (The address goes into stage 0's record, so it must be known
   // before the stage joins.)
   static absl::StatusOr<std::unique_ptr<OpenAiServer>> Listen(OpenAiServerOptions options);
-  // Serves `stage` (stage 0) from now on. Stop the server, then the stage, then destroy the
-  // server: the node's last callbacks (requests ended by its Stop) come to it.
+  // Serves `stage` (stage 0) from now on, with the tokenizer and chat template of its model
+  // directory (an error naming the file when they do not load). Stop the server, then the
+  // stage, then destroy the server: the node's last callbacks (requests ended by its Stop) come
+  // to it.
   absl::Status Attach(StageProcess& stage);
   // Listen, then Attach.
   static absl::StatusOr<std::unique_ptr<OpenAiServer>> Start(StageProcess& stage,
@@ -70,11 +78,14 @@ class OpenAiServer {
   // The admission thread: starts queued generations as the budget frees.
   void AdmitQueued();
   StageProcess* stage() const { return stage_.load(); }
+  // What a request to `stage`'s model may ask for.
+  RequestLimits Limits(StageProcess& stage) const;
   void Complete(StageProcess& stage, Endpoint endpoint, std::shared_ptr<HttpExchange> exchange);
   void OnToken(const std::shared_ptr<Generation>& g, int32_t token);
   void OnDone(const std::shared_ptr<Generation>& g, absl::StatusOr<std::vector<int32_t>> result);
   std::string RenderMetrics();
 
+  std::unique_ptr<const ModelText> text_;  // set by Attach, before stage_
   std::atomic<StageProcess*> stage_{nullptr};
   const OpenAiServerOptions options_;
   Router router_;

@@ -13,6 +13,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/serving/api_error.h"
+#include "connex/serving/internal/forward.h"
 #include "connex/serving/internal/replica_balancer.h"
 #include "connex/serving/internal/retry_policy.h"
 #include "connex/serving/internal/upstream.h"
@@ -100,6 +101,14 @@ class ResumeProxy::Impl {
     for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
       router_.Add("POST", std::string(EndpointPath(endpoint)),
                   [this, endpoint](std::shared_ptr<HttpExchange> x) { Accept(endpoint, x); });
+    }
+    for (const char* path : {"/tokenize", "/detokenize"}) {  // answered by a stage 0 as is
+      router_.Add("POST", path, [this, path](std::shared_ptr<HttpExchange> x) {
+        auto answer = internal::ForwardToReplicas(replicas(), path, x->request().body,
+                                                  options_.idle_timeout_ms);
+        x->Respond(answer.ok() ? JsonResponse(answer->status, std::move(answer->body))
+                               : ErrorResponse(answer.status()));
+      });
     }
     router_.Add("GET", "/v1/models", [this](std::shared_ptr<HttpExchange> x) {
       std::vector<std::string> models = {options_.model};

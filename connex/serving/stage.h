@@ -59,6 +59,8 @@ class StageProcess {
   const engine::ModelConfig& config() const { return engine_->config(); }
   const Lid& lid() const { return node_->lid(); }
   const std::string& model_name() const { return options_.model_name; }
+  // The checkpoint as given (--model): its directory holds the tokenizer files.
+  const std::string& model_path() const { return options_.model_path; }
   uint32_t stages() const { return options_.stages; }
   // Whether every stage of this replica's pipeline has a live replica in the directory now and,
   // on stage 0, its requests progress (no step came back for kStalledUnhealthyMs while some were
