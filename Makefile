@@ -36,10 +36,11 @@ build-tsan: deps
 test: build
 	cd build && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
 
-# The chaos campaigns (label chaos) run their real binaries in `make test`; under ASan they
-# would only repeat the e2e label's processes at several times the cost.
+# The chaos campaigns (label chaos) and the namespace hosts (label hosts) run their real binaries
+# in `make test`; under ASan they would only repeat the e2e label's processes at several times
+# the cost (and the hosts' timing under ASan is not a deployment's).
 test-asan: build-asan
-	cd build-asan && CONNEX_TEST_SEEDS=50 ctest --output-on-failure -j$(JOBS) -LE '^chaos$$' -E '^chaos_test_NOT_BUILT$$' $(CTEST_ARGS)
+	cd build-asan && CONNEX_TEST_SEEDS=50 ctest --output-on-failure -j$(JOBS) -LE '^(chaos|hosts)$$' -E '^chaos_test_NOT_BUILT$$' $(CTEST_ARGS)
 
 # TSan covers the concurrent layers: directory, elastic, transport and pp.
 test-tsan: build-tsan
