@@ -8,6 +8,27 @@
 
 namespace connex::pp {
 
+absl::StatusOr<TensorDict> Engine::ExportState(uint64_t request_id, int64_t /*from*/,
+                                               int64_t /*to*/) const {
+  return absl::UnimplementedError(
+      StrCat("this engine does not export request state (request ", request_id, ")"));
+}
+
+absl::Status Engine::ImportState(uint64_t request_id, int64_t /*from*/,
+                                 const TensorDict& /*state*/) {
+  return absl::UnimplementedError(
+      StrCat("this engine does not import request state (request ", request_id, ")"));
+}
+
+absl::Status Engine::DropState(uint64_t request_id, int64_t from) {
+  if (from == 0) {
+    Release(request_id);
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError(StrCat("this engine cannot cut request ", request_id,
+                                         "'s state back to ", from, " positions"));
+}
+
 void SetBatch(TensorDict& dict, const std::vector<uint64_t>& request_ids,
               const std::vector<int32_t>& start_positions, const std::vector<int32_t>& num_tokens) {
   const int64_t b = static_cast<int64_t>(request_ids.size());

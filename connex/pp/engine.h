@@ -95,6 +95,34 @@ class Engine {
   // steps that fit a ring slot (later stages' outputs are assumed no larger per token); with 0
   // it learns the figure from the first steps, recomputing a step whose output did not fit.
   virtual uint64_t OutputBytesPerToken() const { return 0; }
+
+  // ---- A request's state as data (optional; a KV standby needs it) ----
+  // docs/design/engine-contract.md, "State as data". An engine that implements these can hand a
+  // request's state to another engine of the same stage of the same model: the importer then
+  // produces exactly the outputs the exporter would have. The protocol copies the exported
+  // tensors into registered memory (a ring slot) and the other stage pulls them with a
+  // one-sided read; the engine owns nothing it exports once ExportState returns.
+
+  // Whether ExportState, ImportState and DropState are implemented (the defaults are not).
+  virtual bool ExportsState() const { return false; }
+  // Positions of the request's state held now; 0 when none (and always 0 unless ExportsState).
+  virtual int64_t HeldPositions(uint64_t /*request_id*/) const { return 0; }
+  // The request's state for positions [from, to) (0 <= from < to <= HeldPositions): tensors of
+  // the engine's own naming whose first dimension is to - from (one row per position), e.g. a
+  // layer's K and V rows. OutOfRange when fewer than `to` positions are held; Unimplemented
+  // unless ExportsState.
+  virtual absl::StatusOr<TensorDict> ExportState(uint64_t request_id, int64_t from,
+                                                 int64_t to) const;
+  // Appends `state` (what ExportState of an engine of the same stage and model returned for
+  // positions [from, from + rows)) to the request's state. The engine must hold exactly `from`
+  // positions of it (from 0: the request starts afresh, whatever was held is dropped).
+  // FailedPrecondition when it holds another number; InvalidArgument names a missing or
+  // malformed tensor. On error nothing changes. Unimplemented unless ExportsState.
+  virtual absl::Status ImportState(uint64_t request_id, int64_t from, const TensorDict& state);
+  // Cuts the request's state back to its first `from` positions (0: drops it all, as Release),
+  // so that its next step may start at `from`. No-op when it holds no more than that.
+  // Unimplemented unless ExportsState (except from 0, which releases).
+  virtual absl::Status DropState(uint64_t request_id, int64_t from);
 };
 
 // Builds the three batch keys of a step.
