@@ -62,6 +62,50 @@ absl::StatusOr<uint32_t> GetU32(const MapView& m, std::string_view key) {
   return static_cast<uint32_t>(v);
 }
 
+void PutLayout(const std::vector<TensorLayout>& entries, ListBuilder& layout) {
+  for (const TensorLayout& l : entries) {
+    MapBuilder m;
+    std::vector<uint64_t> shape;
+    for (int64_t d : l.shape) shape.push_back(static_cast<uint64_t>(d));
+    m.Str("name", l.name)
+        .Str("dtype", DTypeName(l.dtype))
+        .UintList("shape", shape)
+        .Uint("offset", l.offset)
+        .Uint("size", l.size);
+    layout.AddMap(m);
+  }
+}
+
+absl::StatusOr<std::vector<TensorLayout>> GetLayout(const MapView& b) {
+  std::vector<TensorLayout> out;
+  CONNEX_ASSIGN_OR_RETURN(ListView layout, b.List("layout"));
+  for (size_t i = 0; i < layout.size(); ++i) {
+    CONNEX_ASSIGN_OR_RETURN(MapView m, layout.MapAt(i));
+    TensorLayout l;
+    CONNEX_ASSIGN_OR_RETURN(l.name, m.Str("name"));
+    CONNEX_ASSIGN_OR_RETURN(std::string dtype, m.Str("dtype"));
+    std::optional<DType> parsed = ParseDType(dtype);
+    if (!parsed)
+      return absl::InvalidArgumentError(StrCat(m.path(), ".dtype: unknown '", dtype, "'"));
+    l.dtype = *parsed;
+    CONNEX_ASSIGN_OR_RETURN(std::vector<uint64_t> shape, m.UintList("shape"));
+    for (uint64_t d : shape) {
+      if (d > (1ull << 40))
+        return absl::InvalidArgumentError(StrCat(m.path(), ".shape: dimension too large"));
+      l.shape.push_back(static_cast<int64_t>(d));
+    }
+    CONNEX_ASSIGN_OR_RETURN(l.offset, m.Uint("offset"));
+    CONNEX_ASSIGN_OR_RETURN(l.size, m.Uint("size"));
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+// Signed positions on the wire (-1 is "dropped"), as two's complement.
+std::vector<uint64_t> FromI64(const std::vector<int64_t>& v) {
+  return std::vector<uint64_t>(v.begin(), v.end());
+}
+
 struct EncodeVisitor {
   std::string operator()(const StepSignal& s) const {
     MapBuilder owner, origin;
@@ -74,17 +118,7 @@ struct EncodeVisitor {
       route.AddMap(m);
     }
     ListBuilder layout;
-    for (const TensorLayout& l : s.layout) {
-      MapBuilder m;
-      std::vector<uint64_t> shape;
-      for (int64_t d : l.shape) shape.push_back(static_cast<uint64_t>(d));
-      m.Str("name", l.name)
-          .Str("dtype", DTypeName(l.dtype))
-          .UintList("shape", shape)
-          .Uint("offset", l.offset)
-          .Uint("size", l.size);
-      layout.AddMap(m);
-    }
+    PutLayout(s.layout, layout);
     MapBuilder body;
     body.Uint("corr", s.corr)
         .Uint("step", s.step)
@@ -101,6 +135,7 @@ struct EncodeVisitor {
         .Uint("length", s.length)
         .Uint("owner_token", s.owner_token)
         .Uint("ticket", s.ticket);
+    if (!s.rewind.empty()) body.UintList("rewind", s.rewind);
     return wire::EncodeFrame("STEP", body);
   }
   std::string operator()(const AckSignal& s) const {
@@ -130,6 +165,7 @@ struct EncodeVisitor {
         .UintList("request_ids", s.request_ids)
         .Uint("from_epoch", s.from_epoch)
         .Uint("ticket", s.ticket);
+    if (!s.held.empty()) body.UintList("held", ToU64(s.held));
     return wire::EncodeFrame("MISSING", body);
   }
   std::string operator()(const HopFailedSignal& s) const {
@@ -181,6 +217,46 @@ struct EncodeVisitor {
     body.Uint("nonce", s.nonce).Str("from", s.from.ToString()).Uint("epoch", s.epoch);
     return wire::EncodeFrame("PONG", body);
   }
+  std::string operator()(const MirrorSignal& s) const {
+    MapBuilder origin, owner;
+    PutHop(origin, s.origin);
+    PutHop(owner, s.owner);
+    ListBuilder layout;
+    PutLayout(s.layout, layout);
+    MapBuilder body;
+    body.Uint("corr", s.corr)
+        .Map("origin", origin)
+        .Str("target", s.target.ToString())
+        .Uint("target_epoch", s.target_epoch)
+        .Map("owner", owner)
+        .Uint("owner_token", s.owner_token)
+        .UintList("request_ids", s.request_ids)
+        .UintList("from", ToU64(s.from))
+        .UintList("to", ToU64(s.to))
+        .List("layout", layout)
+        .Uint("remote_addr", s.remote_addr)
+        .Uint("length", s.length);
+    return wire::EncodeFrame("MIRROR", body);
+  }
+  std::string operator()(const MirroredSignal& s) const {
+    MapBuilder body;
+    body.Uint("corr", s.corr)
+        .Str("from", s.from.ToString())
+        .Uint("code", s.code)
+        .Str("message", s.message)
+        .UintList("request_ids", s.request_ids)
+        .UintList("held", FromI64(s.held));
+    return wire::EncodeFrame("MIRRORED", body);
+  }
+  std::string operator()(const MirrorDropSignal& s) const {
+    MapBuilder body;
+    body.Str("from", s.from.ToString())
+        .Uint("from_epoch", s.from_epoch)
+        .Str("owner", s.owner.ToString())
+        .Uint("owner_token", s.owner_token)
+        .UintList("request_ids", s.request_ids);
+    return wire::EncodeFrame("MIRROR_DROP", body);
+  }
 };
 
 absl::StatusOr<StepSignal> DecodeStep(const MapView& b) {
@@ -214,30 +290,47 @@ absl::StatusOr<StepSignal> DecodeStep(const MapView& b) {
     return absl::InvalidArgumentError(
         "STEP: request_ids, start_positions and num_tokens differ in length");
   }
-  CONNEX_ASSIGN_OR_RETURN(ListView layout, b.List("layout"));
-  for (size_t i = 0; i < layout.size(); ++i) {
-    CONNEX_ASSIGN_OR_RETURN(MapView m, layout.MapAt(i));
-    TensorLayout l;
-    CONNEX_ASSIGN_OR_RETURN(l.name, m.Str("name"));
-    CONNEX_ASSIGN_OR_RETURN(std::string dtype, m.Str("dtype"));
-    std::optional<DType> parsed = ParseDType(dtype);
-    if (!parsed)
-      return absl::InvalidArgumentError(StrCat(m.path(), ".dtype: unknown '", dtype, "'"));
-    l.dtype = *parsed;
-    CONNEX_ASSIGN_OR_RETURN(std::vector<uint64_t> shape, m.UintList("shape"));
-    for (uint64_t d : shape) {
-      if (d > (1ull << 40))
-        return absl::InvalidArgumentError(StrCat(m.path(), ".shape: dimension too large"));
-      l.shape.push_back(static_cast<int64_t>(d));
-    }
-    CONNEX_ASSIGN_OR_RETURN(l.offset, m.Uint("offset"));
-    CONNEX_ASSIGN_OR_RETURN(l.size, m.Uint("size"));
-    s.layout.push_back(std::move(l));
-  }
+  CONNEX_ASSIGN_OR_RETURN(s.layout, GetLayout(b));
   CONNEX_ASSIGN_OR_RETURN(s.remote_addr, b.Uint("remote_addr"));
   CONNEX_ASSIGN_OR_RETURN(s.length, b.Uint("length"));
   CONNEX_ASSIGN_OR_RETURN(s.owner_token, b.Uint("owner_token"));
   CONNEX_ASSIGN_OR_RETURN(s.ticket, b.Uint("ticket"));
+  if (b.Has("rewind")) {
+    CONNEX_ASSIGN_OR_RETURN(s.rewind, b.UintList("rewind"));
+    if (s.rewind.size() > s.request_ids.size()) {
+      return absl::InvalidArgumentError("STEP.rewind: more requests than the step has");
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<MirrorSignal> DecodeMirror(const MapView& b) {
+  MirrorSignal s;
+  CONNEX_ASSIGN_OR_RETURN(s.corr, b.Uint("corr"));
+  CONNEX_ASSIGN_OR_RETURN(MapView origin, b.Map("origin"));
+  CONNEX_ASSIGN_OR_RETURN(s.origin, GetHop(origin));
+  CONNEX_ASSIGN_OR_RETURN(s.target, GetLid(b, "target"));
+  CONNEX_ASSIGN_OR_RETURN(s.target_epoch, b.Uint("target_epoch"));
+  CONNEX_ASSIGN_OR_RETURN(MapView owner, b.Map("owner"));
+  CONNEX_ASSIGN_OR_RETURN(s.owner, GetHop(owner));
+  CONNEX_ASSIGN_OR_RETURN(s.owner_token, b.Uint("owner_token"));
+  CONNEX_ASSIGN_OR_RETURN(s.request_ids, b.UintList("request_ids"));
+  CONNEX_ASSIGN_OR_RETURN(s.from, GetI32List(b, "from"));
+  CONNEX_ASSIGN_OR_RETURN(s.to, GetI32List(b, "to"));
+  if (s.request_ids.size() > kMaxBatch || s.from.size() != s.request_ids.size() ||
+      s.to.size() != s.request_ids.size()) {
+    return absl::InvalidArgumentError("MIRROR: request_ids, from and to differ in length");
+  }
+  for (size_t i = 0; i < s.from.size(); ++i) {
+    if (s.from[i] >= s.to[i]) {
+      return absl::InvalidArgumentError(StrCat("MIRROR: request ", s.request_ids[i],
+                                               ": positions [", s.from[i], ", ", s.to[i],
+                                               ") are empty"));
+    }
+  }
+  CONNEX_ASSIGN_OR_RETURN(s.layout, GetLayout(b));
+  CONNEX_ASSIGN_OR_RETURN(s.remote_addr, b.Uint("remote_addr"));
+  CONNEX_ASSIGN_OR_RETURN(s.length, b.Uint("length"));
   return s;
 }
 
@@ -282,6 +375,12 @@ absl::StatusOr<Signal> Decode(std::string_view frame) {
     CONNEX_ASSIGN_OR_RETURN(s.request_ids, b.UintList("request_ids"));
     CONNEX_ASSIGN_OR_RETURN(s.from_epoch, b.Uint("from_epoch"));
     CONNEX_ASSIGN_OR_RETURN(s.ticket, b.Uint("ticket"));
+    if (b.Has("held")) {
+      CONNEX_ASSIGN_OR_RETURN(s.held, GetI32List(b, "held"));
+      if (s.held.size() != s.request_ids.size()) {
+        return absl::InvalidArgumentError("MISSING: request_ids and held differ in length");
+      }
+    }
     return Signal(std::move(s));
   }
   if (f.type == "HOP_FAILED") {
@@ -336,6 +435,33 @@ absl::StatusOr<Signal> Decode(std::string_view frame) {
     CONNEX_ASSIGN_OR_RETURN(s.nonce, b.Uint("nonce"));
     CONNEX_ASSIGN_OR_RETURN(s.from, GetLid(b, "from"));
     CONNEX_ASSIGN_OR_RETURN(s.epoch, b.Uint("epoch"));
+    return Signal(std::move(s));
+  }
+  if (f.type == "MIRROR") {
+    CONNEX_ASSIGN_OR_RETURN(MirrorSignal s, DecodeMirror(b));
+    return Signal(std::move(s));
+  }
+  if (f.type == "MIRRORED") {
+    MirroredSignal s;
+    CONNEX_ASSIGN_OR_RETURN(s.corr, b.Uint("corr"));
+    CONNEX_ASSIGN_OR_RETURN(s.from, GetLid(b, "from"));
+    CONNEX_ASSIGN_OR_RETURN(s.code, GetU32(b, "code"));
+    CONNEX_ASSIGN_OR_RETURN(s.message, b.StrOr("message", ""));
+    CONNEX_ASSIGN_OR_RETURN(s.request_ids, b.UintList("request_ids"));
+    CONNEX_ASSIGN_OR_RETURN(std::vector<uint64_t> held, b.UintList("held"));
+    if (held.size() != s.request_ids.size()) {
+      return absl::InvalidArgumentError("MIRRORED: request_ids and held differ in length");
+    }
+    for (uint64_t h : held) s.held.push_back(static_cast<int64_t>(h));
+    return Signal(std::move(s));
+  }
+  if (f.type == "MIRROR_DROP") {
+    MirrorDropSignal s;
+    CONNEX_ASSIGN_OR_RETURN(s.from, GetLid(b, "from"));
+    CONNEX_ASSIGN_OR_RETURN(s.from_epoch, b.Uint("from_epoch"));
+    CONNEX_ASSIGN_OR_RETURN(s.owner, GetLid(b, "owner"));
+    CONNEX_ASSIGN_OR_RETURN(s.owner_token, b.Uint("owner_token"));
+    CONNEX_ASSIGN_OR_RETURN(s.request_ids, b.UintList("request_ids"));
     return Signal(std::move(s));
   }
   return absl::InvalidArgumentError(StrCat("pp: unknown signal type '", f.type, "'"));

@@ -45,6 +45,9 @@ struct StepSignal {
   // Random per attempt: every answer about this attempt (RESULT, MISSING, HOP_FAILED,
   // STEP_ERROR) must carry it, so an answer that did not see the step is not believed.
   uint64_t ticket = 0;
+  // Requests (owner ids) whose state every stage cuts back to the step's start position before
+  // it runs: the owner recomputes what a standby lacked (KV standby). Empty: none.
+  std::vector<uint64_t> rewind;
   const Hop& target() const { return route[hop]; }
 };
 
@@ -68,7 +71,7 @@ struct ResultSignal {
   uint64_t ticket = 0;  // the step attempt's
 };
 
-// A stage does not hold these requests' state: the owner recomputes them.
+// A stage does not hold these requests' state at the step's start: the owner recomputes them.
 struct MissingSignal {
   uint64_t step = 0;
   uint32_t attempt = 0;
@@ -76,6 +79,9 @@ struct MissingSignal {
   std::vector<uint64_t> request_ids;
   uint64_t from_epoch = 0;
   uint64_t ticket = 0;
+  // Empty, or for each request the positions the stage does hold (a standby's mirror that
+  // lags): the owner recomputes from there instead of from 0.
+  std::vector<int32_t> held;
 };
 
 // A stage could not hand the step to route[hop] (refused, unreachable): the owner re-routes.
@@ -132,8 +138,48 @@ struct PongSignal {
   uint64_t epoch = 0;
 };
 
+// KV standby (docs/design/step-protocol.md, "KV standby"): a stage's state appended since its
+// last MIRROR, for its standby (the same stage of another replica) to pull from the primary's
+// registered memory with one one-sided read, as a step is pulled.
+struct MirrorSignal {
+  uint64_t corr = 0;
+  Hop origin;  // the primary: the payload is read from its memory, MIRRORED goes back there
+  Lid target;  // the standby, and the epoch the primary saw it at (fencing)
+  uint64_t target_epoch = 0;
+  Hop owner;  // the requests' owner (lid and epoch; the signal address is not used)
+  uint64_t owner_token = 0;
+  std::vector<uint64_t> request_ids;  // the owner's ids
+  std::vector<int32_t> from;          // each request's positions [from, to) in this update
+  std::vector<int32_t> to;
+  // Request i's tensors are named "<i>/<the engine's key>".
+  std::vector<TensorLayout> layout;
+  uint64_t remote_addr = 0;
+  uint64_t length = 0;
+};
+// The standby's answer: the slot is free. code 0: `held[i]` positions of request i are
+// mirrored now (-1: the mirror was dropped, send no more of it); else the whole update was
+// refused (a wrong epoch, a failed read: `message`).
+struct MirroredSignal {
+  uint64_t corr = 0;
+  Lid from;
+  uint32_t code = 0;
+  std::string message;
+  std::vector<uint64_t> request_ids;
+  std::vector<int64_t> held;
+};
+// The primary dropped these requests' state (released, or their owner is gone): the standby
+// drops their mirrors.
+struct MirrorDropSignal {
+  Lid from;
+  uint64_t from_epoch = 0;
+  Lid owner;
+  uint64_t owner_token = 0;
+  std::vector<uint64_t> request_ids;
+};
+
 using Signal = std::variant<StepSignal, AckSignal, ResultSignal, MissingSignal, HopFailedSignal,
-                            StepErrorSignal, ReleaseSignal, ReleasedSignal, PingSignal, PongSignal>;
+                            StepErrorSignal, ReleaseSignal, ReleasedSignal, PingSignal, PongSignal,
+                            MirrorSignal, MirroredSignal, MirrorDropSignal>;
 
 std::string Encode(const Signal& signal);
 // InvalidArgument names the field that is wrong.

@@ -34,6 +34,21 @@ absl::Status StageNode::Impl::Start() {
   releases_ = std::make_unique<ReleaseQueue>(
       ro, [this](const Lid& stage) { return routes_.SignalOf(stage); },
       [this](const std::string& a, const Signal& sig) { Send(a, sig); });
+  routes_.SetKvStandby(o_.kv_standby);
+  if (o_.kv_standby && o_.stage != 0) {
+    KvStandbyOptions ko;
+    ko.self = lid_;
+    ko.slot_bytes = o_.slot_bytes;
+    ko.budget_bytes = o_.kv_standby_bytes;
+    ko.orphan_grace_ms = o_.owner_grace_ms;
+    ko.ack_timeout_ms = o_.step_timeout_ms;
+    ko.clock = clock_;
+    ko.first_corr = (rng_() << 16) | 1;
+    CONNEX_ASSIGN_OR_RETURN(kv_,
+                            KvStandby::Create(
+                                ko, engine_, *transfer_, [this] { return Self(); },
+                                [this](const std::string& a, const Signal& sig) { Send(a, sig); }));
+  }
   StepReceiverOptions recv;
   recv.self = lid_;
   recv.stage = o_.stage;
@@ -42,6 +57,7 @@ absl::Status StageNode::Impl::Start() {
   recv.replay_cache_bytes = o_.replay_cache_bytes;
   recv.executed = &ledger_;
   recv.admit = [this](uint64_t epoch) { return Admit(epoch); };
+  recv.standby = kv_.get();
   CONNEX_ASSIGN_OR_RETURN(
       receiver_,
       StepReceiver::Create(
@@ -196,6 +212,7 @@ void StageNode::Impl::StopLoop() {
   drain_->Stopped();
   sender_.reset();
   receiver_.reset();
+  kv_.reset();  // after the receiver, which asks it
 }
 
 StageNode::StageNode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

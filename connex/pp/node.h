@@ -17,6 +17,7 @@
 #ifndef CONNEX_PP_NODE_H_
 #define CONNEX_PP_NODE_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -67,6 +68,14 @@ struct StageNodeOptions {
   // evicted it meanwhile. 0: half of min(probe_timeout_ms, the directory's lease TTL), below the
   // time peers need to declare it dead.
   int64_t stall_confirm_ms = 0;
+  // CONNEX_PP_KV_STANDBY: every later stage mirrors the state its engine appends to its standby
+  // (the live replica of its stage after its own), which takes its steps over without a
+  // re-prefill when it dies (docs/design/step-protocol.md, "KV standby"). Needs an engine that
+  // exports its state. Off by default.
+  bool kv_standby = false;
+  // CONNEX_PP_KV_STANDBY_BYTES: the mirrors a standby keeps, in bytes; past it the oldest go
+  // (their requests are re-prefilled if their primary dies).
+  int64_t kv_standby_bytes = int64_t{256} << 20;
   Clock* clock = nullptr;  // nullptr: the real clock (tests inject a FakeClock)
 
   // Options with the CONNEX_PP_* variables above applied. InvalidArgument names a bad one.
@@ -112,6 +121,21 @@ struct StageNodeStats {
   // under each, and the CLOCK_MONOTONIC time of the last one's admission (for checks from
   // outside the process: nothing runs under an epoch after its eviction was seen).
   std::vector<EpochSteps> epochs;
+
+  // KV standby (StageNodeOptions::kv_standby).
+  uint64_t lag_recomputes = 0;     // owner: requests a standby took over short of their step
+  uint64_t rewound = 0;            // requests cut back to a step's start (such a recompute)
+  bool kv_standby = false;         // this stage mirrors and keeps mirrors
+  uint64_t kv_mirrored_bytes = 0;  // primary: state bytes sent to the standby
+  uint64_t kv_mirror_updates = 0;  // primary: MIRRORs sent
+  // Primary: the standby's lag when a step ran, in steps (buckets: LagBucketName).
+  std::array<uint64_t, 7> kv_standby_lag{};
+  uint64_t kv_standby_changes = 0;  // primary: standbys picked, replaced or lost
+  size_t kv_mirrors_held = 0;       // standby: requests mirrored here now
+  int64_t kv_mirror_bytes_held = 0;
+  uint64_t kv_mirrors_dropped_for_budget = 0;  // standby: oldest first, past the budget
+  uint64_t kv_takeovers = 0;         // standby: requests taken over whose step ran at once
+  uint64_t kv_takeovers_lagged = 0;  // standby: taken over short of the step (lag recomputed)
 };
 
 // Per-request settings of Submit.

@@ -31,6 +31,7 @@ void StageNode::Impl::Run() {
     now = NowMs();
     RunTimers(now);
     sender_->Flush();
+    if (kv_) kv_->Turn(now);  // after the steps: mirrors are off their critical path
     if (o_.stage == 0) {
       if (!drain_->draining() && !drain_->lost()) owner_->Schedule(now);
       releases_->Flush(now, owner_->last_step(), signals_->address());
@@ -42,7 +43,8 @@ void StageNode::Impl::Run() {
     // The drain gate opens once nothing of ours is in flight and no step arrived for a short
     // while (owners that had not yet seen our LEFT may still have routed one here).
     const bool idle = owner_->steps() == 0 && sender_->queued() == 0 &&
-                      sender_->awaiting_ack() == 0 && now - last_step_ms_ >= kDrainQuietMs;
+                      sender_->awaiting_ack() == 0 && (!kv_ || kv_->in_flight() == 0) &&
+                      now - last_step_ms_ >= kDrainQuietMs;
     drain_->AfterTurn(idle);
     PublishStats();
   }
@@ -74,6 +76,21 @@ void StageNode::Impl::PublishStats() {
     stats_.strangers_ignored = strangers_ignored_;
     stats_.held_requests = receiver_->held_requests();
     stats_.replay_bytes = receiver_->replay_bytes();
+    stats_.rewound = r.rewound;
+  }
+  stats_.lag_recomputes = owned.lag_recomputes;
+  if (kv_) {
+    const KvStandbyStats k = kv_->stats();
+    stats_.kv_standby = true;
+    stats_.kv_mirrored_bytes = k.primary.bytes_sent;
+    stats_.kv_mirror_updates = k.primary.updates_sent;
+    stats_.kv_standby_lag = k.primary.lag;
+    stats_.kv_standby_changes = k.primary.standby_changes;
+    stats_.kv_mirrors_held = k.standby.mirrors;
+    stats_.kv_mirror_bytes_held = k.standby.bytes;
+    stats_.kv_mirrors_dropped_for_budget = k.standby.dropped_for_budget;
+    stats_.kv_takeovers = k.standby.takeovers;
+    stats_.kv_takeovers_lagged = k.standby.takeovers_lagged;
   }
   stats_.releases_pending = releases_ ? releases_->pending() : 0;
   stats_.epoch = reg_->epoch();
@@ -146,9 +163,34 @@ void StageNode::Impl::On(PingSignal& p) {
   Send(p.reply_to, PongSignal{p.nonce, lid_, reg_->epoch()});
 }
 
+void StageNode::Impl::On(MirrorSignal& m) {
+  // Only a live or draining member of our stage mirrors here, at its own signal address.
+  if (!routes_.IsMemberSignal(m.origin.lid, m.origin.signal) || m.origin.lid.group != o_.stage) {
+    ++strangers_ignored_;
+    return;
+  }
+  if (!kv_) {
+    MirroredSignal r;
+    r.corr = m.corr;
+    r.from = lid_;
+    r.code = static_cast<uint32_t>(absl::StatusCode::kUnimplemented);
+    r.message = StrCat(lid_.ToString(), ": no KV standby here (CONNEX_PP_KV_STANDBY=off)");
+    Send(m.origin.signal, r);
+    return;
+  }
+  kv_->OnMirror(m, reg_->epoch());
+}
+
 void StageNode::Impl::HandlePeerChange(const elastic::PeerChange& c) {
   const Lid& lid = c.record.lid;
   const bool owner = lid.group == 0 && o_.stage != 0;
+  if (kv_ && lid.group == o_.stage && lid != lid_) {
+    // A member of our own stage: our standby may change; a failed primary's mirrors wait for
+    // the re-sent steps a grace period.
+    if (c.kind == elastic::PeerChange::Kind::kFailed)
+      kv_->PrimaryGone(lid, c.record.epoch, NowMs());
+    ChooseStandby();
+  }
   switch (c.kind) {
     case elastic::PeerChange::Kind::kFailed:
       if (owner) receiver_->OwnerFailed(lid, c.record.epoch);

@@ -34,6 +34,15 @@ absl::StatusOr<StageNodeOptions> StageNodeOptions::FromEnv(StageNodeOptions o) {
                           EnvInt("CONNEX_PP_OWNER_GRACE_MS", o.owner_grace_ms, 0, 86'400'000));
   CONNEX_ASSIGN_OR_RETURN(o.stall_confirm_ms,
                           EnvInt("CONNEX_PP_STALL_CONFIRM_MS", o.stall_confirm_ms, 0, 3'600'000));
+  CONNEX_ASSIGN_OR_RETURN(o.kv_standby, EnvBool("CONNEX_PP_KV_STANDBY", o.kv_standby));
+  if (std::optional<std::string> bytes = GetEnv("CONNEX_PP_KV_STANDBY_BYTES")) {
+    absl::StatusOr<uint64_t> parsed = ParseSize(*bytes);
+    if (!parsed.ok() || *parsed > (uint64_t{1} << 40)) {
+      return absl::InvalidArgumentError(
+          StrCat("CONNEX_PP_KV_STANDBY_BYTES: '", *bytes, "' is not a size up to 1T (e.g. 256M)"));
+    }
+    o.kv_standby_bytes = static_cast<int64_t>(*parsed);
+  }
   return o;
 }
 
@@ -51,6 +60,9 @@ absl::Status StageNodeOptions::Validate() const {
   }
   if (max_batch < 1) return absl::InvalidArgumentError(StrCat("pp: max_batch ", max_batch));
   if (attempt_max < 1) return absl::InvalidArgumentError(StrCat("pp: attempt_max ", attempt_max));
+  if (kv_standby_bytes < 0) {
+    return absl::InvalidArgumentError(StrCat("pp: kv_standby_bytes ", kv_standby_bytes));
+  }
   if (step_timeout_ms < 1 || probe_timeout_ms < 1 || route_wait_ms < 1 || request_timeout_ms < 0 ||
       stall_confirm_ms < 0) {
     return absl::InvalidArgumentError("pp: timeouts must be positive");

@@ -129,15 +129,27 @@ void RequestOwner::OnMissing(const MissingSignal& m) {
     ++stats_.forged_dropped;
     return;
   }
-  for (uint64_t id : m.request_ids) {
+  for (size_t i = 0; i < m.request_ids.size(); ++i) {
+    const uint64_t id = m.request_ids[i];
     if (!st.remaining.erase(id)) continue;
     auto req = requests_.find(id);
     if (req == requests_.end()) continue;
     Request& q = req->second;
     q.step = 0;
-    q.cached = 0;  // re-prefill prompt + generated along the route
+    // A standby that took the request over holds its first `held` positions (short of the
+    // step): only the rest is recomputed, every stage cutting back to it. Else re-prefill
+    // prompt + generated along the route.
+    const int64_t held = i < m.held.size() ? m.held[i] : 0;
+    if (held > 0 && static_cast<size_t>(held) <= q.cached) {
+      q.cached = static_cast<size_t>(held);
+      q.rewind = true;
+      ++stats_.lag_recomputes;
+    } else {
+      q.cached = 0;
+      q.rewind = false;
+      ++stats_.reprefills;
+    }
     ++q.reprefills;
-    ++stats_.reprefills;
     if (q.reprefills > o_.reprefill_max) {
       Finish(id,
              absl::AbortedError(StrCat("request ", id, ": aborted after ", q.reprefills - 1,
@@ -359,6 +371,9 @@ void RequestOwner::SendStep(uint64_t step_id, Step& st) {
     s.request_ids.push_back(st.ids[i]);
     s.start_positions.push_back(st.starts[i]);
     s.num_tokens.push_back(st.counts[i]);
+  }
+  for (uint64_t id : st.rewind) {
+    if (st.remaining.count(id)) s.rewind.push_back(id);
   }
   Batch batch{st.ids, st.starts, st.counts};
   p.payload =

@@ -107,10 +107,13 @@ struct StopTokens {
 };
 
 struct RequestOwnerStats {
-  uint64_t late_dropped = 0;    // answers of superseded attempts
-  uint64_t resends = 0;         // steps re-sent
-  uint64_t failovers = 0;       // requests moved to another replica
-  uint64_t reprefills = 0;      // requests recomputed
+  uint64_t late_dropped = 0;  // answers of superseded attempts
+  uint64_t resends = 0;       // steps re-sent
+  uint64_t failovers = 0;     // requests moved to another replica
+  uint64_t reprefills = 0;    // requests recomputed from position 0
+  // Requests a standby took over short of their step (KV standby): recomputed from the
+  // position it held, not from 0.
+  uint64_t lag_recomputes = 0;
   uint64_t aborted = 0;         // requests that ended with an error
   uint64_t completed = 0;       // requests finished
   uint64_t chunked = 0;         // steps that carried only part of a request's tokens
@@ -183,8 +186,11 @@ class RequestOwner {
     std::vector<Hop> route;
     // Stages that may hold its state, released at the end, with the signal address last seen.
     std::map<Lid, std::string> visited;
-    uint64_t step = 0;  // in flight; 0 none
-    int reprefills = 0;
+    uint64_t step = 0;   // in flight; 0 none
+    int reprefills = 0;  // failovers that recomputed it (from 0, or from a standby's position)
+    // The next step cuts every stage's state back to `cached` (a standby held less than the
+    // route: what it lacks is recomputed).
+    bool rewind = false;
     int64_t waiting_since = 0;  // for a route
     int64_t deadline = 0;       // 0: none
     int64_t timeout_ms = 0;
@@ -199,6 +205,7 @@ class RequestOwner {
     std::vector<uint64_t> ids;
     std::set<uint64_t> remaining;
     std::vector<int32_t> starts, counts;
+    std::vector<uint64_t> rewind;  // requests whose stages cut their state back to the start
     std::vector<Hop> route;
     TensorDict output;  // stage 0's, kept to re-send
     int64_t deadline = 0;

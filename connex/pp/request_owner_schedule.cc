@@ -90,6 +90,11 @@ void RequestOwner::Schedule(int64_t now) {
     for (uint64_t id : ids) {
       auto q = requests_.find(id);  // a callback of an earlier Finish may have ended it
       if (q == requests_.end() || q->second.step != 0) continue;
+      if (q->second.rewind && !engine_.DropState(id, static_cast<int64_t>(q->second.cached)).ok()) {
+        // Stage 0's engine cannot cut back: recompute from 0 (which every stage can).
+        q->second.cached = 0;
+        q->second.rewind = false;
+      }
       waiting.push_back(ReadyRequest{id, q->second.cached, q->second.tokens.size()});
     }
     for (PlannedStep& step : PlanSteps(waiting, limits)) {
@@ -196,6 +201,8 @@ bool RequestOwner::CreateStep(const std::vector<uint64_t>& ids, const std::vecto
   st.output = *std::move(out);
   for (size_t i = 0; i < ids.size(); ++i) {
     Request& q = requests_[ids[i]];
+    if (q.rewind) st.rewind.push_back(ids[i]);
+    q.rewind = false;
     q.step = step_id;
     q.sent_to = ends[i];
     q.waiting_since = NowMs();

@@ -156,8 +156,8 @@ class RequestOwnerTest : public ::testing::Test {
                         s.ticket};
   }
   MissingSignal MissingOf(const StepSignal& s, size_t hop) const {
-    return MissingSignal{s.step,        s.attempt,          s.route[hop].lid,
-                         s.request_ids, s.route[hop].epoch, s.ticket};
+    return MissingSignal{s.step,   s.attempt, s.route[hop].lid, s.request_ids, s.route[hop].epoch,
+                         s.ticket, {}};
   }
 
   FakeClock clock_;

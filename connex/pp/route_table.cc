@@ -27,6 +27,22 @@ std::string RouteKey(const std::vector<Hop>& route) {
   return key;
 }
 
+std::optional<directory::Record> NextReplicaAfter(const std::vector<directory::Record>& live,
+                                                  uint32_t replica) {
+  const directory::Record* after = nullptr;  // the smallest replica above ours
+  const directory::Record* first = nullptr;  // the smallest of all (wrapping around)
+  for (const directory::Record& r : live) {
+    if (r.lid.replica == replica) continue;
+    if (first == nullptr || r.lid.replica < first->lid.replica) first = &r;
+    if (r.lid.replica > replica && (after == nullptr || r.lid.replica < after->lid.replica)) {
+      after = &r;
+    }
+  }
+  if (after != nullptr) return *after;
+  if (first != nullptr) return *first;
+  return std::nullopt;
+}
+
 bool DealsWith(uint32_t stage, uint32_t group) {
   return stage == 0 ? group != 0 : (group == 0 || group == stage + 1);
 }
@@ -35,8 +51,10 @@ absl::Status RouteTable::Watch(directory::DirectoryClient& directory,
                                transport::TransferEngine* transfer, const Lid& self,
                                std::function<void(const elastic::PeerChange&)> on_change) {
   for (uint32_t g = 0; g < peers_.size(); ++g) {
-    if (!DealsWith(self.group, g)) continue;
-    transport::TransferEngine* watch = (self.group != 0 && g == 0) ? nullptr : transfer;
+    const bool own = kv_standby_ && g == self.group && g != 0;
+    if (!DealsWith(self.group, g) && !own) continue;
+    // The owners and our own stage are followed through the directory alone.
+    transport::TransferEngine* watch = (self.group != 0 && (g == 0 || own)) ? nullptr : transfer;
     elastic::ElasticPeerSetOptions po;
     po.model = self.model;
     po.group = g;
@@ -93,7 +111,15 @@ std::optional<std::vector<Hop>> RouteTable::Build(const std::vector<Hop>& curren
   for (uint32_t g = 1; g < peers_.size(); ++g) {
     elastic::ElasticPeerSet* p = peers(g);
     if (p == nullptr) return std::nullopt;
-    absl::StatusOr<directory::Record> pick = p->PickRecord(sticky ? &current[g - 1].lid : nullptr);
+    const Lid* hop = sticky ? &current[g - 1].lid : nullptr;
+    if (kv_standby_ && hop != nullptr && !p->Live(*hop)) {
+      // A dead hop's steps go to its standby, which holds its requests' state.
+      std::optional<directory::Record> standby = NextReplicaAfter(p->Peers(), hop->replica);
+      if (!standby) return std::nullopt;
+      route.push_back(HopFromRecord(*standby));
+      continue;
+    }
+    absl::StatusOr<directory::Record> pick = p->PickRecord(hop);
     if (!pick.ok()) return std::nullopt;
     route.push_back(HopFromRecord(*pick));
   }

@@ -33,9 +33,20 @@ std::string RouteKey(const std::vector<Hop>& route);
 // with every later stage, a later stage with the owners and the next stage.
 bool DealsWith(uint32_t stage, uint32_t group);
 
+// The replica of a stage that `replica`'s KV standby is: the first live one after it in replica
+// order, wrapping around (never `replica` itself); nullopt when there is none. `live` are the
+// stage's live records.
+std::optional<directory::Record> NextReplicaAfter(const std::vector<directory::Record>& live,
+                                                  uint32_t replica);
+
 class RouteTable {
  public:
   explicit RouteTable(uint32_t stages) : peers_(stages) {}
+
+  // KV standby (kv_standby.h): Watch follows this node's own stage too (a later stage: its
+  // standby and the primaries it is the standby of), and Build replaces a dead hop by its
+  // standby (NextReplicaAfter), where its requests' state is mirrored.
+  void SetKvStandby(bool on) { kv_standby_ = on; }
 
   // The peer set of stage `group` (< stages); replaces the one it had.
   void Set(uint32_t group, std::unique_ptr<elastic::ElasticPeerSet> peers);
@@ -57,8 +68,9 @@ class RouteTable {
   bool Usable(const Lid& lid, uint64_t epoch) const;
   // A route through stages 1..N-1, one sticky pick per stage (ElasticPeerSet::PickRecord): the
   // current hop of each stage if it is still live (refreshed: a migrated hop has a new epoch and
-  // address), else the node's own replica, else the next live replica after it. Nullopt when
-  // some stage has no live replica.
+  // address), else the node's own replica, else the next live replica after it — with KV
+  // standby, a dead current hop's standby instead (the next live replica after the hop's).
+  // Nullopt when some stage has no live replica.
   std::optional<std::vector<Hop>> Build(const std::vector<Hop>& current) const;
   // The signal address of `stage`'s live incarnation, nullopt when it has none now.
   std::optional<std::string> SignalOf(const Lid& stage) const;
@@ -79,7 +91,8 @@ class RouteTable {
   void MarkFailed(const Lid& lid, uint64_t epoch);
 
  private:
-  std::vector<std::unique_ptr<elastic::ElasticPeerSet>> peers_;  // by group; none for our own
+  std::vector<std::unique_ptr<elastic::ElasticPeerSet>> peers_;  // by group
+  bool kv_standby_ = false;
 };
 
 }  // namespace connex::pp

@@ -201,7 +201,8 @@ void StepReceiver::OnStep(const StepSignal& s) {
     }
     if (!missing.empty()) {
       ++stats_.missing_reported;
-      send_(s.owner.signal, MissingSignal{s.step, s.attempt, o_.self, missing, epoch, s.ticket});
+      send_(s.owner.signal,
+            MissingSignal{s.step, s.attempt, o_.self, missing, epoch, s.ticket, {}});
     }
     if (!any) return;
     ++stats_.steps_replayed;
@@ -210,29 +211,56 @@ void StepReceiver::OnStep(const StepSignal& s) {
   }
   std::vector<bool> keep;
   std::vector<uint64_t> missing;
+  std::vector<int32_t> held;  // parallel to `missing`: positions a standby's mirror gave
+  const std::set<uint64_t> rewind(s.rewind.begin(), s.rewind.end());
   for (size_t i = 0; i < batch->request_ids.size(); ++i) {
-    const uint64_t* released = released_.Find({s.owner_token, batch->request_ids[i]});
+    const uint64_t id = batch->request_ids[i];
+    const int64_t start = batch->start_positions[i];
+    const uint64_t* released = released_.Find({s.owner_token, id});
     if (released != nullptr && *released >= s.step) {
       keep.push_back(false);  // a late step of a request its owner is done with
       continue;
     }
-    RequestScope::Entry* e = scope_.Find(owner, batch->request_ids[i]);
+    RequestScope::Entry* e = scope_.Find(owner, id);
     bool fresh = e == nullptr || e->last_step < s.step;
-    if (!fresh && e->last_step == s.step) missing.push_back(batch->request_ids[i]);  // no output
-    if (fresh && e != nullptr && batch->start_positions[i] != 0 &&
-        e->positions != batch->start_positions[i]) {
+    if (!fresh && e->last_step == s.step) {
+      missing.push_back(id);  // no output
+      held.push_back(0);
+    }
+    if (fresh && e != nullptr && start != 0 && e->positions > start && rewind.count(id)) {
+      // The owner recomputes from `start` what a standby lacked: cut back to it.
+      if (engine_.DropState(e->local_id, start).ok()) {
+        e->positions = start;
+        ++stats_.rewound;
+      }
+    }
+    if (fresh && e != nullptr && start != 0 && e->positions != start) {
       // This stage's state is of another point of the request's history (it was away from
       // the route while the request moved on, was recomputed elsewhere, and came back): the
-      // engine must hold exactly start_position positions, so the owner recomputes.
+      // engine must hold exactly start_position positions, so it goes (a standby's mirror may
+      // still serve, below).
       engine_.Release(e->local_id);
-      scope_.Erase(owner, batch->request_ids[i]);
-      missing.push_back(batch->request_ids[i]);
-      fresh = false;
+      scope_.Erase(owner, id);
+      e = nullptr;
     }
-    // Without state here, only a step from position 0 can run (it creates the state).
-    if (fresh && e == nullptr && batch->start_positions[i] != 0) {
-      missing.push_back(batch->request_ids[i]);
-      fresh = false;
+    // Without state here, only a step from position 0 can run (it creates the state), unless
+    // this stage is the standby of the stage that held it and imports its mirror.
+    if (fresh && e == nullptr && start != 0) {
+      int64_t got = 0;
+      if (o_.standby != nullptr) {
+        RequestScope::Entry& taken = scope_.FindOrCreate(owner, s.owner.epoch, id);
+        got = o_.standby->TakeOver(owner, id, taken.local_id, start);
+        if (got > 0) {
+          taken.positions = got;
+        } else {
+          scope_.Erase(owner, id);
+        }
+      }
+      if (got != start) {
+        missing.push_back(id);
+        held.push_back(static_cast<int32_t>(got));
+        fresh = false;
+      }
     }
     keep.push_back(fresh);
   }
@@ -254,12 +282,15 @@ void StepReceiver::OnStep(const StepSignal& s) {
     for (size_t i = 0; i < local_ids.size(); ++i) {
       if (!lost.count(local_ids[i])) continue;
       missing.push_back(owner_ids[i]);
+      held.push_back(0);
       if (created[i]) scope_.Erase(owner, owner_ids[i]);
     }
   }
   if (!missing.empty()) {
     ++stats_.missing_reported;
-    send_(s.owner.signal, MissingSignal{s.step, s.attempt, o_.self, missing, epoch, s.ticket});
+    MissingSignal m{s.step, s.attempt, o_.self, missing, epoch, s.ticket, {}};
+    if (std::any_of(held.begin(), held.end(), [](int32_t h) { return h > 0; })) m.held = held;
+    send_(s.owner.signal, m);
   }
   std::vector<bool> run(local_ids.size());
   std::vector<uint64_t> run_owner, run_local;
@@ -312,6 +343,18 @@ void StepReceiver::OnStep(const StepSignal& s) {
     replay_.Put(key, *out);
   }
   deliver_(s, *out);
+  if (o_.standby != nullptr) {
+    // After the output went on: mirroring is off the step's critical path.
+    absl::StatusOr<Batch> ran = GetBatch(runnable);
+    if (ran.ok()) {
+      std::vector<int64_t> starts, ends;
+      for (size_t i = 0; i < ran->request_ids.size(); ++i) {
+        starts.push_back(ran->start_positions[i]);
+        ends.push_back(static_cast<int64_t>(ran->start_positions[i]) + ran->num_tokens[i]);
+      }
+      o_.standby->Ran(s, run_owner, run_local, starts, ends);
+    }
+  }
 }
 
 void StepReceiver::OnRelease(const ReleaseSignal& r) {
@@ -328,6 +371,7 @@ void StepReceiver::OnRelease(const ReleaseSignal& r) {
     engine_.Release(*local);
     ++stats_.released;
   }
+  if (o_.standby != nullptr && r.owner_token != 0) o_.standby->Released(owner, r.request_ids);
   if (r.nonce != 0) send_(r.reply_to, ReleasedSignal{r.nonce, o_.self});
 }
 
@@ -336,6 +380,7 @@ void StepReceiver::DropOwner(const Lid& lid, uint64_t epoch, std::string_view wh
   gone_owners_.Put(lid, gone == nullptr ? epoch : std::max(*gone, epoch));
   std::vector<uint64_t> locals = scope_.EraseOwner(lid, epoch);
   for (uint64_t local : locals) engine_.Release(local);
+  if (o_.standby != nullptr) o_.standby->OwnerGone(lid, epoch);
   stats_.released += locals.size();
   if (!locals.empty()) {
     CONNEX_LOG_INFO("pp {}: owner {} epoch {} {}: dropped {} requests' state", o_.self.ToString(),

@@ -36,6 +36,24 @@ namespace connex::pp {
 absl::StatusOr<Signal> LastStageAnswer(const StepSignal& step, const TensorDict& output,
                                        const Lid& self, uint64_t epoch);
 
+// What a receiver asks of the stage's KV standby and tells it (kv_standby.h).
+class StandbyHooks {
+ public:
+  virtual ~StandbyHooks() = default;
+  // Imports the first positions (at most `upto`) of the mirror of the owner's request `id` into
+  // the engine as request `local`; how many (0: there is none, the request is recomputed).
+  virtual int64_t TakeOver(const OwnerKey& owner, uint64_t id, uint64_t local, int64_t upto) = 0;
+  // These requests of the step's owner ran here from `starts`; their state now covers
+  // [0, positions).
+  virtual void Ran(const StepSignal& step, const std::vector<uint64_t>& owner_ids,
+                   const std::vector<uint64_t>& local_ids, const std::vector<int64_t>& starts,
+                   const std::vector<int64_t>& positions) = 0;
+  // The owner released these requests here.
+  virtual void Released(const OwnerKey& owner, const std::vector<uint64_t>& ids) = 0;
+  // The owner incarnations of `lid` up to `epoch` are gone.
+  virtual void OwnerGone(const Lid& lid, uint64_t epoch) = 0;
+};
+
 struct StepReceiverOptions {
   Lid self;
   uint32_t stage = 0;
@@ -47,6 +65,9 @@ struct StepReceiverOptions {
   // refusal (its code and message go back in the ACK, as for a wrong epoch, so that the owner
   // re-routes the step) fences a process that may have been replaced. nullptr: admit all.
   std::function<absl::Status(uint64_t epoch)> admit;
+  // The stage's KV standby (not owned; nullptr: none): requests it mirrors are taken over
+  // instead of reported missing, and it hears what ran and what was released.
+  StandbyHooks* standby = nullptr;
 };
 
 struct StepReceiverStats {
@@ -57,6 +78,7 @@ struct StepReceiverStats {
   uint64_t missing_reported = 0;
   uint64_t released = 0;
   uint64_t forged_dropped = 0;
+  uint64_t rewound = 0;  // requests cut back to a step's start (a standby's lag recomputed)
 };
 
 class StepReceiver {

@@ -28,6 +28,7 @@
 #include "connex/pp/internal/recent_set.h"
 #include "connex/pp/internal/registration.h"
 #include "connex/pp/internal/work_queue.h"
+#include "connex/pp/kv_standby.h"
 #include "connex/pp/messages.h"
 #include "connex/pp/node.h"
 #include "connex/pp/release_queue.h"
@@ -187,6 +188,7 @@ class StageNode::Impl final : private OwnerHost {
   int64_t NextTimer(int64_t now) const {
     int64_t next = now + 20;
     next = sender_ ? sender_->NextDeadline(next) : next;
+    next = kv_ ? kv_->NextDeadline(next) : next;
     return owner_->NextTimer(next);
   }
 
@@ -230,6 +232,21 @@ class StageNode::Impl final : private OwnerHost {
 
   void On(PongSignal& p) { owner_->OnPong(p); }
 
+  // ---- KV standby (kv_standby.h) ----
+
+  void On(MirrorSignal& m);
+  void On(MirroredSignal& m) {
+    if (kv_) (void)kv_->OnMirrored(m);
+  }
+  void On(MirrorDropSignal& d) {
+    if (kv_ && routes_.Usable(d.from, d.from_epoch)) kv_->OnDrop(d);
+  }
+  // Picks the standby again from the live members of our stage.
+  void ChooseStandby() {
+    if (!kv_) return;
+    if (elastic::ElasticPeerSet* own = routes_.peers(o_.stage)) kv_->Choose(own->Peers());
+  }
+
   // ---- failure signals ----
 
   // What the peer sets saw: a failed incarnation's work fails over at once; one that LEFT is
@@ -244,8 +261,12 @@ class StageNode::Impl final : private OwnerHost {
   // (lid, epoch) failed: slots waiting for its acknowledgement are free, its steps fail over.
   void PeerGone(const Lid& lid, uint64_t epoch, const std::string& why);
 
-  // Drops what owners that LEFT left behind once their grace ran out.
-  void Prune() { receiver_->Tick(NowMs()); }
+  // Drops what owners that LEFT left behind once their grace ran out; picks the KV standby
+  // again (the peer set's first view comes without a change).
+  void Prune() {
+    receiver_->Tick(NowMs());
+    ChooseStandby();
+  }
 
   // ---- the owner's answers (RequestOwner) ----
 
@@ -296,6 +317,7 @@ class StageNode::Impl final : private OwnerHost {
   uint64_t owner_token_ = 0;
   std::unique_ptr<StepSender> sender_;  // the ring, queued sends, slots awaiting their ACK
   std::unique_ptr<StepReceiver> receiver_;
+  std::unique_ptr<KvStandby> kv_;  // a later stage's KV standby (CONNEX_PP_KV_STANDBY), or none
   int64_t last_prune_ms_ = 0;
   int64_t last_step_ms_ = 0;  // when the last STEP arrived (the drain gate)
   // Sender side.

@@ -289,6 +289,20 @@ StageNodeStats Cluster::TotalStats() const {
     total.strangers_ignored += s.strangers_ignored;
     total.released += s.released;
     total.chunked += s.chunked;
+    total.lag_recomputes += s.lag_recomputes;
+    total.rewound += s.rewound;
+    total.kv_standby |= s.kv_standby;
+    total.kv_mirrored_bytes += s.kv_mirrored_bytes;
+    total.kv_mirror_updates += s.kv_mirror_updates;
+    for (size_t i = 0; i < s.kv_standby_lag.size(); ++i) {
+      total.kv_standby_lag[i] += s.kv_standby_lag[i];
+    }
+    total.kv_standby_changes += s.kv_standby_changes;
+    total.kv_mirrors_held += s.kv_mirrors_held;
+    total.kv_mirror_bytes_held += s.kv_mirror_bytes_held;
+    total.kv_mirrors_dropped_for_budget += s.kv_mirrors_dropped_for_budget;
+    total.kv_takeovers += s.kv_takeovers;
+    total.kv_takeovers_lagged += s.kv_takeovers_lagged;
   };
   for (const auto& [key, m] : members_) {
     if (m.node) add(m.node->stats());

@@ -22,7 +22,7 @@ std::vector<uint64_t> TestEngine::MissingLocked(const Batch& batch) const {
   for (size_t i = 0; i < batch.request_ids.size(); ++i) {
     if (batch.start_positions[i] == 0) continue;
     auto it = states_.find(batch.request_ids[i]);
-    if (it == states_.end() || it->second.positions < batch.start_positions[i]) {
+    if (it == states_.end() || it->second.positions() < batch.start_positions[i]) {
       missing.push_back(batch.request_ids[i]);
     }
   }
@@ -74,10 +74,10 @@ absl::StatusOr<TensorDict> TestEngine::ExecuteStep(const TensorDict& in) {
   for (size_t i = 0; i < batch->request_ids.size(); ++i) {
     auto it = states_.find(batch->request_ids[i]);
     if (batch->start_positions[i] != 0 && it != states_.end() &&
-        it->second.positions > batch->start_positions[i]) {
+        it->second.positions() > batch->start_positions[i]) {
       violations_.push_back(StrCat("stage ", stage_, " request ", batch->request_ids[i],
                                    ": step at position ", batch->start_positions[i], " but ",
-                                   it->second.positions, " positions are held (executed twice)"));
+                                   it->second.positions(), " positions are held (executed twice)"));
     }
   }
   ++executions_;
@@ -86,15 +86,14 @@ absl::StatusOr<TensorDict> TestEngine::ExecuteStep(const TensorDict& in) {
   int64_t row = 0;
   for (size_t i = 0; i < batch->request_ids.size(); ++i) {
     State& s = states_[batch->request_ids[i]];
-    if (batch->start_positions[i] == 0) s = State{Mix(stage_, 17), 0};
-    s.positions = batch->start_positions[i];
+    s.chain.resize(static_cast<size_t>(batch->start_positions[i]));
     uint64_t out = 0;
     for (int32_t t = 0; t < batch->num_tokens[i]; ++t, ++row) {
       uint64_t v = first ? static_cast<uint64_t>((*input)->values<int32_t>()[row])
                          : static_cast<uint64_t>((*input)->values<int64_t>()[row]);
-      s.hash = Mix(s.hash, v);
-      ++s.positions;
-      out = Mix(s.hash, 1000 + stage_);
+      const uint64_t hash = Mix(s.chain.empty() ? Mix(stage_, 17) : s.chain.back(), v);
+      s.chain.push_back(hash);
+      out = Mix(hash, 1000 + stage_);
       hidden.push_back(static_cast<int64_t>(out));
     }
     next.push_back(static_cast<int32_t>(out % static_cast<uint64_t>(vocab_)));
@@ -164,6 +163,76 @@ uint64_t TestEngine::executions() const {
 void TestEngine::SetAmnesiac(bool amnesiac) {
   connex::MutexLock lock(&mu_);
   amnesiac_ = amnesiac;
+}
+
+bool TestEngine::ExportsState() const {
+  connex::MutexLock lock(&mu_);
+  return exports_;
+}
+
+int64_t TestEngine::HeldPositions(uint64_t id) const {
+  connex::MutexLock lock(&mu_);
+  auto it = states_.find(id);
+  return it == states_.end() ? 0 : it->second.positions();
+}
+
+absl::StatusOr<TensorDict> TestEngine::ExportState(uint64_t id, int64_t from, int64_t to) const {
+  connex::MutexLock lock(&mu_);
+  if (!exports_) return Engine::ExportState(id, from, to);
+  auto it = states_.find(id);
+  const int64_t held = it == states_.end() ? 0 : it->second.positions();
+  if (from < 0 || from >= to || to > held) {
+    return absl::OutOfRangeError(StrCat("test engine: request ", id, ": positions [", from, ", ",
+                                        to, ") of ", held, " held"));
+  }
+  std::vector<int64_t> rows(it->second.chain.begin() + from, it->second.chain.begin() + to);
+  TensorDict out;
+  out.Set("hash", Tensor::Of<int64_t>({to - from}, rows));
+  return out;
+}
+
+absl::Status TestEngine::ImportState(uint64_t id, int64_t from, const TensorDict& state) {
+  absl::StatusOr<const Tensor*> rows = state.Get("hash", DType::kI64, 1);
+  if (!rows.ok()) return rows.status();
+  connex::MutexLock lock(&mu_);
+  if (!exports_) return Engine::ImportState(id, from, state);
+  auto it = states_.find(id);
+  const int64_t held = it == states_.end() ? 0 : it->second.positions();
+  if (from != 0 && from != held) {
+    return absl::FailedPreconditionError(StrCat("test engine: request ", id, ": import at ", from,
+                                                " but ", held, " positions are held"));
+  }
+  State& s = states_[id];
+  s.chain.resize(static_cast<size_t>(from));
+  for (int64_t v : (*rows)->values<int64_t>()) s.chain.push_back(static_cast<uint64_t>(v));
+  imported_ += static_cast<uint64_t>((*rows)->shape[0]);
+  return absl::OkStatus();
+}
+
+absl::Status TestEngine::DropState(uint64_t id, int64_t from) {
+  connex::MutexLock lock(&mu_);
+  if (from == 0) {
+    states_.erase(id);
+    return absl::OkStatus();
+  }
+  if (!exports_) {
+    return absl::UnimplementedError(StrCat("test engine: cannot cut request ", id, " back"));
+  }
+  auto it = states_.find(id);
+  if (it != states_.end() && it->second.positions() > from) {
+    it->second.chain.resize(static_cast<size_t>(from));
+  }
+  return absl::OkStatus();
+}
+
+void TestEngine::SetExportsState(bool exports) {
+  connex::MutexLock lock(&mu_);
+  exports_ = exports;
+}
+
+uint64_t TestEngine::imported_positions() const {
+  connex::MutexLock lock(&mu_);
+  return imported_;
 }
 
 std::vector<int32_t> ReferenceTokens(uint32_t stages, const std::vector<int32_t>& prompt,

@@ -29,6 +29,17 @@ class TestEngine : public Engine {
   void Release(uint64_t request_id) override;
   uint64_t OutputBytesPerToken() const override;
   size_t NumHeldRequests() const override { return held_requests(); }
+  // State as data: "hash" I64 [positions], the chain's value after each position.
+  bool ExportsState() const override;
+  int64_t HeldPositions(uint64_t request_id) const override;
+  absl::StatusOr<TensorDict> ExportState(uint64_t request_id, int64_t from,
+                                         int64_t to) const override;
+  absl::Status ImportState(uint64_t request_id, int64_t from, const TensorDict& state) override;
+  absl::Status DropState(uint64_t request_id, int64_t from) override;
+  // Whether ExportsState (default true): false makes it an engine without the optional calls.
+  void SetExportsState(bool exports);
+  // Positions imported with ImportState so far (a standby's takeovers).
+  uint64_t imported_positions() const;
 
   // Requests whose state this engine holds now (a test's end: none).
   size_t held_requests() const;
@@ -47,8 +58,8 @@ class TestEngine : public Engine {
 
  private:
   struct State {
-    uint64_t hash = 0;
-    int64_t positions = 0;
+    std::vector<uint64_t> chain;  // the hash after each position
+    int64_t positions() const { return static_cast<int64_t>(chain.size()); }
   };
   std::vector<uint64_t> MissingLocked(const Batch& batch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -63,6 +74,8 @@ class TestEngine : public Engine {
   uint64_t bytes_per_token_ ABSL_GUARDED_BY(mu_) = 8;
   int fail_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t logits_width_ ABSL_GUARDED_BY(mu_) = 0;
+  bool exports_ ABSL_GUARDED_BY(mu_) = true;
+  uint64_t imported_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The tokens an undisturbed `stages`-stage pipeline of TestEngines generates.
