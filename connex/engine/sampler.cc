@@ -170,4 +170,23 @@ std::span<const int32_t> TokenHistory::Of(uint64_t id) const {
   return it->second;
 }
 
+void TokenHistory::Append(uint64_t id, int64_t from, std::span<const int32_t> rows) {
+  CONNEX_CHECK(!rows.empty());
+  std::vector<int32_t>& tokens = tokens_[id];
+  if (from == 0) tokens.clear();
+  CONNEX_CHECK(static_cast<int64_t>(tokens.size()) == from);  // the importer checked
+  tokens.insert(tokens.end(), rows.begin(), rows.end());
+}
+
+void TokenHistory::CutBack(uint64_t id, int64_t size) {
+  CONNEX_CHECK(size >= 0);
+  auto it = tokens_.find(id);
+  if (it == tokens_.end() || static_cast<int64_t>(it->second.size()) <= size) return;
+  if (size == 0) {
+    tokens_.erase(it);
+    return;
+  }
+  it->second.resize(static_cast<size_t>(size));
+}
+
 }  // namespace connex::engine

@@ -61,8 +61,14 @@ class TokenHistory {
   void Record(const pp::TensorDict& in, std::span<const uint64_t> ids,
               std::span<const int64_t> starts, std::span<const int64_t> counts,
               std::span<const pp::Sampling> sampling);
-  // The tokens of `id` (empty when none are held).
+  // The tokens of `id` (empty when none are held); a state export takes its rows from here.
   std::span<const int32_t> Of(uint64_t id) const;
+  int64_t Size(uint64_t id) const { return static_cast<int64_t>(Of(id).size()); }
+  // Appends `rows` (an imported state's) at position `from`, which must be exactly the number
+  // of tokens held (0: starts afresh, whatever was held is dropped). `rows` must not be empty.
+  void Append(uint64_t id, int64_t from, std::span<const int32_t> rows);
+  // Keeps the first `size` tokens of `id` (0: as Release). No-op when it holds no more.
+  void CutBack(uint64_t id, int64_t size);
   void Release(uint64_t id) { tokens_.erase(id); }
   void Clear() { tokens_.clear(); }
   size_t size() const { return tokens_.size(); }

@@ -238,6 +238,26 @@ TEST(TokenHistoryTest, FollowsTheStepsAsTheKvCacheDoes) {
   EXPECT_EQ(h.size(), 0u);
 }
 
+// A state import appends rows at the held length (0: afresh); DropState cuts back.
+TEST(TokenHistoryTest, AppendsImportedRowsAndCutsBack) {
+  TokenHistory h;
+  const std::vector<int32_t> head = {1, 2, 3}, tail = {4, 5};
+  h.Append(9, 0, head);
+  h.Append(9, 3, tail);
+  EXPECT_THAT(h.Of(9), ElementsAre(1, 2, 3, 4, 5));
+  EXPECT_EQ(h.Size(9), 5);
+  h.CutBack(9, 7);  // holds no more: no-op
+  h.CutBack(9, 2);
+  EXPECT_THAT(h.Of(9), ElementsAre(1, 2));
+  h.Append(9, 0, tail);  // afresh
+  EXPECT_THAT(h.Of(9), ElementsAre(4, 5));
+  h.CutBack(9, 0);
+  EXPECT_EQ(h.size(), 0u);
+  EXPECT_EQ(h.Size(9), 0);
+  h.CutBack(3, 1);  // not held: no-op
+  EXPECT_EQ(h.size(), 0u);
+}
+
 TEST(SamplingTest, AStepWithSomeSamplingKeysButNotAllIsRefused) {
   TensorDict d;
   pp::SetSampling(d, {Sampled(1.0f)});

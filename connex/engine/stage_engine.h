@@ -54,6 +54,16 @@ using pp::SetSampling;
 inline constexpr char kHidden[] = "hidden";
 inline constexpr char kLogits[] = "logits";
 
+// A request's state as data (ExportState / ImportState), for positions [from, to), R = to - from:
+//   kv.<l>.k, kv.<l>.v  F32 [R, kv_dim] for each of the stage's layers, l = 0 .. its layer count
+//                       - 1 (local indices): the cached K (RoPE applied) and V rows;
+//   history             I32 [R] (last stage, when it holds the request's repetition-penalty
+//                       tokens for those positions).
+// 2 x layers x kv_dim x 4 bytes per position, + 4 with the history.
+inline constexpr char kStateHistory[] = "history";
+// "kv.<layer>.k" (leaf 'k') or "kv.<layer>.v".
+std::string StateKey(int64_t layer, char leaf);
+
 struct StageOptions {
   int stage = 0;
   int stages = 1;
@@ -119,6 +129,19 @@ class StageEngine : public pp::Engine {
   size_t num_requests() const { return cache_.size(); }
   size_t NumHeldRequests() const override { return cache_.size(); }
 
+  // ---- A request's state as data (the keys above; stage_engine_state.cc) ----
+  bool ExportsState() const override { return true; }
+  int64_t HeldPositions(uint64_t id) const override;
+  // InvalidArgument unless 0 <= from < to; OutOfRange when fewer than `to` positions are held.
+  absl::StatusOr<TensorDict> ExportState(uint64_t id, int64_t from, int64_t to) const override;
+  // InvalidArgument names a missing, unknown or malformed key (dtype, shape against the config
+  // and the stage's layers, rows that disagree, positions past max_positions); FailedPrecondition
+  // when the request's held positions (or history, for a `history` key) are not exactly `from`.
+  // On error nothing changes.
+  absl::Status ImportState(uint64_t id, int64_t from, const TensorDict& state) override;
+  // Cuts K, V, positions and history back to `from` (0: Release). InvalidArgument when negative.
+  absl::Status DropState(uint64_t id, int64_t from) override;
+
  private:
   // Views into the mapped checkpoint; a norm is a matrix of one row.
   struct Layer {
@@ -152,6 +175,8 @@ class StageEngine : public pp::Engine {
   absl::Status ParseBatch(const TensorDict& in, Batch& batch) const;
   void RunLayer(const Layer& layer, size_t local_index, const Batch& batch,
                 std::vector<RequestCache*>& caches, std::vector<float>& h);
+  // ImportState's checks: the rows of `state` (>= 1). InvalidArgument names the key.
+  absl::StatusOr<int64_t> CheckState(uint64_t id, int64_t from, const TensorDict& state) const;
 
   ModelConfig config_;
   int stage_ = 0;

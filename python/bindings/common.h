@@ -200,6 +200,7 @@ void RegisterTransport(py::module_& m);
 void RegisterElastic(py::module_& m);
 void RegisterPythonTransfer(py::module_& m);  // python_transfer.cc
 void RegisterPp(py::module_& m);              // pp.cc
+void RegisterPpState(py::module_& m);         // pp_state.cc
 
 // Closer orders.
 inline constexpr int kCloseIterators = 0;

@@ -162,6 +162,7 @@ PYBIND11_MODULE(_connex, m) {
   cp::RegisterElastic(m);
   cp::RegisterPythonTransfer(m);
   cp::RegisterPp(m);
+  cp::RegisterPpState(m);
   cp::RegisterShutdown(m);
   m.def(
       "set_log_level",

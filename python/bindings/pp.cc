@@ -57,17 +57,6 @@ std::optional<DType> FromNumpy(const py::dtype& dtype) {
   return std::nullopt;
 }
 
-// Runs `fn` with the GIL on a C++ thread, unless the interpreter is shutting down.
-template <typename F>
-auto WithGil(const char* what, F&& fn) -> decltype(fn()) {
-  if (Finalizing()) {
-    return absl::UnavailableError(
-        StrCat("python engine: ", what, ": the interpreter is shutting down"));
-  }
-  py::gil_scoped_acquire gil;
-  return fn();
-}
-
 // Reports an exception of an engine method that has no status to return.
 void Unraisable(py::error_already_set& e, const char* what) {
   e.discard_as_unraisable(StrCat("connex python engine ", what).c_str());
@@ -141,6 +130,7 @@ PythonEngine::PythonEngine(py::object engine) {
     py::object n = engine.attr("output_bytes_per_token")();
     if (!n.is_none()) bytes_per_token_ = n.cast<uint64_t>();
   }
+  exports_state_ = ReadExportsState(engine);
   engine_ = engine.release().ptr();
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "connex/base/strings.h"
 #include "connex/pp/engine.h"
 #include "connex/pp/tensor_dict.h"
 #include "connex/transport/transfer_engine.h"
@@ -25,8 +26,22 @@ absl::StatusOr<py::dict> ToNumpyDict(const pp::TensorDict& dict);
 // copied). InvalidArgument names the key or dtype that is wrong; `what` prefixes the message.
 absl::StatusOr<pp::TensorDict> FromNumpyDict(py::handle mapping, std::string_view what);
 
+// Runs `fn` (returning a Status or StatusOr) with the GIL on a C++ thread, unless the interpreter
+// is shutting down (Unavailable then).
+template <typename F>
+auto WithGil(const char* what, F&& fn) -> decltype(fn()) {
+  if (Finalizing()) {
+    return absl::UnavailableError(
+        StrCat("python engine: ", what, ": the interpreter is shutting down"));
+  }
+  py::gil_scoped_acquire gil;
+  return fn();
+}
+
 // pp::Engine over a Python object with execute_step, holds_request, release, num_held_requests
-// and optionally missing_requests and output_bytes_per_token (connex.pp.Engine). Every call
+// and optionally missing_requests, output_bytes_per_token and the request state as data
+// (exports_state, held_positions, export_state, import_state, drop_state; pp_state.cc): without
+// them, or when exports_state() is false, the contract's defaults (connex.pp.Engine). Every call
 // takes the GIL on the calling thread (the node's loop thread: a Python engine's step is Python
 // code). After the interpreter began to shut down it calls nothing and fails steps with
 // Unavailable. Thread-compatible, as the contract requires.
@@ -43,14 +58,29 @@ class PythonEngine final : public pp::Engine {
   size_t NumHeldRequests() const override;
   uint64_t OutputBytesPerToken() const override { return bytes_per_token_; }
 
+  // The request state as data (pp_state.cc). exports_state() is read once, at construction. The
+  // engine's exceptions become statuses: a connex.Error keeps its code, IndexError is
+  // OutOfRange, NotImplementedError Unimplemented, anything else Internal.
+  bool ExportsState() const override { return exports_state_; }
+  int64_t HeldPositions(uint64_t request_id) const override;
+  absl::StatusOr<pp::TensorDict> ExportState(uint64_t request_id, int64_t from,
+                                             int64_t to) const override;
+  absl::Status ImportState(uint64_t request_id, int64_t from, const pp::TensorDict& state) override;
+  absl::Status DropState(uint64_t request_id, int64_t from) override;
+
   py::object object() const { return py::reinterpret_borrow<py::object>(engine_); }
 
  private:
   // GIL held; may throw (ExecuteStep turns what it throws into a status).
   absl::StatusOr<pp::TensorDict> ExecuteStepLocked(const pp::TensorDict& in);
 
+  // GIL held: whether `engine` exports state (its exports_state(), when it has one). TypeError
+  // naming a method of the three that it lacks when it says it does.
+  static bool ReadExportsState(const py::object& engine);
+
   PyObject* engine_;  // owned reference
   uint64_t bytes_per_token_ = 0;
+  bool exports_state_ = false;
 };
 
 // A TransferEngine that forwards to a shared one (a connex.transport.TransferEngine's), so that

@@ -7,6 +7,9 @@ operations whether it comes in a prefill, a chunk or a decode step and whatever 
 step, so the model is batch-invariant and prefill/decode-invariant: a request recomputed after a
 failover produces bit for bit the tokens of an undisturbed run. Weights come from a fixed seed, so
 every process builds the same model.
+
+Its state as data (export_state / import_state / drop_state) is the running sum after each
+position, "sum" float32 [positions, DIM]: an engine that imports it continues bit for bit.
 """
 
 import numpy as np
@@ -28,6 +31,7 @@ class ToyEngine(connex.pp.Engine):
         self.positions = rng.standard_normal((VOCAB, DIM)).astype(np.float32)
         self.stage, self.stages = stage, stages
         self.state = {}  # request id -> (positions, running sum)
+        self.sums = {}  # request id -> the running sum after each position (its state as data)
         self.steps = 0
 
     def _missing(self, tensors):
@@ -49,6 +53,7 @@ class ToyEngine(connex.pp.Engine):
                                      tensors["num_tokens"]):
             rid = int(rid)
             pos, acc = (0, np.zeros(DIM, np.float32)) if start == 0 else self.state[rid]
+            sums = [] if start == 0 else list(self.sums[rid])
             y = None
             for _ in range(int(count)):
                 if first:
@@ -59,14 +64,17 @@ class ToyEngine(connex.pp.Engine):
                 else:
                     h = x[row]
                 acc = acc + h
+                sums.append(acc)
                 pos += 1
                 y = np.tanh(w @ (h + acc / np.float32(pos))).astype(np.float32)
                 rows.append(y)
                 row += 1
-            updates[rid] = (pos, acc)
+            updates[rid] = (pos, acc, sums)
             if last:
                 next_tokens.append(int(np.argmax(self.head @ y)))
-        self.state.update(updates)  # only once the whole step succeeded
+        for rid, (pos, acc, sums) in updates.items():  # only once the whole step succeeded
+            self.state[rid] = (pos, acc)
+            self.sums[rid] = sums
         self.steps += 1
         if last:
             return {"next_tokens": np.array(next_tokens, np.int32)}
@@ -77,12 +85,49 @@ class ToyEngine(connex.pp.Engine):
 
     def release(self, request_id):
         self.state.pop(request_id, None)
+        self.sums.pop(request_id, None)
 
     def num_held_requests(self):
         return len(self.state)
 
     def output_bytes_per_token(self):
         return DIM * 4
+
+    def exports_state(self):
+        return True
+
+    def held_positions(self, request_id):
+        return self.state.get(request_id, (0, None))[0]
+
+    def export_state(self, request_id, start, end):
+        held = self.held_positions(request_id)
+        if not 0 <= start < end:
+            raise connex.InvalidArgument(f"export of request {request_id}: [{start}, {end})")
+        if end > held:
+            raise IndexError(f"export of request {request_id}: [{start}, {end}) but {held} held")
+        return {"sum": np.stack(self.sums[request_id][start:end])}
+
+    def import_state(self, request_id, start, state):
+        what = f"stage {self.stage}: import of request {request_id}"
+        if set(state) != {"sum"}:
+            raise connex.InvalidArgument(f"{what}: keys {sorted(state)}, expected ['sum']")
+        rows = state["sum"]
+        if rows.dtype != np.float32 or rows.ndim != 2 or rows.shape[1] != DIM or not len(rows):
+            raise connex.InvalidArgument(f"{what}: 'sum' is {rows.dtype} {list(rows.shape)}, "
+                                         f"expected float32 [rows >= 1, {DIM}]")
+        held = self.held_positions(request_id)
+        if start != 0 and held != start:
+            raise connex.Fenced(f"{what}: the state starts at {start} but {held} are held")
+        sums = ([] if start == 0 else self.sums[request_id]) + [r.copy() for r in rows]
+        self.sums[request_id] = sums
+        self.state[request_id] = (len(sums), sums[-1])
+
+    def drop_state(self, request_id, start):
+        if start == 0:
+            self.release(request_id)
+        elif self.held_positions(request_id) > start:
+            self.sums[request_id] = self.sums[request_id][:start]
+            self.state[request_id] = (start, self.sums[request_id][-1])
 
 
 def reference_tokens(prompt, max_new_tokens, stages):

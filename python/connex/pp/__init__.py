@@ -75,6 +75,43 @@ class Engine(abc.ABC):
         when the node starts."""
         return 0
 
+    # ---- A request's state as data (optional; a KV standby needs it) ----
+    # docs/design/engine-contract.md, "State as data": an engine that implements these can hand a
+    # request's state to an engine of the same stage of the same model, which then produces
+    # exactly the outputs the exporter would have. The arrays are the engine's own (only such an
+    # engine reads them); the node copies them, so the engine keeps nothing it exported.
+
+    def exports_state(self):
+        """Whether ``export_state``, ``import_state`` and ``drop_state`` are implemented (default
+        False: the node does not call them). Read once, when the node starts."""
+        return False
+
+    def held_positions(self, request_id):
+        """Positions of the request's state held now; 0 when none."""
+        return 0
+
+    def export_state(self, request_id, start, end):
+        """The request's state for positions [start, end) (0 <= start < end <= held_positions),
+        as ``{name: numpy.ndarray}`` of the engine's own naming, each with end - start rows (one
+        per position). Raise ``IndexError`` when fewer than ``end`` positions are held."""
+        raise NotImplementedError(f"{type(self).__name__} does not export request state")
+
+    def import_state(self, request_id, start, state):
+        """Appends ``state`` (what ``export_state`` of an engine of the same stage and model
+        returned for positions [start, start + rows)) to the request's state, which must hold
+        exactly ``start`` positions (0: start afresh, dropping what is held): else raise
+        :class:`connex.Fenced` (FAILED_PRECONDITION); :class:`connex.InvalidArgument` names a
+        missing or malformed array. On error nothing may change."""
+        raise NotImplementedError(f"{type(self).__name__} does not import request state")
+
+    def drop_state(self, request_id, start):
+        """Cuts the request's state back to its first ``start`` positions (0: as ``release``), so
+        that its next step may start there; no-op when no more are held."""
+        if start == 0:
+            self.release(request_id)
+            return
+        raise NotImplementedError(f"{type(self).__name__} cannot cut request state back")
+
 
 __all__ = [
     "Engine",
