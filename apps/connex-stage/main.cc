@@ -90,9 +90,16 @@ int main(int argc, char** argv) {
                  "with a chat_template field); default: the model's tokenizer_config.json")
       ->envname("CONNEX_CHAT_TEMPLATE")
       ->check(CLI::ExistingFile);
+  std::string kv_standby;
+  app.add_option("--kv-standby", kv_standby,
+                 "on: mirror this stage's KV state to the same stage of the next replica, which "
+                 "takes its requests over without a re-prefill if it dies; default: "
+                 "CONNEX_PP_KV_STANDBY, else off")
+      ->check(CLI::IsMember({"on", "off"}));
   connex::AddLogLevelFlag(app);
   connex::AddInsecureFlag(app);
   if (std::optional<int> exit = connex::ParseFlags(app, argc, argv)) return *exit;
+  if (!kv_standby.empty()) options.kv_standby = kv_standby == "on";
   connex::serving::OpenAiServerOptions api;
   api.default_max_tokens = default_max_tokens;
   api.kv_budget_bytes = static_cast<int64_t>(*connex::ParseSize(kv_budget));

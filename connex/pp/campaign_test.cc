@@ -225,6 +225,11 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
   o.reprefill_max = 8;
   o.route_wait_ms = 20000;
   o.request_timeout_ms = kRequestBoundMs;
+  // Half the seeds (all with CONNEX_TEST_KV_STANDBY=all) keep a KV standby of every later
+  // stage: kills and leaves are taken over from mirrors, the rest holds as without.
+  const std::string kv_mode = EnvString("CONNEX_TEST_KV_STANDBY", "half");
+  o.kv_standby = kv_mode == "all" || (kv_mode == "half" && (seed * 0x9E3779B97F4A7C15ull) >> 63);
+  o.kv_standby_grace_ms = 1000;
   const bool llama = seed % 8 == 0;
   if (llama && LlamaModel::Get().path().empty())
     return "the campaign's Llama model was not written";
@@ -413,6 +418,25 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
   c.signals().SetFaults({});
   if (!c.AwaitRingsEmpty(5000)) return "a ring slot leaked (" + what + ")";
   if (!c.AwaitNoStateHeld(10000)) return "state left behind: " + c.StateHeld() + " (" + what + ")";
+  if (o.kv_standby) {
+    const StageNodeStats total = c.TotalStats();
+    (*tally)["kv-seeds"] += 1;
+    (*tally)["kv-takeovers"] += static_cast<int>(total.kv_takeovers);
+    (*tally)["kv-lag-recomputes"] += static_cast<int>(total.lag_recomputes);
+    (*tally)["kv-reprefills"] += static_cast<int>(total.reprefills);
+    auto mirrors = [&c] {
+      size_t n = 0;
+      for (uint32_t stage = 0; stage < kStages; ++stage) {
+        for (uint32_t replica = 0; replica < 3; ++replica) {
+          if (c.alive(stage, replica)) n += c.node(stage, replica)->stats().kv_mirrors_held;
+        }
+      }
+      return n;
+    };
+    if (!WaitUntil([&] { return mirrors() == 0; }, 10000)) {
+      return std::to_string(mirrors()) + " KV mirrors left behind (" + what + ")";
+    }
+  }
   return "";
 }
 

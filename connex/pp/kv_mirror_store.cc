@@ -54,7 +54,7 @@ void MirrorStore::Refuse(const MirrorSignal& m, absl::StatusCode code, const std
   send_(m.origin.signal, r);
 }
 
-void MirrorStore::OnMirror(const MirrorSignal& m, uint64_t epoch) {
+void MirrorStore::OnMirror(const MirrorSignal& m, uint64_t epoch, int64_t now_ms) {
   if (m.target != o_.self || m.target_epoch != epoch || epoch == 0) {
     Refuse(m, absl::StatusCode::kFailedPrecondition,
            StrCat(o_.self.ToString(), ": MIRROR for ", m.target.ToString(), " epoch ",
@@ -106,7 +106,7 @@ void MirrorStore::OnMirror(const MirrorSignal& m, uint64_t epoch) {
   r.from = o_.self;
   r.request_ids = m.request_ids;
   for (size_t i = 0; i < m.request_ids.size(); ++i) {
-    r.held.push_back(Apply(m, i, std::move(per[i])));
+    r.held.push_back(Apply(m, i, std::move(per[i]), now_ms));
   }
   KeepBudget();
   // What the budget dropped is answered -1 as well.
@@ -118,7 +118,7 @@ void MirrorStore::OnMirror(const MirrorSignal& m, uint64_t epoch) {
   send_(m.origin.signal, r);
 }
 
-int64_t MirrorStore::Apply(const MirrorSignal& m, size_t i, TensorDict state) {
+int64_t MirrorStore::Apply(const MirrorSignal& m, size_t i, TensorDict state, int64_t now_ms) {
   const Key key{OwnerKey{m.owner.lid, m.owner_token}, m.request_ids[i]};
   if (refused_.Contains(key)) return -1;
   const int64_t from = m.from[i], rows = m.to[i] - m.from[i];
@@ -139,6 +139,7 @@ int64_t MirrorStore::Apply(const MirrorSignal& m, size_t i, TensorDict state) {
   }
   mirror.owner_epoch = std::max(mirror.owner_epoch, m.owner.epoch);
   mirror.drop_at_ms = 0;
+  mirror.updated_ms = now_ms;
   if (from > mirror.positions) {
     ++stats_.gaps;
     return mirror.positions;  // a lost update: the primary sends again from here
@@ -266,7 +267,11 @@ void MirrorStore::PrimaryGone(const Lid& lid, uint64_t epoch, int64_t now_ms) {
 void MirrorStore::Tick(int64_t now_ms) {
   for (auto it = mirrors_.begin(); it != mirrors_.end();) {
     auto next = std::next(it);
-    if (it->second.drop_at_ms > 0 && it->second.drop_at_ms <= now_ms) Drop(it);
+    const Mirror& m = it->second;
+    if ((m.drop_at_ms > 0 && m.drop_at_ms <= now_ms) ||
+        now_ms - m.updated_ms > o_.orphan_grace_ms) {
+      Drop(it);
+    }
     it = next;
   }
 }

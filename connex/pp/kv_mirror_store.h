@@ -60,8 +60,9 @@ class MirrorStore {
   MirrorStore(const MirrorStore&) = delete;
   MirrorStore& operator=(const MirrorStore&) = delete;
 
-  // A MIRROR for this node at `epoch` (this incarnation's, 0: none): pulled, applied, answered.
-  void OnMirror(const MirrorSignal& m, uint64_t epoch);
+  // A MIRROR for this node at `epoch` (this incarnation's, 0: none), at `now_ms`: pulled,
+  // applied, answered.
+  void OnMirror(const MirrorSignal& m, uint64_t epoch, int64_t now_ms);
   void OnDrop(const MirrorDropSignal& d);
   // The owner released these requests (its RELEASE reached this stage).
   void Released(const OwnerKey& owner, const std::vector<uint64_t>& ids);
@@ -99,12 +100,13 @@ class MirrorStore {
     uint64_t bytes = 0;
     uint64_t seq = 0;        // creation order: the budget drops the oldest first
     int64_t drop_at_ms = 0;  // > 0: the primary failed; dropped then
+    int64_t updated_ms = 0;  // the last update
   };
   using Key = std::pair<OwnerKey, uint64_t>;
 
   MirrorStore(MirrorStoreOptions options, transport::TransferEngine& transfer, SendSignal send);
   // Applies request `id`'s rows [from, from + rows) to its mirror; the positions held after it.
-  int64_t Apply(const MirrorSignal& m, size_t i, TensorDict state);
+  int64_t Apply(const MirrorSignal& m, size_t i, TensorDict state, int64_t now_ms);
   void Erase(std::map<Key, Mirror>::iterator it);
   void Drop(std::map<Key, Mirror>::iterator it);  // counted as dropped
   void Refuse(const MirrorSignal& m, absl::StatusCode code, const std::string& why);

@@ -57,7 +57,9 @@ class KvStandby final : public StandbyHooks {
   void OwnerGone(const Lid& lid, uint64_t epoch) override;
 
   // Signals.
-  void OnMirror(const MirrorSignal& m, uint64_t epoch) { store_->OnMirror(m, epoch); }
+  void OnMirror(const MirrorSignal& m, uint64_t epoch, int64_t now_ms) {
+    store_->OnMirror(m, epoch, now_ms);
+  }
   bool OnMirrored(const MirroredSignal& m) { return sender_->OnMirrored(m); }
   void OnDrop(const MirrorDropSignal& d) { store_->OnDrop(d); }
 

@@ -40,7 +40,7 @@ absl::Status StageNode::Impl::Start() {
     ko.self = lid_;
     ko.slot_bytes = o_.slot_bytes;
     ko.budget_bytes = o_.kv_standby_bytes;
-    ko.orphan_grace_ms = o_.owner_grace_ms;
+    ko.orphan_grace_ms = o_.kv_standby_grace_ms;
     ko.ack_timeout_ms = o_.step_timeout_ms;
     ko.clock = clock_;
     ko.first_corr = (rng_() << 16) | 1;

@@ -76,6 +76,11 @@ struct StageNodeOptions {
   // CONNEX_PP_KV_STANDBY_BYTES: the mirrors a standby keeps, in bytes; past it the oldest go
   // (their requests are re-prefilled if their primary dies).
   int64_t kv_standby_bytes = int64_t{256} << 20;
+  // CONNEX_PP_KV_STANDBY_GRACE_MS: how long a standby keeps the mirrors of a primary that failed
+  // for the owners' re-sent steps (those it takes over go at once), and a mirror that no update
+  // came for (its primary dropped the request and the MIRROR_DROP was lost, or stopped
+  // mirroring it).
+  int64_t kv_standby_grace_ms = 10000;
   Clock* clock = nullptr;  // nullptr: the real clock (tests inject a FakeClock)
 
   // Options with the CONNEX_PP_* variables above applied. InvalidArgument names a bad one.

@@ -178,7 +178,7 @@ void StageNode::Impl::On(MirrorSignal& m) {
     Send(m.origin.signal, r);
     return;
   }
-  kv_->OnMirror(m, reg_->epoch());
+  kv_->OnMirror(m, reg_->epoch(), NowMs());
 }
 
 void StageNode::Impl::HandlePeerChange(const elastic::PeerChange& c) {

@@ -63,6 +63,45 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
           "Steps run while the directory did not renew the lease, on the lease and the peers' "
           "answers",
           s.steps_on_lease);
+  // KV standby (CONNEX_PP_KV_STANDBY).
+  counter("lag_recomputes",
+          "Requests a KV standby took over short of their step, recomputed from its position "
+          "(owner)",
+          s.lag_recomputes);
+  counter("rewound", "Requests cut back to a step's start (a standby's lag recomputed)",
+          s.rewound);
+  gauge("kv_standby", "Whether this stage keeps a KV standby (1) or not (0)", s.kv_standby ? 1 : 0);
+  counter("kv_mirrored_bytes", "State bytes this stage mirrored to its standby",
+          s.kv_mirrored_bytes);
+  counter("kv_mirror_updates", "MIRROR updates this stage sent to its standby",
+          s.kv_mirror_updates);
+  counter("kv_standby_changes", "Standbys this stage picked, replaced or lost",
+          s.kv_standby_changes);
+  gauge("kv_mirrors_held", "Requests of other stages mirrored here", s.kv_mirrors_held);
+  gauge("kv_mirror_bytes_held", "Bytes of the mirrors held here",
+        static_cast<uint64_t>(s.kv_mirror_bytes_held));
+  counter("kv_mirrors_dropped_for_budget",
+          "Mirrors dropped, oldest first, past CONNEX_PP_KV_STANDBY_BYTES",
+          s.kv_mirrors_dropped_for_budget);
+  counter("kv_takeovers", "Requests taken over from a mirror whose step ran at once",
+          s.kv_takeovers);
+  counter("kv_takeovers_lagged",
+          "Requests taken over from a mirror short of their step (the lag recomputed)",
+          s.kv_takeovers_lagged);
+  {
+    // The standby's lag when a step ran, in steps: a cumulative histogram.
+    const std::string name = "connex_stage_kv_standby_lag_steps";
+    out += StrCat("# HELP ", name,
+                  " The KV standby's lag (positions not yet mirrored) when a step ran here\n",
+                  "# TYPE ", name, " histogram\n");
+    static constexpr const char* kLe[] = {"0", "1", "2", "4", "8", "16", "+Inf"};
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < s.kv_standby_lag.size(); ++i) {
+      cumulative += s.kv_standby_lag[i];
+      out += StrCat(name, "_bucket{le=\"", kLe[i], "\"} ", cumulative, "\n");
+    }
+    out += StrCat(name, "_count ", cumulative, "\n");
+  }
   // Per epoch of the last few this process held: what ran under it, and when the last of it was
   // admitted (CLOCK_MONOTONIC, comparable across the processes of a host).
   auto per_epoch = [&out, &s](std::string_view name, std::string_view type, std::string_view help,

@@ -85,6 +85,7 @@ absl::StatusOr<std::unique_ptr<StageProcess>> StageProcess::Start(
   node_defaults.replica = options.replica;
   node_defaults.eos_token = static_cast<int32_t>(p->engine_->config().eos_token_id());
   CONNEX_ASSIGN_OR_RETURN(pp::StageNodeOptions nopts, pp::StageNodeOptions::FromEnv(node_defaults));
+  if (options.kv_standby) nopts.kv_standby = *options.kv_standby;
   p->stall_unhealthy_ms_ = std::max<int64_t>(15'000, 3 * nopts.step_timeout_ms);
   CONNEX_ASSIGN_OR_RETURN(p->node_, pp::StageNode::Start(nopts, *p->engine_, std::move(transfer),
                                                          std::move(signals), *p->directory_));

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -31,6 +32,8 @@ struct StageProcessOptions {
   std::string backend = "auto";  // CONNEX_PP_BACKEND: auto, tcp, shm, ucx (mem is for tests)
   std::string signal_host = "127.0.0.1";  // CONNEX_SIGNAL_HOST: where the signal socket binds
   int threads = 0;  // CONNEX_ENGINE_THREADS; 0: what EngineThreadsFromEnv says
+  // --kv-standby on|off: overrides CONNEX_PP_KV_STANDBY when set (pp::StageNodeOptions).
+  std::optional<bool> kv_standby;
 
   // Stage, stages and names checked together; InvalidArgument names what is wrong.
   absl::Status Validate() const;
