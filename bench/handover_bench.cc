@@ -46,6 +46,8 @@ struct Config {
   int max_new = 160;
   int warmup_tokens = 30;
   int inflight = 0;  // 0: the node's default (CONNEX_PP_INFLIGHT)
+  std::string kv_standby = "off";  // CONNEX_PP_KV_STANDBY of every stage
+  int64_t prompt_tokens = 0;       // 0: PromptOf(id), a few tokens
   std::string model_path;
   std::string log_level = "warn";  // of the stage processes
   bool json = false;
@@ -94,6 +96,7 @@ std::optional<Subprocess> StartNode(const Config& c, const std::string& bind, in
   argv.insert(argv.end(), extra.begin(), extra.end());
   std::vector<std::string> env = {"CONNEX_LOG_LEVEL=" + c.log_level, "CONNEX_ENGINE_THREADS=1"};
   if (c.inflight > 0) env.push_back("CONNEX_PP_INFLIGHT=" + std::to_string(c.inflight));
+  env.push_back("CONNEX_PP_KV_STANDBY=" + c.kv_standby);
   auto p = Subprocess::Start(argv, env);
   if (!p || !p->WaitForLine("ready ", 30000)) return std::nullopt;
   return p;
@@ -124,7 +127,8 @@ RunResult RunOnce(const Config& c, connex::engine::Pipeline& reference) {
   }
   auto owner = StartNode(c, bind, 0, 0,
                          {"--requests", std::to_string(c.requests), "--max-new-tokens",
-                          std::to_string(c.max_new), "--stream"});
+                          std::to_string(c.max_new), "--prompt-tokens",
+                          std::to_string(c.prompt_tokens), "--stream"});
   if (!owner) {
     out.problem = "the owner did not start";
     return out;
@@ -173,7 +177,8 @@ RunResult RunOnce(const Config& c, connex::engine::Pipeline& reference) {
     connex::engine::GenerateOptions options;
     options.max_tokens = c.max_new;
     options.stop_at_eos = false;
-    auto want = connex::engine::Generate(reference, {PromptOf(id)}, options, 1000 + id);
+    auto want =
+        connex::engine::Generate(reference, {PromptOf(id, c.prompt_tokens)}, options, 1000 + id);
     if (t.error.empty() && want.ok() && (*want)[0].tokens == t.tokens) ++out.exact;
     auto after = std::upper_bound(t.times_us.begin(), t.times_us.end(), kill_us);
     if (after != t.times_us.end()) {
@@ -218,6 +223,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--model-path", c.model_path,
                  "checkpoint (default: connex-mkmodel's default model, written to a temp dir)");
+  app.add_option("--kv-standby", c.kv_standby,
+                 "on: every stage mirrors its KV state to the same stage of the other replica, "
+                 "which takes the killed stage's requests over without a re-prefill")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--prompt-tokens", c.prompt_tokens,
+                 "tokens of every prompt (0: a few); the context a re-prefill recomputes")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16))
+      ->capture_default_str();
   app.add_flag("--json", c.json, "print one JSON object");
   // This process and the stages log at the level given (flag or CONNEX_LOG_LEVEL), else at warn.
   CLI::Option* log_level = connex::AddLogLevelFlag(app, "warn");
@@ -281,6 +295,8 @@ int main(int argc, char** argv) {
   }
   if (!tmp.empty()) std::filesystem::remove_all(tmp);
   nlohmann::json summary = {{"backend", c.backend},
+                            {"kv_standby", c.kv_standby},
+                            {"prompt_tokens", c.prompt_tokens},
                             {"stages", c.stages},
                             {"kill_stage", c.kill_stage},
                             {"requests", c.requests},
@@ -289,6 +305,7 @@ int main(int argc, char** argv) {
                             {"failed_runs", failed_runs},
                             {"handover_p50_ms", Percentile(handover, 0.5)},
                             {"handover_p90_ms", Percentile(handover, 0.9)},
+                            {"handover_p99_ms", Percentile(handover, 0.99)},
                             {"handover_max_ms", Percentile(handover, 1.0)},
                             {"token_gap_p50_ms", Percentile(gaps, 0.5)},
                             {"token_gap_p99_ms", Percentile(gaps, 0.99)},
@@ -299,10 +316,13 @@ int main(int argc, char** argv) {
     std::printf("%s\n", summary.dump().c_str());
   } else {
     std::printf(
-        "%s, %d stages, kill stage %d, %d requests: handover p50 %.1f / p90 %.1f / max %.1f ms; "
+        "%s, kv standby %s, %d stages, kill stage %d, %d requests, prompts of %lld tokens: "
+        "handover p50 %.1f / p90 %.1f / p99 %.1f / max %.1f ms; "
         "steady token gap p50 %.2f / p99 %.2f ms; exact %d/%d; failed runs %d\n",
-        c.backend.c_str(), c.stages, c.kill_stage, c.requests, Percentile(handover, 0.5),
-        Percentile(handover, 0.9), Percentile(handover, 1.0), Percentile(gaps, 0.5),
+        c.backend.c_str(), c.kv_standby.c_str(), c.stages, c.kill_stage, c.requests,
+        static_cast<long long>(c.prompt_tokens), Percentile(handover, 0.5),
+        Percentile(handover, 0.9), Percentile(handover, 0.99), Percentile(handover, 1.0),
+        Percentile(gaps, 0.5),
         Percentile(gaps, 0.99), exact, total, failed_runs);
   }
   return failed_runs == 0 && exact == total ? 0 : 1;

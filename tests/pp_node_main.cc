@@ -78,6 +78,13 @@ int main(int argc, char** argv) {
   app.add_flag("--stream", stream,
                "stage 0: print every generated token as a JSON line with its time "
                "(steady clock, microseconds; the same clock in every process of this host)");
+  bool sampled = false;
+  app.add_flag("--sampled", sampled,
+               "stage 0: odd request ids sample (tests/pp_prompts.h SamplingOf), even ones greedy");
+  int64_t prompt_tokens = 0;
+  app.add_option("--prompt-tokens", prompt_tokens,
+                 "stage 0: prompts of this many tokens (0: a few, PromptOf)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   bool report_epochs = false;
   app.add_flag("--report-epochs", report_epochs,
                "print `epochs current=E E1:STEPS:LAST_NS ...` whenever the steps run per epoch "
@@ -161,30 +168,32 @@ int main(int argc, char** argv) {
     }
     for (int i = 0; i < requests; ++i) {
       uint64_t id = first_id + static_cast<uint64_t>(i);
-      absl::Status s =
-          (*node)->Submit(id, PromptOf(id), max_new,
-                          [&finished](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
-                            nlohmann::json line = {{"id", rid}};
-                            if (r.ok()) {
-                              line["tokens"] = *r;
-                            } else {
-                              line["error"] = std::string(r.status().message());
-                            }
-                            std::printf("%s\n", line.dump().c_str());
-                            std::fflush(stdout);
-                            finished.fetch_add(1);
-                          },
-                          !stream ? connex::pp::StageNode::TokenCallback()
-                                  : [](uint64_t rid, int32_t token) {
-                                      int64_t t_us =
-                                          std::chrono::duration_cast<std::chrono::microseconds>(
-                                              std::chrono::steady_clock::now().time_since_epoch())
-                                              .count();
-                                      std::printf("{\"id\":%llu,\"token\":%d,\"t_us\":%lld}\n",
-                                                  static_cast<unsigned long long>(rid), token,
-                                                  static_cast<long long>(t_us));
-                                      std::fflush(stdout);
-                                    });
+      connex::pp::SubmitOptions submit;
+      if (sampled) submit.sampling = connex::testing::SamplingOf(id);
+      if (stream) {
+        submit.on_token = [](uint64_t rid, int32_t token) {
+          int64_t t_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
+          std::printf("{\"id\":%llu,\"token\":%d,\"t_us\":%lld}\n",
+                      static_cast<unsigned long long>(rid), token, static_cast<long long>(t_us));
+          std::fflush(stdout);
+        };
+      }
+      absl::Status s = (*node)->Submit(
+          id, PromptOf(id, prompt_tokens), max_new,
+          [&finished](uint64_t rid, absl::StatusOr<std::vector<int32_t>> r) {
+            nlohmann::json line = {{"id", rid}};
+            if (r.ok()) {
+              line["tokens"] = *r;
+            } else {
+              line["error"] = std::string(r.status().message());
+            }
+            std::printf("%s\n", line.dump().c_str());
+            std::fflush(stdout);
+            finished.fetch_add(1);
+          },
+          std::move(submit));
       if (!s.ok()) return fail(s);
     }
   }
@@ -218,10 +227,11 @@ int main(int argc, char** argv) {
       }
       if (finished.load() == requests) {
         auto s = (*node)->stats();
-        std::printf("done failovers=%llu reprefills=%llu resends=%llu\n",
+        std::printf("done failovers=%llu reprefills=%llu resends=%llu lag_recomputes=%llu\n",
                     static_cast<unsigned long long>(s.failovers),
                     static_cast<unsigned long long>(s.reprefills),
-                    static_cast<unsigned long long>(s.resends));
+                    static_cast<unsigned long long>(s.resends),
+                    static_cast<unsigned long long>(s.lag_recomputes));
         std::fflush(stdout);
         (*node)->Stop(/*leave=*/true);
         return 0;

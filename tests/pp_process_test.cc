@@ -138,16 +138,18 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(mk->Wait(30000), 0) << mk->transcript();
     return model;
   }
-  static Reference LlamaReference(const std::string& model) {
+  // `sampled`: as pp_test_node --sampled (SamplingOf).
+  static Reference LlamaReference(const std::string& model, bool sampled = false) {
     auto loaded = engine::Pipeline::Load(model, kStages);
     EXPECT_TRUE(loaded.ok()) << loaded.status();
     std::shared_ptr<engine::Pipeline> pipeline;
     if (loaded.ok()) pipeline = *std::move(loaded);
-    return [pipeline](uint64_t id, int max_new) {
+    return [pipeline, sampled](uint64_t id, int max_new) {
       if (pipeline == nullptr) return std::vector<int32_t>{};
       engine::GenerateOptions options;
       options.max_tokens = max_new;
       options.stop_at_eos = false;
+      if (sampled) options.sampling = {SamplingOf(id)};
       auto g = engine::Generate(*pipeline, {PromptOf(id)}, options, /*first_request_id=*/1000 + id);
       return g.ok() ? (*g)[0].tokens : std::vector<int32_t>{};
     };
@@ -486,6 +488,28 @@ TEST_P(PpProcessTest, LlamaStageKilledMidGenerationKeepsExactTokens) {
   stages_.at({1, 0}).Signal(SIGKILL);
   std::string done = CheckOwner(owner, 4, 120, 120000, LlamaReference(model));
   EXPECT_THAT(done, ::testing::Not(HasSubstr("reprefills=0 ")));
+  std::filesystem::remove_all(dir);
+}
+
+// The same with a KV standby (CONNEX_PP_KV_STANDBY=on): the killed stage's requests continue on
+// its standby — the same stage of the other replica, which holds their mirrored state — with
+// no re-prefill, greedy and sampled requests alike.
+TEST_P(PpProcessTest, LlamaStageKilledWithAKvStandbyContinuesWithoutReprefill) {
+  std::string dir = ::testing::TempDir() + "/llama-kv-" + GetParam() + "-" + std::to_string(getpid());
+  const std::string model = MakeLlamaModel(dir);
+  node_env_ = {"CONNEX_PP_KV_STANDBY=on"};
+  std::vector<std::string> llama = {"--engine", "llama", "--model-path", model};
+  StartStages(llama);
+  std::vector<std::string> owner_args = llama;
+  for (const char* a : {"--requests", "4", "--max-new-tokens", "200", "--sampled"}) {
+    owner_args.push_back(a);
+  }
+  Subprocess owner = Node(0, 0, owner_args);
+  ASSERT_TRUE(owner.WaitForLine("progress", 60000)) << owner.transcript();
+  stages_.at({1, 0}).Signal(SIGKILL);
+  std::string done = CheckOwner(owner, 4, 200, 120000, LlamaReference(model, /*sampled=*/true));
+  EXPECT_THAT(done, HasSubstr("reprefills=0 "));
+  EXPECT_THAT(done, ::testing::Not(HasSubstr("failovers=0 ")));
   std::filesystem::remove_all(dir);
 }
 

@@ -44,6 +44,11 @@ void AddRun(CLI::App* app, CommonOptions* o, std::string* json_path, std::string
                   "a request not finished this long counts as failed")
       ->check(CLI::Range(int64_t{1000}, int64_t{3'600'000}))
       ->capture_default_str();
+  app->add_option("--kv-standby", o->kv_standby,
+                  "on: every stage mirrors its KV state to the same stage of the next replica, "
+                  "which takes a killed stage's requests over without a re-prefill")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}))
+      ->default_str("off");
   app->add_option("--json", *json_path, "write the whole record here");
   app->add_option("--work-dir", *work_dir,
                   "logs, the model and the references (default: a new directory in $TMPDIR, "

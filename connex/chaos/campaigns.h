@@ -26,6 +26,9 @@ struct CommonOptions {
   uint64_t seed = 1;     // the campaign's choices (prompts, sampling, victims)
   bool progress = true;  // progress lines on stderr
   int64_t request_timeout_ms = 180'000;
+  // --kv-standby: every stage keeps a KV standby (CONNEX_PP_KV_STANDBY=on), so that a killed
+  // stage's requests continue without a re-prefill.
+  bool kv_standby = false;
   // steady and proxy-cost only: measure a deployment that runs already, found through this
   // directory (its stage-0 APIs), instead of starting one; `proxy_address` is its proxy.
   std::string directory;

@@ -265,6 +265,7 @@ absl::Status Cluster::StartStage(uint32_t stage, uint32_t replica,
             StrCat("CONNEX_PP_STEP_TIMEOUT_MS=", o.step_timeout_ms),
             StrCat("CONNEX_PP_PROBE_TIMEOUT_MS=", o.probe_timeout_ms)};
   if (o.inflight > 0) so.env.push_back(StrCat("CONNEX_PP_INFLIGHT=", o.inflight));
+  so.env.push_back(StrCat("CONNEX_PP_KV_STANDBY=", o.kv_standby ? "on" : "off"));
   if (o.netns) so.env.push_back("CONNEX_INSECURE=1");  // the tool's own test network
   so.env.insert(so.env.end(), o.stage_env.begin(), o.stage_env.end());
   so.env.insert(so.env.end(), extra_env.begin(), extra_env.end());

@@ -46,6 +46,7 @@ struct ClusterOptions {
   // A replica whose response stays silent this long is taken as dead by the proxy (a hung or
   // cut-off stage 0), which resumes the request elsewhere; 0: the proxy's default.
   int64_t proxy_idle_timeout_ms = 1500;
+  bool kv_standby = false;             // CONNEX_PP_KV_STANDBY of every stage
   std::vector<std::string> stage_env;  // more NAME=VALUE for every stage
   std::vector<std::string> proxy_env;  // more NAME=VALUE for the proxy
   int64_t start_timeout_ms = 60'000;

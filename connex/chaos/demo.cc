@@ -327,6 +327,7 @@ absl::StatusOr<json> Demo::Run() {
   co.replicas = kReplicas;
   co.stages = kStages;
   co.backend = o_.backend;
+  co.kv_standby = o_.kv_standby;
   co.proxy = d_.proxy;
   co.lease_ttl_ms = 3000;
   co.heartbeat_ms = 1000;
@@ -473,6 +474,7 @@ absl::StatusOr<json> Demo::Run() {
                           {"stages", kStages},
                           {"model_name", o_.model_name},
                           {"backend", o_.backend},
+                          {"kv_standby", o_.kv_standby},
                           {"proxy", d_.proxy}};
   record["totals"] = totals;
   record["kills"] = kills;
@@ -501,7 +503,9 @@ std::string DemoReport(const json& r) {
   line("=== connex demo report ===");
   line(StrCat("deployment   ", d["replicas"].get<int>(), " replicas x ", d["stages"].get<int>(),
               " stages of '", d["model_name"].get<std::string>(), "', backend ",
-              d["backend"].get<std::string>(), ", ",
+              d["backend"].get<std::string>(), ", KV standby ",
+              d.value("kv_standby", false) ? "on" : "off (a killed stage's requests re-prefill)",
+              ", ",
               d["proxy"].get<bool>() ? "through connex-proxy" : "stage 0 directly (--no-proxy)"));
   line("model        " + r["options"]["model"].get<std::string>());
   line(StrCat("requests     ", done, " done (", t["greedy"].get<int64_t>(), " greedy, ",

@@ -71,6 +71,7 @@ json CommonJson(const CommonOptions& o) {
   return {{"replicas", o.replicas},
           {"stages", o.stages},
           {"backend", o.backend},
+          {"kv_standby", o.kv_standby},
           {"max_tokens", o.max_tokens},
           {"seed", o.seed},
           {"model", o.model_path.empty() ? "connex-mkmodel --layers 8 --dim 256 --heads 4 "
@@ -99,8 +100,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const CommonOptions& o, bo
   c.proxy = proxy;
   c.netns = netns;
   c.inflight = inflight;
+  c.kv_standby = o.kv_standby;
   c.stage_env = std::move(stage_env);
   Progress(o, StrCat("starting ", o.replicas, " replicas of ", o.stages, " stages",
+                     o.kv_standby ? " with KV standby" : "",
                      proxy ? " and the proxy" : "", netns ? ", each stage in its own netns" : "",
                      inflight > 0 ? StrCat(", K=", inflight) : ""));
   return Cluster::Start(std::move(c));
