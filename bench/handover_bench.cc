@@ -45,7 +45,7 @@ struct Config {
   int requests = 4;
   int max_new = 160;
   int warmup_tokens = 30;
-  int inflight = 0;  // 0: the node's default (CONNEX_PP_INFLIGHT)
+  int inflight = 0;                // 0: the node's default (CONNEX_PP_INFLIGHT)
   std::string kv_standby = "off";  // CONNEX_PP_KV_STANDBY of every stage
   int64_t prompt_tokens = 0;       // 0: PromptOf(id), a few tokens
   std::string model_path;
@@ -125,10 +125,10 @@ RunResult RunOnce(const Config& c, connex::engine::Pipeline& reference) {
       nodes.emplace(std::make_pair(s, r), std::move(*p));
     }
   }
-  auto owner = StartNode(c, bind, 0, 0,
-                         {"--requests", std::to_string(c.requests), "--max-new-tokens",
-                          std::to_string(c.max_new), "--prompt-tokens",
-                          std::to_string(c.prompt_tokens), "--stream"});
+  auto owner = StartNode(
+      c, bind, 0, 0,
+      {"--requests", std::to_string(c.requests), "--max-new-tokens", std::to_string(c.max_new),
+       "--prompt-tokens", std::to_string(c.prompt_tokens), "--stream"});
   if (!owner) {
     out.problem = "the owner did not start";
     return out;
@@ -322,8 +322,7 @@ int main(int argc, char** argv) {
         c.backend.c_str(), c.kv_standby.c_str(), c.stages, c.kill_stage, c.requests,
         static_cast<long long>(c.prompt_tokens), Percentile(handover, 0.5),
         Percentile(handover, 0.9), Percentile(handover, 0.99), Percentile(handover, 1.0),
-        Percentile(gaps, 0.5),
-        Percentile(gaps, 0.99), exact, total, failed_runs);
+        Percentile(gaps, 0.5), Percentile(gaps, 0.99), exact, total, failed_runs);
   }
   return failed_runs == 0 && exact == total ? 0 : 1;
 }

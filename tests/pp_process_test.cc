@@ -495,7 +495,8 @@ TEST_P(PpProcessTest, LlamaStageKilledMidGenerationKeepsExactTokens) {
 // its standby — the same stage of the other replica, which holds their mirrored state — with
 // no re-prefill, greedy and sampled requests alike.
 TEST_P(PpProcessTest, LlamaStageKilledWithAKvStandbyContinuesWithoutReprefill) {
-  std::string dir = ::testing::TempDir() + "/llama-kv-" + GetParam() + "-" + std::to_string(getpid());
+  std::string dir =
+      ::testing::TempDir() + "/llama-kv-" + GetParam() + "-" + std::to_string(getpid());
   const std::string model = MakeLlamaModel(dir);
   node_env_ = {"CONNEX_PP_KV_STANDBY=on"};
   std::vector<std::string> llama = {"--engine", "llama", "--model-path", model};

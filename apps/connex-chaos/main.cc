@@ -47,7 +47,8 @@ void AddRun(CLI::App* app, CommonOptions* o, std::string* json_path, std::string
   app->add_option("--kv-standby", o->kv_standby,
                   "on: every stage mirrors its KV state to the same stage of the next replica, "
                   "which takes a killed stage's requests over without a re-prefill")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}))
+      ->transform(
+          CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}))
       ->default_str("off");
   app->add_option("--json", *json_path, "write the whole record here");
   app->add_option("--work-dir", *work_dir,

@@ -470,12 +470,9 @@ absl::StatusOr<json> Demo::Run() {
   problems.insert(problems.end(), shutdown.begin(), shutdown.end());
   if (totals["completed"].get<int64_t>() == 0) problems.push_back("no request completed");
 
-  record["deployment"] = {{"replicas", kReplicas},
-                          {"stages", kStages},
-                          {"model_name", o_.model_name},
-                          {"backend", o_.backend},
-                          {"kv_standby", o_.kv_standby},
-                          {"proxy", d_.proxy}};
+  record["deployment"] = {{"replicas", kReplicas},       {"stages", kStages},
+                          {"model_name", o_.model_name}, {"backend", o_.backend},
+                          {"kv_standby", o_.kv_standby}, {"proxy", d_.proxy}};
   record["totals"] = totals;
   record["kills"] = kills;
   record["restarted_stage0_completed"] = restarted ? json(*restarted) : json(nullptr);

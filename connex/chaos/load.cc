@@ -103,8 +103,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const CommonOptions& o, bo
   c.kv_standby = o.kv_standby;
   c.stage_env = std::move(stage_env);
   Progress(o, StrCat("starting ", o.replicas, " replicas of ", o.stages, " stages",
-                     o.kv_standby ? " with KV standby" : "",
-                     proxy ? " and the proxy" : "", netns ? ", each stage in its own netns" : "",
+                     o.kv_standby ? " with KV standby" : "", proxy ? " and the proxy" : "",
+                     netns ? ", each stage in its own netns" : "",
                      inflight > 0 ? StrCat(", K=", inflight) : ""));
   return Cluster::Start(std::move(c));
 }

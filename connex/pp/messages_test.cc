@@ -122,5 +122,62 @@ TEST(MessagesTest, TicketsTokensAndEpochsRoundTrip) {
   EXPECT_EQ(std::get<ReleasedSignal>(*released).nonce, 5u);
 }
 
+// KV standby: MIRROR, MIRRORED, MIRROR_DROP, and STEP.rewind / MISSING.held (omitted when empty,
+// so that a stage without them reads them as before).
+TEST(MessagesTest, KvStandbySignalsRoundTripAndBadOnesAreNamed) {
+  MirrorSignal m;
+  m.corr = 5;
+  m.origin = MakeHop(1);
+  m.target = Lid{"m", 1, 0, 2};
+  m.target_epoch = 9;
+  m.owner = MakeHop(0);
+  m.owner_token = 0xabcdef;
+  m.request_ids = {3, 4};
+  m.from = {0, 10};
+  m.to = {7, 11};
+  m.layout = {TensorLayout{"0/hash", DType::kI64, {7}, 0, 56}};
+  m.remote_addr = 0x1000;
+  m.length = 120;
+  auto back = Decode(Encode(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  const MirrorSignal& d = std::get<MirrorSignal>(*back);
+  EXPECT_EQ(d.target, m.target);
+  EXPECT_EQ(d.owner, m.owner);
+  EXPECT_EQ(d.from, m.from);
+  EXPECT_EQ(d.to, m.to);
+  EXPECT_EQ(d.layout[0].name, "0/hash");
+  m.to = {7, 10};  // an empty range
+  EXPECT_THAT(std::string(Decode(Encode(m)).status().message()),
+              HasSubstr("MIRROR: request 4: positions [10, 10) are empty"));
+  MirroredSignal r{5, Lid{"m", 1, 0, 2}, 0, "", {3, 4}, {7, -1}};
+  auto mirrored = Decode(Encode(r));
+  ASSERT_TRUE(mirrored.ok()) << mirrored.status();
+  EXPECT_EQ(std::get<MirroredSignal>(*mirrored).held, (std::vector<int64_t>{7, -1}));
+  MirrorDropSignal drop{Lid{"m", 1, 0, 1}, 41, Lid{"m", 0, 0, 1}, 0xabcdef, {3}};
+  auto dropped = Decode(Encode(drop));
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_EQ(std::get<MirrorDropSignal>(*dropped).owner_token, 0xabcdefu);
+
+  StepSignal s;
+  s.owner = MakeHop(0);
+  s.origin = MakeHop(0);
+  s.route = {MakeHop(1)};
+  s.request_ids = {1, 2};
+  s.start_positions = {5, 6};
+  s.num_tokens = {1, 1};
+  s.rewind = {2};
+  auto step = Decode(Encode(s));
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(std::get<StepSignal>(*step).rewind, (std::vector<uint64_t>{2}));
+  MissingSignal missing{1, 2, Lid{"m", 1, 0, 0}, {7, 8}, 41, 77, {0, 12}};
+  auto miss = Decode(Encode(missing));
+  ASSERT_TRUE(miss.ok()) << miss.status();
+  EXPECT_EQ(std::get<MissingSignal>(*miss).held, (std::vector<int32_t>{0, 12}));
+  missing.held = {};
+  miss = Decode(Encode(missing));
+  ASSERT_TRUE(miss.ok());
+  EXPECT_TRUE(std::get<MissingSignal>(*miss).held.empty());
+}
+
 }  // namespace
 }  // namespace connex::pp

@@ -68,8 +68,7 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
           "Requests a KV standby took over short of their step, recomputed from its position "
           "(owner)",
           s.lag_recomputes);
-  counter("rewound", "Requests cut back to a step's start (a standby's lag recomputed)",
-          s.rewound);
+  counter("rewound", "Requests cut back to a step's start (a standby's lag recomputed)", s.rewound);
   gauge("kv_standby", "Whether this stage keeps a KV standby (1) or not (0)", s.kv_standby ? 1 : 0);
   counter("kv_mirrored_bytes", "State bytes this stage mirrored to its standby",
           s.kv_mirrored_bytes);
