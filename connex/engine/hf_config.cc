@@ -6,6 +6,7 @@
 
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
+#include "connex/engine/internal/errors.h"
 #include "connex/engine/model_config.h"
 #include "nlohmann/json.hpp"
 
@@ -33,7 +34,7 @@ constexpr std::pair<const char*, int64_t ModelConfig::*> kRequiredInts[] = {
     {"intermediate_size", &ModelConfig::intermediate_size},
 };
 
-absl::Status Bad(std::string_view what) { return absl::InvalidArgumentError(std::string(what)); }
+using internal::Bad;
 
 std::string Show(const Json& j) {
   std::string s = j.dump(-1, ' ', false, Json::error_handler_t::replace);

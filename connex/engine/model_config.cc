@@ -49,7 +49,7 @@ constexpr const char* kMetadataInts[] = {
     "vocab_size",          "hidden_size",       "num_hidden_layers",       "num_attention_heads",
     "num_key_value_heads", "intermediate_size", "max_position_embeddings", "bos_token_id"};
 
-absl::Status Bad(std::string_view what) {
+absl::Status ConfigError(std::string_view what) {
   return absl::InvalidArgumentError(StrCat("model config: ", what));
 }
 
@@ -67,19 +67,20 @@ absl::Status ValidateRopeScaling(const RopeScaling& r) {
   // Linear scaling may compress or stretch; dynamic and llama3 only stretch (HF warns below 1).
   const bool linear = r.type == Type::kLinear;
   if (!std::isfinite(r.factor) || !(linear ? r.factor > 0 : r.factor >= 1) || r.factor > 1024) {
-    return Bad(StrCat("'rope_scaling.factor' = ", r.factor, " must be in ", linear ? "(0" : "[1",
-                      ", 1024]"));
+    return ConfigError(StrCat("'rope_scaling.factor' = ", r.factor, " must be in ",
+                              linear ? "(0" : "[1", ", 1024]"));
   }
   if (r.type != Type::kLlama3) return absl::OkStatus();
   if (r.original_max_position_embeddings < 1 || r.original_max_position_embeddings > (1 << 24)) {
-    return Bad(StrCat("'rope_scaling.original_max_position_embeddings' = ",
-                      r.original_max_position_embeddings, " must be in [1, ", 1 << 24, "]"));
+    return ConfigError(StrCat(
+        "'rope_scaling.original_max_position_embeddings' = ", r.original_max_position_embeddings,
+        " must be in [1, ", 1 << 24, "]"));
   }
   if (!(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor) ||
       !std::isfinite(r.high_freq_factor)) {
-    return Bad(StrCat("'rope_scaling.low_freq_factor' = ", r.low_freq_factor,
-                      " and 'high_freq_factor' = ", r.high_freq_factor,
-                      " must satisfy 0 < low < high"));
+    return ConfigError(StrCat("'rope_scaling.low_freq_factor' = ", r.low_freq_factor,
+                              " and 'high_freq_factor' = ", r.high_freq_factor,
+                              " must satisfy 0 < low < high"));
   }
   return absl::OkStatus();
 }
@@ -98,47 +99,53 @@ int64_t ModelConfig::max_positions() const {
 
 absl::Status ModelConfig::Validate() const {
   if (model_type != "llama" && model_type != "mistral" && model_type != "qwen2") {
-    return Bad(
+    return ConfigError(
         StrCat("'model_type' \"", model_type, "\" is not supported (llama, mistral, qwen2)"));
   }
   for (const IntField& f : kIntFields) {
     int64_t v = this->*f.field;
     if (v < f.min || v > f.max) {
-      return Bad(StrCat("'", f.name, "' = ", v, " is out of range [", f.min, ", ", f.max, "]"));
+      return ConfigError(
+          StrCat("'", f.name, "' = ", v, " is out of range [", f.min, ", ", f.max, "]"));
     }
   }
   if (explicit_head_dim == 0 && hidden_size % num_attention_heads != 0) {
-    return Bad(StrCat("'hidden_size' ", hidden_size, " is not a multiple of 'num_attention_heads' ",
-                      num_attention_heads, " (and no 'head_dim' is given)"));
+    return ConfigError(StrCat("'hidden_size' ", hidden_size,
+                              " is not a multiple of 'num_attention_heads' ", num_attention_heads,
+                              " (and no 'head_dim' is given)"));
   }
-  if (head_dim() % 2 != 0) return Bad(StrCat("head dimension ", head_dim(), " is odd (RoPE)"));
+  if (head_dim() % 2 != 0)
+    return ConfigError(StrCat("head dimension ", head_dim(), " is odd (RoPE)"));
   if (num_attention_heads % num_key_value_heads != 0) {
-    return Bad(StrCat("'num_attention_heads' ", num_attention_heads,
-                      " is not a multiple of 'num_key_value_heads' ", num_key_value_heads));
+    return ConfigError(StrCat("'num_attention_heads' ", num_attention_heads,
+                              " is not a multiple of 'num_key_value_heads' ", num_key_value_heads));
   }
   if (bos_token_id >= vocab_size) {
-    return Bad(StrCat("'bos_token_id' ", bos_token_id, " must be < 'vocab_size' ", vocab_size));
+    return ConfigError(
+        StrCat("'bos_token_id' ", bos_token_id, " must be < 'vocab_size' ", vocab_size));
   }
   for (int64_t eos : eos_token_ids) {
     if (eos < 0 || eos >= vocab_size) {
-      return Bad(StrCat("'eos_token_id' ", eos, " is outside [0, 'vocab_size' ", vocab_size, ")"));
+      return ConfigError(
+          StrCat("'eos_token_id' ", eos, " is outside [0, 'vocab_size' ", vocab_size, ")"));
     }
   }
   if (!(rope_theta > 1.0) || !std::isfinite(rope_theta)) {
-    return Bad(StrCat("'rope_theta' = ", rope_theta, " must be a finite number > 1"));
+    return ConfigError(StrCat("'rope_theta' = ", rope_theta, " must be a finite number > 1"));
   }
   if (!(rms_norm_eps > 0.0) || !(rms_norm_eps < 1.0)) {
-    return Bad(StrCat("'rms_norm_eps' = ", rms_norm_eps, " must be in (0, 1)"));
+    return ConfigError(StrCat("'rms_norm_eps' = ", rms_norm_eps, " must be in (0, 1)"));
   }
   CONNEX_RETURN_IF_ERROR(ValidateRopeScaling(rope_scaling));
   // What each architecture has: Qwen2 q/k/v biases always, Llama all four or none, Mistral none.
   if (model_type == "qwen2" ? (!qkv_bias || o_bias)
                             : (o_bias != qkv_bias || (model_type == "mistral" && qkv_bias))) {
-    return Bad(StrCat("model_type \"", model_type, "\" with q/k/v biases ", qkv_bias,
-                      " and o_proj bias ", o_bias, " is no published layout"));
+    return ConfigError(StrCat("model_type \"", model_type, "\" with q/k/v biases ", qkv_bias,
+                              " and o_proj bias ", o_bias, " is no published layout"));
   }
   if (sliding_window > 0 && model_type != "mistral") {
-    return Bad(StrCat("'sliding_window' = ", sliding_window, " is only honoured for mistral"));
+    return ConfigError(
+        StrCat("'sliding_window' = ", sliding_window, " is only honoured for mistral"));
   }
   return absl::OkStatus();
 }
@@ -171,9 +178,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromMetadata(
   ModelConfig c;
   auto integer = [&](const char* name, int64_t& out) -> absl::Status {
     auto it = metadata.find(name);
-    if (it == metadata.end()) return Bad(StrCat("field '", name, "' is missing"));
+    if (it == metadata.end()) return ConfigError(StrCat("field '", name, "' is missing"));
     if (!absl::SimpleAtoi(it->second, &out)) {
-      return Bad(StrCat("field '", name, "' = '", it->second, "' is not an integer"));
+      return ConfigError(StrCat("field '", name, "' = '", it->second, "' is not an integer"));
     }
     return absl::OkStatus();
   };
@@ -187,7 +194,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromMetadata(
     auto it = metadata.find(f.name);
     if (it == metadata.end()) continue;  // optional: Llama defaults
     if (!absl::SimpleAtod(it->second, &(c.*f.field))) {
-      return Bad(StrCat("field '", f.name, "' = '", it->second, "' is not a number"));
+      return ConfigError(StrCat("field '", f.name, "' = '", it->second, "' is not a number"));
     }
   }
   CONNEX_RETURN_IF_ERROR(c.Validate());

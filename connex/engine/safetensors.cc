@@ -13,6 +13,7 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/engine/half.h"
+#include "connex/engine/internal/errors.h"
 #include "nlohmann/json.hpp"
 
 namespace connex::engine {
@@ -20,7 +21,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::Status Bad(std::string_view what) { return absl::InvalidArgumentError(std::string(what)); }
+using internal::Bad;
 
 absl::StatusOr<uint64_t> Unsigned(const Json& j, std::string_view what) {
   if (!j.is_number_unsigned()) {
