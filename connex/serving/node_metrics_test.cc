@@ -24,9 +24,29 @@ TEST(RenderNodeStatsTest, EveryFieldIsAFamilyCountersWithTotal) {
   EXPECT_THAT(text, HasSubstr("connex_stage_requests_in_flight 1\n"));
   EXPECT_THAT(text, HasSubstr("connex_stage_releases_pending 0\n"));
   EXPECT_THAT(text, Not(HasSubstr("held_requests_total")));
-  // 18 counters and 8 gauges, each with HELP, TYPE and one sample; the two per-epoch families
-  // have HELP and TYPE, and no sample without epochs.
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 26 * 3 + 2 * 2);
+  // 26 counters and 11 gauges, each with HELP, TYPE and one sample; the two per-epoch families
+  // have HELP and TYPE, and no sample without epochs; the KV standby's lag histogram has HELP,
+  // TYPE, 7 buckets and its count.
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 37 * 3 + 2 * 2 + 10);
+}
+
+TEST(RenderNodeStatsTest, TheKvStandbyLagIsACumulativeHistogramInSteps) {
+  pp::StageNodeStats s;
+  s.kv_standby = true;
+  s.kv_standby_lag = {5, 3, 0, 1, 0, 0, 2};
+  s.kv_takeovers = 4;
+  std::string text = RenderNodeStats(s);
+  EXPECT_THAT(text, HasSubstr("connex_stage_kv_standby 1\n"));
+  EXPECT_THAT(text, HasSubstr("connex_stage_kv_takeovers_total 4\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE connex_stage_kv_standby_lag_steps histogram\n"
+                              "connex_stage_kv_standby_lag_steps_bucket{le=\"0\"} 5\n"
+                              "connex_stage_kv_standby_lag_steps_bucket{le=\"1\"} 8\n"
+                              "connex_stage_kv_standby_lag_steps_bucket{le=\"2\"} 8\n"
+                              "connex_stage_kv_standby_lag_steps_bucket{le=\"4\"} 9\n"
+                              "connex_stage_kv_standby_lag_steps_bucket{le=\"8\"} 9\n"
+                              "connex_stage_kv_standby_lag_steps_bucket{le=\"16\"} 9\n"
+                              "connex_stage_kv_standby_lag_steps_bucket{le=\"+Inf\"} 11\n"
+                              "connex_stage_kv_standby_lag_steps_count 11\n"));
 }
 
 TEST(RenderNodeStatsTest, PerEpochFamiliesHaveOneSampleAnEpoch) {
