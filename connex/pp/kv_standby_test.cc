@@ -132,12 +132,15 @@ TEST_F(KvStandbyTest, AStandbyOverItsBudgetFallsBackToReprefill) {
   ExpectNothingLeft(*c);
 }
 
-// Requests long enough to outlive the kills and restarts below (the mem pipeline runs a step of
-// the TestEngine in well under a millisecond).
-constexpr int kLong = 20000;
+// Requests long enough to outlive the kills and restarts below: the owner's memory is read over
+// a slow link (SlowOwner: every step at least 2 ms), so they last seconds however fast the
+// machine or slow the sanitizer.
+constexpr int kLong = 500;
+void SlowOwner(Cluster& c) { c.fabric().SetReadDelay(Lid{c.model(), 0, 0, 0}, 2); }
 
 TEST_F(KvStandbyTest, ADeadStandbyIsReplaced) {
   auto c = MakeCluster(3, 3);
+  SlowOwner(*c);
   for (uint64_t id = 1; id <= 6; ++id) ASSERT_TRUE(c->Submit(0, id, Prompt(id), kLong).ok());
   AwaitMirrors(*c, 12);
   // The standby of stage 1 of replica 0 is replica 1's; it dies, and replica 2's takes its
@@ -147,7 +150,7 @@ TEST_F(KvStandbyTest, ADeadStandbyIsReplaced) {
       << c->node(1, 2)->stats().kv_mirrors_held << " mirrors on replica 2's stage 1";
   ASSERT_TRUE(c->AwaitMembers(8).ok());  // replica 1's stage 1 is gone from the directory
   c->Kill(1, 0);
-  ASSERT_TRUE(c->AwaitAll(60000));
+  ASSERT_TRUE(c->AwaitAll(120000));
   ExpectAllMatchReference(*c, kLong);
   EXPECT_EQ(c->TotalStats().reprefills, 0u);
   const StageNodeStats taker = c->node(1, 2)->stats();
@@ -157,6 +160,7 @@ TEST_F(KvStandbyTest, ADeadStandbyIsReplaced) {
 
 TEST_F(KvStandbyTest, ARestartedStageIsAStandbyAgain) {
   auto c = MakeCluster(3, 2);
+  SlowOwner(*c);
   for (uint64_t id = 1; id <= 6; ++id) ASSERT_TRUE(c->Submit(0, id, Prompt(id), kLong).ok());
   AwaitMirrors(*c, 12);
   c->Kill(1, 0);  // replica 1's stage 1 takes its requests over
@@ -171,7 +175,7 @@ TEST_F(KvStandbyTest, ARestartedStageIsAStandbyAgain) {
   ASSERT_TRUE(WaitUntil([&] { return c->node(1, 0)->stats().kv_mirrors_held >= 6; }, 10000))
       << c->node(1, 0)->stats().kv_mirrors_held << " mirrors on the restarted stage";
   c->Kill(1, 1);  // and takes them back from its mirrors
-  ASSERT_TRUE(c->AwaitAll(60000));
+  ASSERT_TRUE(c->AwaitAll(120000));
   ExpectAllMatchReference(*c, kLong);
   EXPECT_EQ(c->TotalStats().reprefills, 0u);
   const StageNodeStats taker = c->node(1, 0)->stats();
