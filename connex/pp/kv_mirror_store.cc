@@ -162,16 +162,46 @@ int64_t MirrorStore::Apply(const MirrorSignal& m, size_t i, TensorDict state, in
       stats_.bytes += static_cast<int64_t>(last.bytes);
     }
   }
-  Chunk c;
-  c.from = from;
-  c.rows = rows;
-  c.bytes = PackedSize(state);
-  c.state = std::move(state);
-  mirror.bytes += c.bytes;
-  stats_.bytes += static_cast<int64_t>(c.bytes);
-  mirror.chunks.push_back(std::move(c));
+  if (!mirror.chunks.empty() && AppendRows(mirror.chunks.back(), state, rows)) {
+    // One chunk grows by a decode step's row: no container per position.
+    Chunk& last = mirror.chunks.back();
+    const uint64_t before = last.bytes;
+    last.bytes = PackedSize(last.state);
+    mirror.bytes += last.bytes - before;
+    stats_.bytes += static_cast<int64_t>(last.bytes - before);
+  } else {
+    Chunk c;
+    c.from = from;
+    c.rows = rows;
+    c.bytes = PackedSize(state);
+    c.state = std::move(state);
+    mirror.bytes += c.bytes;
+    stats_.bytes += static_cast<int64_t>(c.bytes);
+    mirror.chunks.push_back(std::move(c));
+  }
   mirror.positions = from + rows;
   return mirror.positions;
+}
+
+bool MirrorStore::AppendRows(Chunk& chunk, const TensorDict& state, int64_t rows) {
+  const auto& have = chunk.state.tensors();
+  const auto& add = state.tensors();
+  if (have.size() != add.size()) return false;
+  for (auto a = have.begin(), b = add.begin(); a != have.end(); ++a, ++b) {
+    const Tensor& x = a->second;
+    const Tensor& y = b->second;
+    if (a->first != b->first || x.dtype != y.dtype || x.shape.size() != y.shape.size() ||
+        !std::equal(x.shape.begin() + 1, x.shape.end(), y.shape.begin() + 1)) {
+      return false;
+    }
+  }
+  for (const auto& [name, y] : add) {
+    Tensor* x = chunk.state.FindMutable(name);
+    x->data.insert(x->data.end(), y.data.begin(), y.data.end());
+    x->shape[0] += rows;
+  }
+  chunk.rows += rows;
+  return true;
 }
 
 void MirrorStore::KeepBudget() {

@@ -111,6 +111,9 @@ class MirrorStore {
   void Drop(std::map<Key, Mirror>::iterator it);  // counted as dropped
   void Refuse(const MirrorSignal& m, absl::StatusCode code, const std::string& why);
   void KeepBudget();
+  // Appends `rows` rows of `state` to `chunk` when both hold the same tensors (names, dtypes,
+  // row shapes); false (nothing changed) otherwise.
+  static bool AppendRows(Chunk& chunk, const TensorDict& state, int64_t rows);
 
   const MirrorStoreOptions o_;
   transport::TransferEngine& transfer_;

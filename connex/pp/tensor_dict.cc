@@ -69,6 +69,11 @@ const Tensor* TensorDict::Find(std::string_view name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
+Tensor* TensorDict::FindMutable(std::string_view name) {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
 void TensorDict::Erase(std::string_view name) {
   auto it = tensors_.find(name);
   if (it != tensors_.end()) tensors_.erase(it);

@@ -94,6 +94,9 @@ class TensorDict {
   void Set(std::string name, Tensor tensor) { tensors_[std::move(name)] = std::move(tensor); }
   bool Contains(std::string_view name) const { return tensors_.find(name) != tensors_.end(); }
   const Tensor* Find(std::string_view name) const;
+  // The tensor `name` to change in place (its bytes and shape stay consistent: the caller's
+  // job), or nullptr.
+  Tensor* FindMutable(std::string_view name);
   void Erase(std::string_view name);
 
   // The tensor `name`, checked to have `dtype` and `rank` dimensions (rank -1: any).
