@@ -97,6 +97,10 @@ std::optional<Subprocess> StartNode(const Config& c, const std::string& bind, in
   std::vector<std::string> env = {"CONNEX_LOG_LEVEL=" + c.log_level, "CONNEX_ENGINE_THREADS=1"};
   if (c.inflight > 0) env.push_back("CONNEX_PP_INFLIGHT=" + std::to_string(c.inflight));
   env.push_back("CONNEX_PP_KV_STANDBY=" + c.kv_standby);
+  // A step that prefills (or re-prefills) long prompts runs for seconds on this engine: the step
+  // timeout must not take a busy stage for a silent one (a kill is seen at once, by peer death).
+  const int64_t step_timeout_ms = std::max<int64_t>(1000, 8 * c.prompt_tokens * c.requests);
+  env.push_back("CONNEX_PP_STEP_TIMEOUT_MS=" + std::to_string(step_timeout_ms));
   auto p = Subprocess::Start(argv, env);
   if (!p || !p->WaitForLine("ready ", 30000)) return std::nullopt;
   return p;
