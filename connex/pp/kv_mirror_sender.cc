@@ -107,6 +107,11 @@ void MirrorSender::ForgetOwner(const Lid& lid, uint64_t epoch) {
 
 void MirrorSender::Flush() {
   if (!standby_) return;
+  // At most one round of updates per interval: each update costs both sides a signal and the
+  // standby a read, whatever it carries; between rounds the rows accumulate.
+  const int64_t now = NowMs();
+  if (o_.interval_ms > 0 && now - last_flush_ms_ < o_.interval_ms) return;
+  last_flush_ms_ = now;
   // Due: held here beyond what the standby confirmed, nothing in flight; one update per owner.
   std::map<OwnerKey, std::vector<Key>> due;
   for (const auto& [key, t] : tracks_) {

@@ -37,6 +37,7 @@ const char* LagBucketName(size_t bucket);
 
 struct MirrorSenderOptions {
   int64_t ack_timeout_ms = 5000;  // an update not answered this long is sent again
+  int64_t interval_ms = 0;        // at most one round of updates per interval (0: every turn)
   Clock* clock = nullptr;         // nullptr: the real clock
   uint64_t first_corr = 1;
 };
@@ -116,6 +117,7 @@ class MirrorSender {
   SendSignal send_;
   uint64_t next_corr_;
   std::optional<Hop> standby_;
+  int64_t last_flush_ms_ = 0;
   std::map<Key, Track> tracks_;
   std::map<uint64_t, Outgoing> outgoing_;
   MirrorSenderStats stats_;

@@ -23,6 +23,7 @@ absl::StatusOr<std::unique_ptr<KvStandby>> KvStandby::Create(KvStandbyOptions op
                                            static_cast<size_t>(k->o_.slot_bytes)));
   MirrorSenderOptions so;
   so.ack_timeout_ms = k->o_.ack_timeout_ms;
+  so.interval_ms = k->o_.interval_ms;
   so.clock = k->o_.clock;
   so.first_corr = k->o_.first_corr;
   k->sender_ = std::make_unique<MirrorSender>(so, std::move(ring), engine, std::move(self), send);

@@ -31,6 +31,7 @@ struct KvStandbyOptions {
   int64_t budget_bytes = int64_t{256} << 20;  // CONNEX_PP_KV_STANDBY_BYTES
   int64_t orphan_grace_ms = 10000;            // mirrors of a failed primary kept this long
   int64_t ack_timeout_ms = 5000;
+  int64_t interval_ms = 0;  // CONNEX_PP_KV_STANDBY_INTERVAL_MS
   Clock* clock = nullptr;
   uint64_t first_corr = 1;
 };

@@ -42,6 +42,7 @@ absl::Status StageNode::Impl::Start() {
     ko.budget_bytes = o_.kv_standby_bytes;
     ko.orphan_grace_ms = o_.kv_standby_grace_ms;
     ko.ack_timeout_ms = o_.step_timeout_ms;
+    ko.interval_ms = o_.kv_standby_interval_ms;
     ko.clock = clock_;
     ko.first_corr = (rng_() << 16) | 1;
     CONNEX_ASSIGN_OR_RETURN(kv_,

@@ -35,6 +35,8 @@ absl::StatusOr<StageNodeOptions> StageNodeOptions::FromEnv(StageNodeOptions o) {
   CONNEX_ASSIGN_OR_RETURN(o.stall_confirm_ms,
                           EnvInt("CONNEX_PP_STALL_CONFIRM_MS", o.stall_confirm_ms, 0, 3'600'000));
   CONNEX_ASSIGN_OR_RETURN(o.kv_standby, EnvBool("CONNEX_PP_KV_STANDBY", o.kv_standby));
+  CONNEX_ASSIGN_OR_RETURN(o.kv_standby_interval_ms, EnvInt("CONNEX_PP_KV_STANDBY_INTERVAL_MS",
+                                                           o.kv_standby_interval_ms, 0, 60'000));
   CONNEX_ASSIGN_OR_RETURN(o.kv_standby_grace_ms, EnvInt("CONNEX_PP_KV_STANDBY_GRACE_MS",
                                                         o.kv_standby_grace_ms, 0, 86'400'000));
   if (std::optional<std::string> bytes = GetEnv("CONNEX_PP_KV_STANDBY_BYTES")) {
