@@ -84,7 +84,7 @@ struct StageNodeOptions {
   // CONNEX_PP_KV_STANDBY_INTERVAL_MS: a stage sends its standby at most one round of mirror
   // updates per interval (0: after every turn of its loop). Longer: less work per token on both
   // sides, a standby further behind (a takeover then recomputes the lag).
-  int64_t kv_standby_interval_ms = 0;
+  int64_t kv_standby_interval_ms = 25;
   Clock* clock = nullptr;  // nullptr: the real clock (tests inject a FakeClock)
 
   // Options with the CONNEX_PP_* variables above applied. InvalidArgument names a bad one.
