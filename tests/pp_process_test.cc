@@ -502,13 +502,13 @@ TEST_P(PpProcessTest, LlamaStageKilledWithAKvStandbyContinuesWithoutReprefill) {
   std::vector<std::string> llama = {"--engine", "llama", "--model-path", model};
   StartStages(llama);
   std::vector<std::string> owner_args = llama;
-  for (const char* a : {"--requests", "4", "--max-new-tokens", "200", "--sampled"}) {
+  for (const char* a : {"--requests", "4", "--max-new-tokens", "120", "--sampled"}) {
     owner_args.push_back(a);
   }
   Subprocess owner = Node(0, 0, owner_args);
   ASSERT_TRUE(owner.WaitForLine("progress", 60000)) << owner.transcript();
   stages_.at({1, 0}).Signal(SIGKILL);
-  std::string done = CheckOwner(owner, 4, 200, 120000, LlamaReference(model, /*sampled=*/true));
+  std::string done = CheckOwner(owner, 4, 120, 120000, LlamaReference(model, /*sampled=*/true));
   EXPECT_THAT(done, HasSubstr("reprefills=0 "));
   EXPECT_THAT(done, ::testing::Not(HasSubstr("failovers=0 ")));
   std::filesystem::remove_all(dir);
