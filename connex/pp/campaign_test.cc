@@ -424,17 +424,8 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
     (*tally)["kv-takeovers"] += static_cast<int>(total.kv_takeovers);
     (*tally)["kv-lag-recomputes"] += static_cast<int>(total.lag_recomputes);
     (*tally)["kv-reprefills"] += static_cast<int>(total.reprefills);
-    auto mirrors = [&c] {
-      size_t n = 0;
-      for (uint32_t stage = 0; stage < kStages; ++stage) {
-        for (uint32_t replica = 0; replica < 3; ++replica) {
-          if (c.alive(stage, replica)) n += c.node(stage, replica)->stats().kv_mirrors_held;
-        }
-      }
-      return n;
-    };
-    if (!WaitUntil([&] { return mirrors() == 0; }, 10000)) {
-      return std::to_string(mirrors()) + " KV mirrors left behind (" + what + ")";
+    if (!WaitUntil([&] { return c.MirrorsHeld() == 0; }, 10000)) {
+      return std::to_string(c.MirrorsHeld()) + " KV mirrors left behind (" + what + ")";
     }
   }
   return "";

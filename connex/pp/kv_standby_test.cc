@@ -55,20 +55,9 @@ class KvStandbyTest : public ::testing::Test {
   // Every request ended: no engine holds state, no standby holds a mirror.
   void ExpectNothingLeft(Cluster& c) {
     EXPECT_TRUE(c.AwaitNoStateHeld(10000)) << c.StateHeld();
-    EXPECT_TRUE(WaitUntil([&] { return MirrorsHeld(c) == 0; }, 10000))
-        << MirrorsHeld(c) << " mirrors left";
+    EXPECT_TRUE(WaitUntil([&] { return c.MirrorsHeld() == 0; }, 10000))
+        << c.MirrorsHeld() << " mirrors left";
     EXPECT_TRUE(c.AwaitRingsEmpty(5000));
-  }
-
-  // Mirrors the live nodes hold now (TotalStats adds what killed nodes held when they died).
-  static size_t MirrorsHeld(Cluster& c) {
-    size_t n = 0;
-    for (uint32_t stage = 0; stage < c.stages(); ++stage) {
-      for (uint32_t replica = 0; replica < 4; ++replica) {
-        if (c.alive(stage, replica)) n += c.node(stage, replica)->stats().kv_mirrors_held;
-      }
-    }
-    return n;
   }
 
   // Waits until every one of the requests has a mirror on some standby (their first steps ran).

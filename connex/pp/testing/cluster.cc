@@ -270,6 +270,14 @@ std::string Cluster::StateHeld() const {
   return out;
 }
 
+size_t Cluster::MirrorsHeld() const {
+  size_t n = 0;
+  for (const auto& [key, m] : members_) {
+    if (m.alive && m.node) n += m.node->stats().kv_mirrors_held;
+  }
+  return n;
+}
+
 StageNodeStats Cluster::TotalStats() const {
   StageNodeStats total;
   auto add = [&total](const StageNodeStats& s) {

@@ -81,6 +81,9 @@ class Cluster {
   bool AwaitNoStateHeld(int64_t timeout_ms);
   // "stage/replica: n requests" for every live engine that holds state ("" when none does).
   std::string StateHeld() const;
+  // KV standby mirrors the live nodes hold now (TotalStats adds what killed nodes held when they
+  // died).
+  size_t MirrorsHeld() const;
 
   // Every node's directory client (now and later) sees events `ms` late.
   void SetDirectoryEventDelay(int ms);
