@@ -246,4 +246,10 @@ int64_t MirrorSender::NextDeadline(int64_t otherwise) const {
   return next;
 }
 
+std::optional<int64_t> MirrorSender::Confirmed(const OwnerKey& owner, uint64_t id) const {
+  auto it = tracks_.find(Key{owner, id});
+  if (it == tracks_.end()) return std::nullopt;
+  return it->second.stopped ? -1 : it->second.mirrored;
+}
+
 }  // namespace connex::pp

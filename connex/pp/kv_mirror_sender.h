@@ -86,6 +86,11 @@ class MirrorSender {
   int64_t NextDeadline(int64_t otherwise) const;
   // Updates sent and not answered yet.
   size_t in_flight() const { return outgoing_.size(); }
+  // Whether the update `corr` was sent by this sender and is not answered yet.
+  bool Awaits(uint64_t corr) const { return outgoing_.count(corr) > 0; }
+  // Positions of the owner's request `id` the standby confirmed; -1 when it dropped the
+  // request for its budget; nullopt when the request is not tracked here.
+  std::optional<int64_t> Confirmed(const OwnerKey& owner, uint64_t id) const;
 
   const MirrorSenderStats& stats() const { return stats_; }
 

@@ -11,6 +11,8 @@
 #define CONNEX_PP_KV_STANDBY_H_
 
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -39,6 +41,13 @@ struct KvStandbyOptions {
 struct KvStandbyStats {
   MirrorSenderStats primary;
   MirrorStoreStats standby;
+  // PD (a prefill instance): what went to decode instances, requests retained, and those whose
+  // retention ran out (CONNEX_PD_RETAIN_MS / _BYTES).
+  uint64_t handoff_updates = 0;
+  uint64_t handoff_bytes = 0;
+  size_t retained = 0;
+  int64_t retained_bytes = 0;
+  uint64_t retention_expired = 0;
 };
 
 class KvStandby final : public StandbyHooks {
@@ -61,7 +70,7 @@ class KvStandby final : public StandbyHooks {
   void OnMirror(const MirrorSignal& m, uint64_t epoch, int64_t now_ms) {
     store_->OnMirror(m, epoch, now_ms);
   }
-  bool OnMirrored(const MirroredSignal& m) { return sender_->OnMirrored(m); }
+  bool OnMirrored(const MirroredSignal& m);
   void OnDrop(const MirrorDropSignal& d) { store_->OnDrop(d); }
 
   // The live members of this stage now: the standby is the replica after ours.
@@ -72,19 +81,58 @@ class KvStandby final : public StandbyHooks {
   }
   // Each turn of the loop: updates not answered in time, updates due, mirrors past their grace.
   void Turn(int64_t now_ms);
-  int64_t NextDeadline(int64_t otherwise) const { return sender_->NextDeadline(otherwise); }
+  int64_t NextDeadline(int64_t otherwise) const;
   // Mirror updates sent and not answered yet (a draining stage waits for them).
-  size_t in_flight() const { return sender_->in_flight(); }
+  size_t in_flight() const;
 
-  KvStandbyStats stats() const { return {sender_->stats(), store_->stats()}; }
+  // ---- PD: a prefill instance's handoffs (docs/design/pd.md) ----
+  // A step that names a decode instance (StepSignal::handoff) has its requests' state mirrored
+  // there — by a sender of its own per decode instance — instead of to a standby, and kept
+  // (retained) after it. Positions of the owner's request `id` the decode instance confirmed
+  // (-1: it dropped them for its budget; nullopt: no handoff of it is tracked).
+  std::optional<int64_t> HandedOver(const OwnerKey& owner, uint64_t id) const;
+  // The decode instance `lid` is gone: its handoffs stop (their requests wait for no answer).
+  void HandoffTargetGone(const Lid& lid);
+  // The retained requests past `retain_ms` since their last step, then the oldest past
+  // `retain_bytes` in all: the caller drops their state (StepReceiver::Evict), which Releases
+  // them here.
+  std::vector<std::pair<OwnerKey, uint64_t>> RetentionExpired(int64_t now_ms, int64_t retain_ms,
+                                                              int64_t retain_bytes);
+
+  KvStandbyStats stats() const;
 
  private:
-  KvStandby(KvStandbyOptions options, Engine& engine) : o_(std::move(options)), engine_(engine) {}
+  KvStandby(KvStandbyOptions options, Engine& engine, transport::TransferEngine& transfer,
+            MirrorSender::Self self, MirrorSender::SendSignal send)
+      : o_(std::move(options)),
+        engine_(engine),
+        transfer_(transfer),
+        self_(std::move(self)),
+        send_(std::move(send)) {}
+  using Key = std::pair<OwnerKey, uint64_t>;
+  struct Retained {
+    Lid target;
+    int64_t positions = 0;
+    int64_t last_ms = 0;
+  };
+  // The handoff sender to `target` (made on first use); nullptr when its ring cannot be had.
+  MirrorSender* HandoffTo(const Hop& target);
+  void ForgetRetained(const OwnerKey& owner, const std::vector<uint64_t>& ids);
+  int64_t NowMs() const { return (o_.clock != nullptr ? o_.clock : RealClock::Get())->NowMs(); }
 
   const KvStandbyOptions o_;
   Engine& engine_;
+  transport::TransferEngine& transfer_;
+  MirrorSender::Self self_;
+  MirrorSender::SendSignal send_;
   std::unique_ptr<MirrorSender> sender_;
   std::unique_ptr<MirrorStore> store_;
+  std::map<Lid, std::unique_ptr<MirrorSender>> handoffs_;  // by decode instance
+  uint64_t handoff_senders_made_ = 0;
+  std::map<Key, Retained> retained_;
+  int64_t bytes_per_position_ = 0;  // measured on the first export
+  uint64_t retention_expired_ = 0;
+  MirrorSenderStats handoffs_gone_;  // of senders dropped (their targets went)
 };
 
 }  // namespace connex::pp

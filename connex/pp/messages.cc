@@ -136,6 +136,11 @@ struct EncodeVisitor {
         .Uint("owner_token", s.owner_token)
         .Uint("ticket", s.ticket);
     if (!s.rewind.empty()) body.UintList("rewind", s.rewind);
+    if (s.has_handoff()) {
+      MapBuilder handoff;
+      PutHop(handoff, s.handoff);
+      body.Map("handoff", handoff);
+    }
     return wire::EncodeFrame("STEP", body);
   }
   std::string operator()(const AckSignal& s) const {
@@ -300,6 +305,11 @@ absl::StatusOr<StepSignal> DecodeStep(const MapView& b) {
     if (s.rewind.size() > s.request_ids.size()) {
       return absl::InvalidArgumentError("STEP.rewind: more requests than the step has");
     }
+  }
+  if (b.Has("handoff")) {
+    CONNEX_ASSIGN_OR_RETURN(MapView handoff, b.Map("handoff"));
+    CONNEX_ASSIGN_OR_RETURN(s.handoff, GetHop(handoff));
+    if (!s.has_handoff()) return absl::InvalidArgumentError("STEP.handoff: an empty LID");
   }
   return s;
 }

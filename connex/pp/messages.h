@@ -48,6 +48,10 @@ struct StepSignal {
   // Requests (owner ids) whose state every stage cuts back to the step's start position before
   // it runs: the owner recomputes what a standby lacked (KV standby). Empty: none.
   std::vector<uint64_t> rewind;
+  // Prefill-decode disaggregation (docs/design/pd.md): the decode instance the target (a
+  // prefill instance) hands the step's requests' state to; an empty LID (model "") when none.
+  Hop handoff;
+  bool has_handoff() const { return !handoff.lid.model.empty(); }
   const Hop& target() const { return route[hop]; }
 };
 

@@ -169,6 +169,12 @@ TEST(MessagesTest, KvStandbySignalsRoundTripAndBadOnesAreNamed) {
   auto step = Decode(Encode(s));
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(std::get<StepSignal>(*step).rewind, (std::vector<uint64_t>{2}));
+  EXPECT_FALSE(std::get<StepSignal>(*step).has_handoff());
+  // Prefill-decode: the decode instance a prefill step's state goes to.
+  s.handoff = MakeHop(2);
+  step = Decode(Encode(s));
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(std::get<StepSignal>(*step).handoff, MakeHop(2));
   MissingSignal missing{1, 2, Lid{"m", 1, 0, 0}, {7, 8}, 41, 77, {0, 12}};
   auto miss = Decode(Encode(missing));
   ASSERT_TRUE(miss.ok()) << miss.status();

@@ -35,7 +35,10 @@ absl::Status StageNode::Impl::Start() {
       ro, [this](const Lid& stage) { return routes_.SignalOf(stage); },
       [this](const std::string& a, const Signal& sig) { Send(a, sig); });
   routes_.SetKvStandby(o_.kv_standby);
-  if (o_.kv_standby && o_.stage != 0) {
+  routes_.SetPd(o_.pd_role);
+  // A prefill instance hands state over, a decode instance takes it: both need the mirrors.
+  const bool pd_instance = o_.pd_role == PdRole::kPrefill || o_.pd_role == PdRole::kDecode;
+  if ((o_.kv_standby || pd_instance) && o_.stage != 0) {
     KvStandbyOptions ko;
     ko.self = lid_;
     ko.slot_bytes = o_.slot_bytes;
@@ -172,8 +175,13 @@ absl::Status StageNode::Impl::Migrate(std::unique_ptr<SignalTransport> signals) 
 std::map<std::string, std::string> StageNode::Impl::JoinMetadata() const {
   std::map<std::string, std::string> m = o_.metadata;
   std::string groups;
-  for (uint32_t g = 0; g < o_.stages; ++g) {
-    if (DealsWith(o_.stage, g)) groups += StrCat(groups.empty() ? "" : ",", g);
+  if (o_.pd_role != PdRole::kNone) {
+    // PD: a frontend reports the instances it sends steps to; an instance reports nobody.
+    if (o_.pd_role == PdRole::kFrontend) groups = StrCat(kPdPrefillGroup, ",", kPdDecodeGroup);
+  } else {
+    for (uint32_t g = 0; g < o_.stages; ++g) {
+      if (DealsWith(o_.stage, g)) groups += StrCat(groups.empty() ? "" : ",", g);
+    }
   }
   m.emplace(std::string(directory::kPeerGroupsKey), groups);
   return m;

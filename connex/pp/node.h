@@ -31,6 +31,7 @@
 #include "connex/directory/client.h"
 #include "connex/pp/engine.h"
 #include "connex/pp/epoch_ledger.h"
+#include "connex/pp/pd.h"
 #include "connex/pp/signal_transport.h"
 #include "connex/transport/transfer_engine.h"
 
@@ -85,6 +86,19 @@ struct StageNodeOptions {
   // updates per interval (0: after every turn of its loop). Longer: less work per token on both
   // sides, a standby further behind (a takeover then recomputes the lag).
   int64_t kv_standby_interval_ms = 25;
+  // Prefill-decode disaggregation (pd.h, docs/design/pd.md). CONNEX_PD_ROLE: this node's role in
+  // a PD deployment (stages = 2: a frontend is stage 0, a prefill or decode instance stage 1);
+  // kNone: a plain pipeline stage. Its LID's group is its role's (PdGroup).
+  PdRole pd_role = PdRole::kNone;
+  // CONNEX_PD_RETAIN_MS: how long a prefill instance keeps a request's KV after its last step
+  // (the retained copy a decode instance that lost the request resumes from without a
+  // re-prefill); CONNEX_PD_RETAIN_BYTES: at most this many bytes of it, the oldest go first.
+  int64_t pd_retain_ms = 30000;
+  int64_t pd_retain_bytes = int64_t{1} << 30;
+  // CONNEX_PD_HANDOFF_WAIT_MS: how long a prefill instance holds a step's RESULT back for the
+  // decode instance to confirm it holds the KV (then the owner's next step finds it there);
+  // past it the RESULT goes anyway and the decode instance recomputes what it lacks.
+  int64_t pd_handoff_wait_ms = 2000;
   Clock* clock = nullptr;  // nullptr: the real clock (tests inject a FakeClock)
 
   // Options with the CONNEX_PP_* variables above applied. InvalidArgument names a bad one.
@@ -145,6 +159,20 @@ struct StageNodeStats {
   uint64_t kv_mirrors_dropped_for_budget = 0;  // standby: oldest first, past the budget
   uint64_t kv_takeovers = 0;         // standby: requests taken over whose step ran at once
   uint64_t kv_takeovers_lagged = 0;  // standby: taken over short of the step (lag recomputed)
+  // Prefill-decode (pd.h). Frontend: requests a prefill instance handed to a decode instance,
+  // and requests a decode instance lost that resumed from their prefill instance's retained
+  // copy. Prefill instance: mirror updates and bytes handed to decode instances, requests
+  // retained now (and their bytes), retentions that ran out, RESULTs held for a handoff now,
+  // and held RESULTs sent after CONNEX_PD_HANDOFF_WAIT_MS without the handoff confirmed.
+  uint64_t pd_handoffs = 0;
+  uint64_t pd_retained_resumes = 0;
+  uint64_t pd_handoff_updates = 0;
+  uint64_t pd_handoff_bytes = 0;
+  size_t pd_retained = 0;
+  int64_t pd_retained_bytes = 0;
+  uint64_t pd_retention_expired = 0;
+  size_t pd_results_held = 0;
+  uint64_t pd_handoff_waits_expired = 0;
 };
 
 // Per-request settings of Submit.

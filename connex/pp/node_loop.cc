@@ -32,6 +32,7 @@ void StageNode::Impl::Run() {
     RunTimers(now);
     sender_->Flush();
     if (kv_) kv_->Turn(now);  // after the steps: mirrors are off their critical path
+    if (!held_results_.empty()) ReleaseHeldResults(now);
     if (o_.stage == 0) {
       if (!drain_->draining() && !drain_->lost()) owner_->Schedule(now);
       releases_->Flush(now, owner_->last_step(), signals_->address());
@@ -81,7 +82,7 @@ void StageNode::Impl::PublishStats() {
   stats_.lag_recomputes = owned.lag_recomputes;
   if (kv_) {
     const KvStandbyStats k = kv_->stats();
-    stats_.kv_standby = true;
+    stats_.kv_standby = o_.kv_standby;
     stats_.kv_mirrored_bytes = k.primary.bytes_sent;
     stats_.kv_mirror_updates = k.primary.updates_sent;
     stats_.kv_standby_lag = k.primary.lag;
@@ -91,7 +92,16 @@ void StageNode::Impl::PublishStats() {
     stats_.kv_mirrors_dropped_for_budget = k.standby.dropped_for_budget;
     stats_.kv_takeovers = k.standby.takeovers;
     stats_.kv_takeovers_lagged = k.standby.takeovers_lagged;
+    stats_.pd_handoff_updates = k.handoff_updates;
+    stats_.pd_handoff_bytes = k.handoff_bytes;
+    stats_.pd_retained = k.retained;
+    stats_.pd_retained_bytes = k.retained_bytes;
+    stats_.pd_retention_expired = k.retention_expired;
   }
+  stats_.pd_handoffs = owned.pd_handoffs;
+  stats_.pd_retained_resumes = owned.pd_retained_resumes;
+  stats_.pd_results_held = held_results_.size();
+  stats_.pd_handoff_waits_expired = handoff_waits_expired_;
   stats_.releases_pending = releases_ ? releases_->pending() : 0;
   stats_.epoch = reg_->epoch();
   stats_.epoch_checks = guard_->stats().epoch_checks;
@@ -122,7 +132,7 @@ void StageNode::Impl::Deliver(const StepSignal& s, const TensorDict& out) {
       CONNEX_LOG_ERROR("pp {}: the engine's last-stage output lacks {}", lid_.ToString(),
                        kNextTokens);
     }
-    if (answer.ok()) Send(s.owner.signal, *answer);
+    if (answer.ok() && !HoldForHandoff(s, *answer)) Send(s.owner.signal, *answer);
     return;
   }
   absl::StatusOr<PendingSend> next = NextHop(s, out, Self());
@@ -164,8 +174,11 @@ void StageNode::Impl::On(PingSignal& p) {
 }
 
 void StageNode::Impl::On(MirrorSignal& m) {
-  // Only a live or draining member of our stage mirrors here, at its own signal address.
-  if (!routes_.IsMemberSignal(m.origin.lid, m.origin.signal) || m.origin.lid.group != o_.stage) {
+  // Only a live or draining member of our stage mirrors here, at its own signal address (PD: a
+  // decode instance takes the handoffs of prefill instances too).
+  const bool pool = m.origin.lid.group == lid_.group ||
+                    (o_.pd_role == PdRole::kDecode && m.origin.lid.group == kPdPrefillGroup);
+  if (!routes_.IsMemberSignal(m.origin.lid, m.origin.signal) || !pool) {
     ++strangers_ignored_;
     return;
   }
@@ -184,12 +197,19 @@ void StageNode::Impl::On(MirrorSignal& m) {
 void StageNode::Impl::HandlePeerChange(const elastic::PeerChange& c) {
   const Lid& lid = c.record.lid;
   const bool owner = lid.group == 0 && o_.stage != 0;
-  if (kv_ && lid.group == o_.stage && lid != lid_) {
+  if (kv_ && lid.group == lid_.group && lid != lid_) {
     // A member of our own stage: our standby may change; a failed primary's mirrors wait for
     // the re-sent steps a grace period.
     if (c.kind == elastic::PeerChange::Kind::kFailed)
       kv_->PrimaryGone(lid, c.record.epoch, NowMs());
     ChooseStandby();
+  }
+  if (kv_ && c.kind == elastic::PeerChange::Kind::kFailed && o_.pd_role != PdRole::kNone) {
+    // PD: a prefill instance that failed leaves its handoffs here for the owners' next steps; a
+    // decode instance that failed takes no more handoffs.
+    if (o_.pd_role == PdRole::kDecode && lid.group == kPdPrefillGroup)
+      kv_->PrimaryGone(lid, c.record.epoch, NowMs());
+    if (o_.pd_role == PdRole::kPrefill && lid.group == kPdDecodeGroup) kv_->HandoffTargetGone(lid);
   }
   switch (c.kind) {
     case elastic::PeerChange::Kind::kFailed:
@@ -229,6 +249,53 @@ void StageNode::Impl::RunTimers(int64_t now) {
   sender_->Expire(now);
   if (o_.stage != 0) return;
   owner_->RunTimers(now);
+}
+
+// ---- PD (pd.h) ----
+
+bool StageNode::Impl::HoldForHandoff(const StepSignal& s, const Signal& answer) {
+  if (o_.pd_role != PdRole::kPrefill || !s.has_handoff() || !kv_ ||
+      !std::holds_alternative<ResultSignal>(answer)) {
+    return false;
+  }
+  HeldResult h;
+  h.address = s.owner.signal;
+  h.answer = answer;
+  h.owner = OwnerKey{s.owner.lid, s.owner_token};
+  h.target = s.handoff.lid;
+  for (size_t i = 0; i < s.request_ids.size(); ++i) {
+    h.needs.emplace_back(s.request_ids[i],
+                         int64_t{s.start_positions[i]} + int64_t{s.num_tokens[i]});
+  }
+  h.deadline = NowMs() + o_.pd_handoff_wait_ms;
+  held_results_.push_back(std::move(h));
+  return true;
+}
+
+void StageNode::Impl::ReleaseHeldResults(int64_t now) {
+  for (auto it = held_results_.begin(); it != held_results_.end();) {
+    bool ready = true;
+    for (const auto& [id, positions] : it->needs) {
+      std::optional<int64_t> confirmed = kv_->HandedOver(it->owner, id);
+      // Not tracked (released, its target gone) or dropped for the decode side's budget: the
+      // owner's next step finds out what the decode instance holds.
+      if (confirmed && *confirmed >= 0 && *confirmed < positions) ready = false;
+    }
+    if (!ready && it->deadline > now) {
+      ++it;
+      continue;
+    }
+    if (!ready) ++handoff_waits_expired_;
+    Send(it->address, it->answer);
+    it = held_results_.erase(it);
+  }
+}
+
+void StageNode::Impl::ExpireRetained(int64_t now) {
+  if (o_.pd_role != PdRole::kPrefill || !kv_) return;
+  for (const auto& [owner, id] : kv_->RetentionExpired(now, o_.pd_retain_ms, o_.pd_retain_bytes)) {
+    if (!receiver_->Evict(owner, id)) kv_->Released(owner, {id});
+  }
 }
 
 }  // namespace connex::pp

@@ -47,6 +47,21 @@ absl::StatusOr<StageNodeOptions> StageNodeOptions::FromEnv(StageNodeOptions o) {
     }
     o.kv_standby_bytes = static_cast<int64_t>(*parsed);
   }
+  if (std::optional<std::string> role = GetEnv("CONNEX_PD_ROLE")) {
+    CONNEX_ASSIGN_OR_RETURN(o.pd_role, ParsePdRole(*role, "CONNEX_PD_ROLE"));
+  }
+  CONNEX_ASSIGN_OR_RETURN(o.pd_retain_ms,
+                          EnvInt("CONNEX_PD_RETAIN_MS", o.pd_retain_ms, 0, 86'400'000));
+  CONNEX_ASSIGN_OR_RETURN(o.pd_handoff_wait_ms,
+                          EnvInt("CONNEX_PD_HANDOFF_WAIT_MS", o.pd_handoff_wait_ms, 0, 600'000));
+  if (std::optional<std::string> bytes = GetEnv("CONNEX_PD_RETAIN_BYTES")) {
+    absl::StatusOr<uint64_t> parsed = ParseSize(*bytes);
+    if (!parsed.ok() || *parsed > (uint64_t{1} << 40)) {
+      return absl::InvalidArgumentError(
+          StrCat("CONNEX_PD_RETAIN_BYTES: '", *bytes, "' is not a size up to 1T (e.g. 1G)"));
+    }
+    o.pd_retain_bytes = static_cast<int64_t>(*parsed);
+  }
   return o;
 }
 
@@ -66,6 +81,19 @@ absl::Status StageNodeOptions::Validate() const {
   if (attempt_max < 1) return absl::InvalidArgumentError(StrCat("pp: attempt_max ", attempt_max));
   if (kv_standby_bytes < 0) {
     return absl::InvalidArgumentError(StrCat("pp: kv_standby_bytes ", kv_standby_bytes));
+  }
+  if (pd_role != PdRole::kNone) {
+    // A PD deployment is two stages: the frontends, then a pool of prefill and one of decode.
+    const uint32_t want = pd_role == PdRole::kFrontend ? 0 : 1;
+    if (stages != 2 || stage != want) {
+      return absl::InvalidArgumentError(
+          StrCat("pp: a ", PdRoleName(pd_role), " of a prefill-decode deployment is stage ", want,
+                 " of 2, not stage ", stage, " of ", stages));
+    }
+    if (pd_retain_bytes < 0 || pd_retain_ms < 0 || pd_handoff_wait_ms < 0) {
+      return absl::InvalidArgumentError("pp: pd_retain_bytes, pd_retain_ms and "
+                                        "pd_handoff_wait_ms must not be negative");
+    }
   }
   if (step_timeout_ms < 1 || probe_timeout_ms < 1 || route_wait_ms < 1 || request_timeout_ms < 0 ||
       stall_confirm_ms < 0) {

@@ -100,6 +100,13 @@ void RequestOwner::OnResult(const ResultSignal& r) {
     if (req == requests_.end()) continue;
     Request& q = req->second;
     q.step = 0;
+    if (step->second.handoff.lid.model.size() > 0) {
+      // PD: its prefill instance holds (and retains) its state up to here, handed over.
+      q.retained = step->second.route[0];
+      q.retained_positions = q.sent_to;
+      q.use_retained = false;
+      if (q.sent_to == q.tokens.size()) ++stats_.pd_handoffs;
+    }
     if (q.sent_to < q.tokens.size()) {
       // A chunk of a longer prefill: the token sampled after it is not wanted.
       q.cached = q.sent_to;
@@ -144,7 +151,19 @@ void RequestOwner::OnMissing(const MissingSignal& m) {
       q.cached = static_cast<size_t>(held);
       q.rewind = true;
       ++stats_.lag_recomputes;
+    } else if (o_.pd && m.from.group == kPdDecodeGroup && q.retained &&
+               q.retained_positions > 0 && q.retained_positions < q.tokens.size() &&
+               host_.Usable(q.retained->lid, q.retained->epoch)) {
+      // PD: the decode instance lost it; its prefill instance retains the first positions and
+      // hands them (with what it recomputes beyond) to a decode instance picked afresh.
+      q.cached = q.retained_positions;
+      q.use_retained = true;
+      q.rewind = true;
+      q.handoff = Hop{};
+      ++stats_.pd_retained_resumes;
     } else {
+      if (q.use_retained) q.retained.reset();  // the prefill instance no longer holds it
+      q.use_retained = false;
       q.cached = 0;
       q.rewind = false;
       ++stats_.reprefills;
@@ -362,6 +381,7 @@ void RequestOwner::SendStep(uint64_t step_id, Step& st) {
   s.origin = host_.Self();
   s.hop = 0;
   s.route = st.route;
+  s.handoff = st.handoff;
   // Only the requests the owner still waits for: the others were answered or moved to a
   // re-prefill, and must not be run again.
   std::vector<bool> keep;

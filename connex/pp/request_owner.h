@@ -31,6 +31,7 @@
 #include "connex/base/lid.h"
 #include "connex/pp/engine.h"
 #include "connex/pp/messages.h"
+#include "connex/pp/pd.h"
 #include "connex/pp/step_sender.h"
 #include "connex/pp/tensor_dict.h"
 
@@ -58,6 +59,13 @@ class OwnerHost {
   virtual std::optional<std::vector<Hop>> BuildRoute(const std::vector<Hop>& current) const = 0;
   // Why no route can be built (for error messages).
   virtual std::string RouteProblem() const = 0;
+  // Prefill-decode (RequestOwnerOptions::pd): a hop of pool `group` (RouteTable::PdHop: `current`
+  // while live, a dead decode hop's standby, else the least loaded by `load`).
+  virtual std::optional<Hop> PdHop(uint32_t group, const Hop* current,
+                                   const std::map<Lid, size_t>& load) const {
+    (void)group, (void)current, (void)load;
+    return std::nullopt;
+  }
   // Evicts (lid, epoch) (it did not answer a probe); comes back through PeerGone.
   virtual void MarkFailed(const Lid& lid, uint64_t epoch) = 0;
 
@@ -93,6 +101,9 @@ struct RequestOwnerOptions {
   uint64_t first_step = 1;              // step ids count up from here
   uint64_t seed = 1;                    // tickets and probe nonces
   Clock* clock = nullptr;               // nullptr: the real clock
+  // Prefill-decode disaggregation (pd.h; stages = 2): a request's prompt goes to a prefill
+  // instance that hands its state to a decode instance, which generates.
+  bool pd = false;
 };
 
 // What ends a request besides max_new (SubmitOptions): the owner's EOS unless `ignore_eos`, and
@@ -119,6 +130,10 @@ struct RequestOwnerStats {
   uint64_t chunked = 0;         // steps that carried only part of a request's tokens
   uint64_t forged_dropped = 0;  // answers not from the hop they claim
   uint64_t steps_executed = 0;  // stage 0's own engine steps
+  // PD: prefills that handed a request over to a decode instance, and requests a decode
+  // instance lost that resumed from the copy their prefill instance retained (no re-prefill).
+  uint64_t pd_handoffs = 0;
+  uint64_t pd_retained_resumes = 0;
 };
 
 class RequestOwner {
@@ -198,6 +213,13 @@ class RequestOwner {
     TokenCallback on_token;
     Sampling sampling;
     StopTokens stop;
+    // PD: the decode instance its state goes (went) to; the prefill instance that retains its
+    // state for positions [0, retained_positions); whether its next step goes there (the decode
+    // instance lost it) instead of a re-prefill.
+    Hop handoff;
+    std::optional<Hop> retained;
+    size_t retained_positions = 0;
+    bool use_retained = false;
   };
   struct Step {
     uint32_t attempt = 1;
@@ -215,6 +237,7 @@ class RequestOwner {
     int64_t resend_at = 0;        // a re-send waits for a slot, a route or a backoff when > 0
     std::string last_problem;     // why it was last re-sent
     bool sent = false;
+    Hop handoff;  // PD: a prefill step's decode instance (an empty LID: none)
   };
 
   int64_t NowMs() const { return clock_->NowMs(); }
@@ -228,7 +251,14 @@ class RequestOwner {
   void SendStep(uint64_t step_id, Step& st);
   uint64_t MaxStepTokens() const;
   bool CreateStep(const std::vector<uint64_t>& ids, const std::vector<uint64_t>& ends,
-                  const std::vector<Hop>& route);
+                  const std::vector<Hop>& route, const Hop& handoff);
+  // PD: whether the request's next step is a prefill (goes to the prefill pool).
+  static bool PdPrefill(const Request& q) {
+    return q.use_retained || q.cached == 0 || q.tokens.size() == q.prompt_len;
+  }
+  // PD: the request's hop for its next step (and, for a prefill, its decode instance), picked
+  // by `load` (updated); false while its pool has no live member.
+  bool PdRoute(Request& q, std::map<Lid, size_t>& load);
 
   const RequestOwnerOptions o_;
   const std::string name_;  // the LID, for log lines

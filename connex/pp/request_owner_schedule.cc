@@ -46,8 +46,37 @@ void RequestOwner::Schedule(int64_t now) {
   std::map<std::string, std::vector<uint64_t>> ready;
   std::map<std::string, std::vector<Hop>> routes;
   std::vector<std::pair<uint64_t, absl::Status>> unroutable;
+  std::map<std::string, Hop> handoffs;  // PD: a prefill route's decode instance
+  std::map<Lid, size_t> load;           // PD: requests on each instance
+  if (o_.pd) {
+    for (const auto& [id, q] : requests_) {
+      if (!q.route.empty()) ++load[q.route[0].lid];
+      if (!q.handoff.lid.model.empty() && (q.route.empty() || q.route[0].lid != q.handoff.lid))
+        ++load[q.handoff.lid];
+    }
+  }
   for (auto& [id, q] : requests_) {
     if (q.step != 0) continue;
+    if (o_.pd) {
+      if (!PdRoute(q, load)) {
+        if (now - q.waiting_since > o_.route_wait_ms) {
+          unroutable.emplace_back(id, absl::UnavailableError(StrCat(
+                                          "request ", id, ": no live instance of a pool for ",
+                                          o_.route_wait_ms, " ms (", host_.RouteProblem(), ")")));
+        }
+        continue;
+      }
+      for (const Hop& h : q.route) q.visited[h.lid] = h.signal;
+      std::string key = RouteKey(q.route);
+      if (PdPrefill(q)) {
+        q.visited[q.handoff.lid] = q.handoff.signal;
+        key += ">" + RouteKey({q.handoff});
+        handoffs[key] = q.handoff;
+      }
+      ready[key].push_back(id);
+      routes[key] = q.route;
+      continue;
+    }
     bool valid = q.route.size() == o_.stages - 1;
     for (const Hop& h : q.route) valid &= host_.Usable(h.lid, h.epoch);
     if (!valid || o_.stages == 1) {
@@ -106,14 +135,14 @@ void RequestOwner::Schedule(int64_t now) {
         auto q = requests_.find(id);
         intact &= q != requests_.end() && q->second.step == 0;
       }
-      if (intact) CreateStep(step.ids, step.ends, routes[key]);
+      if (intact) CreateStep(step.ids, step.ends, routes[key], handoffs[key]);
     }
   }
 }
 
 // Runs stage 0 of a step for `ids` (request i covers tokens [cached, ends[i])) and sends it.
 bool RequestOwner::CreateStep(const std::vector<uint64_t>& ids, const std::vector<uint64_t>& ends,
-                              const std::vector<Hop>& route) {
+                              const std::vector<Hop>& route, const Hop& handoff) {
   CONNEX_CHECK(!ids.empty() && ids.size() == ends.size());
   std::vector<int32_t> starts, counts, tokens;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -197,6 +226,7 @@ bool RequestOwner::CreateStep(const std::vector<uint64_t>& ids, const std::vecto
   st.starts = starts;
   st.counts = counts;
   st.route = route;
+  st.handoff = handoff;
   st.ticket = rng_() | 1;
   st.output = *std::move(out);
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -216,6 +246,43 @@ bool RequestOwner::CreateStep(const std::vector<uint64_t>& ids, const std::vecto
   }
   Step& placed = steps_[step_id] = std::move(st);
   SendStep(step_id, placed);
+  return true;
+}
+
+bool RequestOwner::PdRoute(Request& q, std::map<Lid, size_t>& load) {
+  const bool prefill = PdPrefill(q);
+  const Lid before = q.route.empty() ? Lid{} : q.route[0].lid;
+  if (prefill) {
+    const Hop* current = nullptr;
+    if (q.use_retained) {
+      current = q.retained ? &*q.retained : nullptr;
+    } else if (!q.route.empty() && q.route[0].lid.group == kPdPrefillGroup) {
+      current = &q.route[0];  // the chunks of a prefill stay where it began
+    }
+    std::optional<Hop> hop = host_.PdHop(kPdPrefillGroup, current, load);
+    if (hop && q.use_retained && (!q.retained || hop->lid != q.retained->lid)) {
+      // The retained copy went with its instance: prefill again from the start.
+      q.use_retained = false;
+      q.retained.reset();
+      q.cached = 0;
+      q.rewind = false;
+      ++stats_.reprefills;
+    }
+    const Hop* to = q.handoff.lid.model.empty() ? nullptr : &q.handoff;
+    std::optional<Hop> decode = host_.PdHop(kPdDecodeGroup, to, load);
+    if (!hop || !decode) return false;
+    if (q.cached > 0 && !before.model.empty() && before != hop->lid) ++stats_.failovers;
+    q.route = {*hop};
+    if (decode->lid != q.handoff.lid) ++load[decode->lid];
+    q.handoff = *decode;
+  } else {
+    std::optional<Hop> hop = host_.PdHop(kPdDecodeGroup, &q.handoff, load);
+    if (!hop) return false;
+    if (hop->lid != q.handoff.lid) ++stats_.failovers;  // its decode instance went
+    q.handoff = *hop;
+    q.route = {*hop};
+  }
+  if (before != q.route[0].lid) ++load[q.route[0].lid];
   return true;
 }
 

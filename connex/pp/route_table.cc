@@ -51,10 +51,14 @@ absl::Status RouteTable::Watch(directory::DirectoryClient& directory,
                                transport::TransferEngine* transfer, const Lid& self,
                                std::function<void(const elastic::PeerChange&)> on_change) {
   for (uint32_t g = 0; g < peers_.size(); ++g) {
-    const bool own = kv_standby_ && g == self.group && g != 0;
-    if (!DealsWith(self.group, g) && !own) continue;
-    // The owners and our own stage are followed through the directory alone.
-    transport::TransferEngine* watch = (self.group != 0 && (g == 0 || own)) ? nullptr : transfer;
+    const bool own = kv_standby_ && g == self.group && g != 0 && pd_ != PdRole::kPrefill;
+    const bool deals = pd_ == PdRole::kNone ? DealsWith(self.group, g)
+                                            : (self.group == 0 ? g != 0 : g != self.group);
+    if (!deals && !own) continue;
+    // The owners and our own stage (and, in PD, the other pool) are followed through the
+    // directory alone.
+    transport::TransferEngine* watch =
+        (self.group != 0 && (g == 0 || own || pd_ != PdRole::kNone)) ? nullptr : transfer;
     elastic::ElasticPeerSetOptions po;
     po.model = self.model;
     po.group = g;
@@ -106,6 +110,13 @@ bool RouteTable::Usable(const Lid& lid, uint64_t epoch) const {
 }
 
 std::optional<std::vector<Hop>> RouteTable::Build(const std::vector<Hop>& current) const {
+  if (pd_ != PdRole::kNone) {
+    // One hop, kept in its pool (the owner picks a fresh request's pool with PdHop).
+    if (current.size() != 1) return std::nullopt;
+    std::optional<Hop> hop = PdHop(current[0].lid.group, &current[0], {}, current[0].lid.replica);
+    if (!hop) return std::nullopt;
+    return std::vector<Hop>{*hop};
+  }
   std::vector<Hop> route;
   const bool sticky = current.size() + 1 == peers_.size();
   for (uint32_t g = 1; g < peers_.size(); ++g) {
@@ -124,6 +135,41 @@ std::optional<std::vector<Hop>> RouteTable::Build(const std::vector<Hop>& curren
     route.push_back(HopFromRecord(*pick));
   }
   return route;
+}
+
+std::optional<Hop> RouteTable::PdHop(uint32_t group, const Hop* current,
+                                     const std::map<Lid, size_t>& load,
+                                     uint32_t own_replica) const {
+  elastic::ElasticPeerSet* p = peers(group);
+  if (p == nullptr) return std::nullopt;
+  if (current != nullptr && current->lid.group == group) {
+    if (std::optional<directory::Record> live = p->Live(current->lid)) {
+      return HopFromRecord(*live);
+    }
+    if (kv_standby_ && group == kPdDecodeGroup) {
+      // A dead decode hop's requests are mirrored on its standby.
+      std::optional<directory::Record> standby = NextReplicaAfter(p->Peers(), current->lid.replica);
+      if (!standby) return std::nullopt;
+      return HopFromRecord(*standby);
+    }
+  }
+  const std::vector<directory::Record> live = p->Peers();
+  const directory::Record* best = nullptr;
+  size_t best_load = 0;
+  uint32_t best_order = 0;
+  for (const directory::Record& r : live) {
+    auto l = load.find(r.lid);
+    const size_t n = l == load.end() ? 0 : l->second;
+    // Ties: the caller's own replica first, then the ones after it (wrapping around).
+    const uint32_t order = r.lid.replica - own_replica;
+    if (best == nullptr || n < best_load || (n == best_load && order < best_order)) {
+      best = &r;
+      best_load = n;
+      best_order = order;
+    }
+  }
+  if (best == nullptr) return std::nullopt;
+  return HopFromRecord(*best);
 }
 
 std::optional<std::string> RouteTable::SignalOf(const Lid& stage) const {
@@ -157,9 +203,10 @@ std::string RouteTable::Problem() const {
                        info.record.epoch, " ", elastic::PeerStateName(info.state));
       }
     }
-    if (!usable)
-      out += StrCat(out.empty() ? "" : "; ", "stage ", g, ": ",
-                    seen.empty() ? "no replica registered" : seen);
+    if (usable) continue;
+    const std::string what = pd_ != PdRole::kNone ? StrCat(PdGroupName(g), " pool") : StrCat("stage ", g);
+    out += StrCat(out.empty() ? "" : "; ", what, ": ",
+                  seen.empty() ? "no replica registered" : seen);
   }
   return out;
 }

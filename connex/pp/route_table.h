@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include "connex/directory/protocol.h"
 #include "connex/elastic/peer_set.h"
 #include "connex/pp/messages.h"
+#include "connex/pp/pd.h"
 #include "connex/pp/signal_transport.h"
 
 namespace connex::pp {
@@ -47,6 +49,14 @@ class RouteTable {
   // standby and the primaries it is the standby of), and Build replaces a dead hop by its
   // standby (NextReplicaAfter), where its requests' state is mirrored.
   void SetKvStandby(bool on) { kv_standby_ = on; }
+  // Prefill-decode disaggregation (pd.h): the table has the PD deployment's three groups; a
+  // route is one hop, of the prefill or the decode pool (PdHop), and Build keeps a hop in its
+  // pool. Watch follows the groups `role` deals with: a frontend both pools (through the
+  // transport: a dead instance is a failover), an instance the frontends and the other pool (a
+  // decode instance takes mirrors from prefill members; a prefill instance hands state to decode
+  // members), through the directory alone.
+  void SetPd(PdRole role) { pd_ = role; }
+  PdRole pd() const { return pd_; }
 
   // The peer set of stage `group` (< stages); replaces the one it had.
   void Set(uint32_t group, std::unique_ptr<elastic::ElasticPeerSet> peers);
@@ -72,6 +82,12 @@ class RouteTable {
   // standby, a dead current hop's standby instead (the next live replica after the hop's).
   // Nullopt when some stage has no live replica.
   std::optional<std::vector<Hop>> Build(const std::vector<Hop>& current) const;
+  // PD: a hop of pool `group` (kPdPrefillGroup or kPdDecodeGroup): `current` refreshed while it
+  // is live; with KV standby, a dead decode hop's standby (which holds its requests' mirrors);
+  // else the live member with the least `load` (requests the caller has on it), ties broken
+  // from the caller's own replica on (`own_replica`). Nullopt when the pool has no live member.
+  std::optional<Hop> PdHop(uint32_t group, const Hop* current, const std::map<Lid, size_t>& load,
+                           uint32_t own_replica) const;
   // The signal address of `stage`'s live incarnation, nullopt when it has none now.
   std::optional<std::string> SignalOf(const Lid& stage) const;
   // Whether a live or draining incarnation of `lid` (in a stage this node deals with) takes
@@ -93,6 +109,7 @@ class RouteTable {
  private:
   std::vector<std::unique_ptr<elastic::ElasticPeerSet>> peers_;  // by group
   bool kv_standby_ = false;
+  PdRole pd_ = PdRole::kNone;
 };
 
 }  // namespace connex::pp

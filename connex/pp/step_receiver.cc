@@ -375,6 +375,15 @@ void StepReceiver::OnRelease(const ReleaseSignal& r) {
   if (r.nonce != 0) send_(r.reply_to, ReleasedSignal{r.nonce, o_.self});
 }
 
+bool StepReceiver::Evict(const OwnerKey& owner, uint64_t id) {
+  std::optional<uint64_t> local = scope_.Erase(owner, id);
+  if (!local) return false;
+  engine_.Release(*local);
+  ++stats_.released;
+  if (o_.standby != nullptr) o_.standby->Released(owner, {id});
+  return true;
+}
+
 void StepReceiver::DropOwner(const Lid& lid, uint64_t epoch, std::string_view why) {
   const uint64_t* gone = gone_owners_.Find(lid);
   gone_owners_.Put(lid, gone == nullptr ? epoch : std::max(*gone, epoch));

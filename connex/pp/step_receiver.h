@@ -102,6 +102,9 @@ class StepReceiver {
   void OnStep(const StepSignal& step);
   // The owner is done with these requests (believed only with its token); answers RELEASED.
   void OnRelease(const ReleaseSignal& release);
+  // Drops the owner's request `id` here without a RELEASE (a prefill instance's retention ran
+  // out): a later step of it finds no state (MISSING). False when it was not held.
+  bool Evict(const OwnerKey& owner, uint64_t id);
   // The owner incarnation (lid, epoch) FAILED: its requests' state goes now, its late steps are
   // refused. LEFT: it drains and releases what it finishes; what is left goes after `grace_ms`.
   void OwnerFailed(const Lid& lid, uint64_t epoch) { DropOwner(lid, epoch, "FAILED"); }

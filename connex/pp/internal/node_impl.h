@@ -52,8 +52,8 @@ class StageNode::Impl final : private OwnerHost {
         transfer_(std::move(transfer)),
         signals_(std::move(signals)),
         dir_(directory),
-        lid_{o_.model, o_.stage, 0, o_.replica},
-        routes_(o_.stages),
+        lid_{o_.model, PdGroup(o_.pd_role, o_.stage), 0, o_.replica},
+        routes_(o_.pd_role == PdRole::kNone ? o_.stages : kPdGroups),
         gone_peers_(kGonePeers),
         lease_source_(directory, lid_) {
     std::random_device rd;
@@ -76,6 +76,7 @@ class StageNode::Impl final : private OwnerHost {
     ro.first_step = first_step;
     ro.seed = rng_();
     ro.clock = clock_;
+    ro.pd = o_.pd_role == PdRole::kFrontend;
     owner_ = std::make_unique<RequestOwner>(ro, engine_, static_cast<OwnerHost&>(*this));
     drain_ = std::make_unique<DrainState>(
         lid_.ToString(), reg_.get(),
@@ -241,10 +242,34 @@ class StageNode::Impl final : private OwnerHost {
   void On(MirrorDropSignal& d) {
     if (kv_ && routes_.Usable(d.from, d.from_epoch)) kv_->OnDrop(d);
   }
-  // Picks the standby again from the live members of our stage.
+  // Picks the standby again from the live members of our stage (PD: of our pool; a prefill
+  // instance has none, it hands its requests to decode instances).
   void ChooseStandby() {
-    if (!kv_) return;
-    if (elastic::ElasticPeerSet* own = routes_.peers(o_.stage)) kv_->Choose(own->Peers());
+    if (!kv_ || !o_.kv_standby || o_.pd_role == PdRole::kPrefill) return;
+    if (elastic::ElasticPeerSet* own = routes_.peers(lid_.group)) kv_->Choose(own->Peers());
+  }
+
+  // ---- PD (pd.h) ----
+
+  // A prefill instance's RESULT held back until the decode instance confirms the state
+  // (StageNodeOptions::pd_handoff_wait_ms).
+  struct HeldResult {
+    std::string address;
+    Signal answer;
+    OwnerKey owner;
+    Lid target;
+    std::vector<std::pair<uint64_t, int64_t>> needs;  // request -> positions to be confirmed
+    int64_t deadline = 0;
+  };
+  // Whether the answer to `s` (from a prefill instance) waits for its handoff; if so it is held.
+  bool HoldForHandoff(const StepSignal& s, const Signal& answer);
+  // Sends the held answers whose handoff is confirmed, gone or past its wait.
+  void ReleaseHeldResults(int64_t now);
+  // Drops what the prefill instance retained past CONNEX_PD_RETAIN_MS / _BYTES.
+  void ExpireRetained(int64_t now);
+  std::optional<Hop> PdHop(uint32_t group, const Hop* current,
+                           const std::map<Lid, size_t>& load) const override {
+    return routes_.PdHop(group, current, load, o_.replica);
   }
 
   // ---- failure signals ----
@@ -266,6 +291,7 @@ class StageNode::Impl final : private OwnerHost {
   void Prune() {
     receiver_->Tick(NowMs());
     ChooseStandby();
+    ExpireRetained(NowMs());
   }
 
   // ---- the owner's answers (RequestOwner) ----
@@ -317,7 +343,10 @@ class StageNode::Impl final : private OwnerHost {
   uint64_t owner_token_ = 0;
   std::unique_ptr<StepSender> sender_;  // the ring, queued sends, slots awaiting their ACK
   std::unique_ptr<StepReceiver> receiver_;
-  std::unique_ptr<KvStandby> kv_;  // a later stage's KV standby (CONNEX_PP_KV_STANDBY), or none
+  // A later stage's KV standby (CONNEX_PP_KV_STANDBY), a PD instance's handoffs, or none.
+  std::unique_ptr<KvStandby> kv_;
+  std::deque<HeldResult> held_results_;  // PD prefill
+  uint64_t handoff_waits_expired_ = 0;
   int64_t last_prune_ms_ = 0;
   int64_t last_step_ms_ = 0;  // when the last STEP arrived (the drain gate)
   // Sender side.

@@ -62,7 +62,10 @@ absl::StatusOr<StageNode*> Cluster::TryStart(uint32_t stage, uint32_t replica) {
   if (!c.ok()) return c.status();
   m.client = *std::move(c);
   m.client->DelayEventsForTest(event_delay_ms_);
-  m.engine = engines_ ? engines_(stage, stages_) : std::make_unique<TestEngine>(stage, stages_);
+  // PD: `stage` is the group; the frontend is stage 0, both pools stage 1.
+  const uint32_t pipeline_stage = pd_ ? (stage == kPdFrontendGroup ? 0 : 1) : stage;
+  m.engine = engines_ ? engines_(pipeline_stage, stages_)
+                      : std::make_unique<TestEngine>(pipeline_stage, stages_);
   if (m.engine == nullptr) return absl::InternalError("the engine factory made no engine");
   transport::TransportOptions t;
   t.backend = transport::Backend::kMem;
@@ -74,9 +77,14 @@ absl::StatusOr<StageNode*> Cluster::TryStart(uint32_t stage, uint32_t replica) {
   if (!transfer.ok()) return transfer.status();
   StageNodeOptions o = options_;
   o.model = model_;
-  o.stage = stage;
+  o.stage = pipeline_stage;
   o.stages = stages_;
   o.replica = replica;
+  if (pd_) {
+    o.pd_role = stage == kPdFrontendGroup  ? PdRole::kFrontend
+                : stage == kPdPrefillGroup ? PdRole::kPrefill
+                                           : PdRole::kDecode;
+  }
   auto node =
       StageNode::Start(o, *m.engine, *std::move(transfer), signals_->NewEndpoint(), *m.client);
   if (!node.ok()) return node.status();
@@ -86,8 +94,9 @@ absl::StatusOr<StageNode*> Cluster::TryStart(uint32_t stage, uint32_t replica) {
 }
 
 absl::Status Cluster::StartAll(uint32_t replicas, int64_t timeout_ms) {
+  const uint32_t groups = pd_ ? kPdGroups : stages_;
   for (uint32_t r = 0; r < replicas; ++r) {
-    for (uint32_t s = 0; s < stages_; ++s) {
+    for (uint32_t s = 0; s < groups; ++s) {
       if (Start(s, r) == nullptr) {
         return absl::InternalError("stage " + std::to_string(s) + " of replica " +
                                    std::to_string(r) +
@@ -95,7 +104,7 @@ absl::Status Cluster::StartAll(uint32_t replicas, int64_t timeout_ms) {
       }
     }
   }
-  return AwaitMembers(static_cast<size_t>(replicas) * stages_, timeout_ms);
+  return AwaitMembers(static_cast<size_t>(replicas) * groups, timeout_ms);
 }
 
 absl::Status Cluster::AwaitMembers(size_t members, int64_t timeout_ms) {
@@ -311,6 +320,15 @@ StageNodeStats Cluster::TotalStats() const {
     total.kv_mirrors_dropped_for_budget += s.kv_mirrors_dropped_for_budget;
     total.kv_takeovers += s.kv_takeovers;
     total.kv_takeovers_lagged += s.kv_takeovers_lagged;
+    total.pd_handoffs += s.pd_handoffs;
+    total.pd_retained_resumes += s.pd_retained_resumes;
+    total.pd_handoff_updates += s.pd_handoff_updates;
+    total.pd_handoff_bytes += s.pd_handoff_bytes;
+    total.pd_retained += s.pd_retained;
+    total.pd_retained_bytes += s.pd_retained_bytes;
+    total.pd_retention_expired += s.pd_retention_expired;
+    total.pd_results_held += s.pd_results_held;
+    total.pd_handoff_waits_expired += s.pd_handoff_waits_expired;
   };
   for (const auto& [key, m] : members_) {
     if (m.node) add(m.node->stats());

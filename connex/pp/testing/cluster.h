@@ -42,6 +42,10 @@ class Cluster {
           StageNodeOptions options, EngineFactory engines = nullptr);
   ~Cluster();
 
+  // Prefill-decode (pd.h; the cluster's stages must be 2): from now on every method's `stage` is
+  // a PD group — 0 a frontend (stage 0), 1 a prefill instance, 2 a decode instance (stage 1) —
+  // and StartAll starts every group.
+  void SetPd(bool on) { pd_ = on; }
   // nullptr when it did not start; last_start_error() says why (also logged).
   StageNode* Start(uint32_t stage, uint32_t replica);
   const absl::Status& last_start_error() const { return last_start_error_; }
@@ -92,6 +96,7 @@ class Cluster {
   transport::mem::Fabric& fabric() { return *fabric_; }
   const std::string& model() const { return model_; }
   uint32_t stages() const { return stages_; }
+  bool pd() const { return pd_; }
 
  private:
   struct Member {
@@ -117,6 +122,7 @@ class Cluster {
   absl::Status last_start_error_;
   mutable connex::Mutex mu_;
   std::map<uint64_t, Outcome> outcomes_ ABSL_GUARDED_BY(mu_);
+  bool pd_ = false;
 };
 
 }  // namespace connex::pp::testing
