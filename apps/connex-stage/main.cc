@@ -96,10 +96,18 @@ int main(int argc, char** argv) {
                  "takes its requests over without a re-prefill if it dies; default: "
                  "CONNEX_PP_KV_STANDBY, else off")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string pd_role = "none";
+  app.add_option("--pd-role", pd_role,
+                 "prefill-decode disaggregation: frontend (--stage 0 --stages 2: the API and the "
+                 "embedding), prefill or decode (--stage 1 --stages 2: every layer), or none")
+      ->envname("CONNEX_PD_ROLE")
+      ->check(CLI::IsMember({"none", "frontend", "prefill", "decode"}))
+      ->capture_default_str();
   connex::AddLogLevelFlag(app);
   connex::AddInsecureFlag(app);
   if (std::optional<int> exit = connex::ParseFlags(app, argc, argv)) return *exit;
   if (!kv_standby.empty()) options.kv_standby = kv_standby == "on";
+  options.pd_role = *connex::pp::ParsePdRole(pd_role, "--pd-role");  // IsMember checked it
   connex::serving::OpenAiServerOptions api;
   api.default_max_tokens = default_max_tokens;
   api.kv_budget_bytes = static_cast<int64_t>(*connex::ParseSize(kv_budget));

@@ -94,7 +94,14 @@ absl::StatusOr<std::unique_ptr<StageEngine>> StageEngine::Load(const std::string
     return absl::InvalidArgumentError(
         StrCat("stage ", options.stage, " of ", options.stages, " does not exist"));
   }
-  if (options.stages > config.num_hidden_layers) {
+  if (options.layers) {
+    const LayerRange r = *options.layers;
+    if (r.begin < 0 || r.begin > r.end || r.end > config.num_hidden_layers) {
+      return absl::InvalidArgumentError(StrCat("stage ", options.stage, ": layers [", r.begin, ", ",
+                                               r.end, ") are not within the model's 0..",
+                                               config.num_hidden_layers));
+    }
+  } else if (options.stages > config.num_hidden_layers) {
     return absl::InvalidArgumentError(StrCat("cannot split ", config.num_hidden_layers,
                                              " layers into ", options.stages, " stages"));
   }
@@ -102,7 +109,8 @@ absl::StatusOr<std::unique_ptr<StageEngine>> StageEngine::Load(const std::string
   engine->config_ = config;
   engine->stage_ = options.stage;
   engine->stages_ = options.stages;
-  engine->layers_ = StageLayers(config.num_hidden_layers, options.stage, options.stages);
+  engine->layers_ = options.layers ? *options.layers
+                                   : StageLayers(config.num_hidden_layers, options.stage, options.stages);
   engine->file_ = std::move(checkpoint);
 
   const int64_t d = config.hidden_size, q = config.q_dim(), kv = config.kv_dim(),

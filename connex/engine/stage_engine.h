@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,10 @@ struct StageOptions {
   // Shared by the stages of one process; nullptr: the engine makes its own with
   // EngineThreadsFromEnv() threads.
   std::shared_ptr<ThreadPool> pool;
+  // The layers this stage runs, when not StageLayers' even split: [begin, end) within the model's
+  // (begin == end: none, only the embedding or the head). A prefill-decode frontend runs none
+  // (the embedding alone) and its instances all of them (docs/design/pd.md).
+  std::optional<LayerRange> layers;
 };
 
 // `path` is a .safetensors file or a Hugging Face model directory (Checkpoint::Open). The config

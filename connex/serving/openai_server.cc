@@ -366,7 +366,7 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
   // Admission: the request's whole context of KV on the largest stage, now or after a wait in a
   // bounded queue; past both, a 429 the client (or connex-proxy, on another replica) retries.
   g->kv_cost = (static_cast<int64_t>(g->prompt.size()) + req.max_tokens) *
-               KvBytesPerToken(config, stage.stages());
+               KvBytesPerToken(config, stage.layer_stages());
   if (g->kv_cost > options_.kv_budget_bytes) {
     exchange->Respond(ErrorResponse(
         InvalidRequest("max_tokens", "context_length_exceeded",

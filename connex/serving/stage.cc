@@ -23,6 +23,14 @@ absl::Status StageProcessOptions::Validate() const {
     if (!name.ok()) return Annotate(name, "--model-name");
   }
   if (threads < 0) return absl::InvalidArgumentError(StrCat("--threads ", threads, " is negative"));
+  if (pd_role != pp::PdRole::kNone) {
+    const uint32_t want = pd_role == pp::PdRole::kFrontend ? 0 : 1;
+    if (stages != 2 || stage != want) {
+      return absl::InvalidArgumentError(StrCat(
+          "--pd-role ", pp::PdRoleName(pd_role), ": a prefill-decode ", pp::PdRoleName(pd_role),
+          " is --stage ", want, " of --stages 2 (not --stage ", stage, " of ", stages, ")"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -51,12 +59,21 @@ absl::StatusOr<std::unique_ptr<StageProcess>> StageProcess::Start(
   CONNEX_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<StageProcess> p(new StageProcess());
   p->options_ = options;
-  const Lid lid{options.model_name, options.stage, 0, options.replica};
+  const Lid lid{options.model_name, pp::PdGroup(options.pd_role, options.stage), 0,
+                options.replica};
 
   // The slice first: a bad checkpoint is the most likely mistake, and costs nothing to report.
   engine::StageOptions so;
   so.stage = static_cast<int>(options.stage);
   so.stages = static_cast<int>(options.stages);
+  if (options.pd_role != pp::PdRole::kNone) {
+    // A frontend embeds the prompt; an instance runs every layer and the head.
+    absl::StatusOr<engine::ModelConfig> config = engine::ReadModelConfig(options.model_path);
+    if (!config.ok()) return Annotate(config.status(), StrCat("--model ", options.model_path));
+    so.layers = options.pd_role == pp::PdRole::kFrontend
+                    ? engine::LayerRange{0, 0}
+                    : engine::LayerRange{0, config->num_hidden_layers};
+  }
   if (options.threads > 0) so.pool = std::make_shared<engine::ThreadPool>(options.threads);
   absl::StatusOr<std::unique_ptr<engine::StageEngine>> loaded =
       engine::StageEngine::Load(options.model_path, so);
@@ -86,6 +103,7 @@ absl::StatusOr<std::unique_ptr<StageProcess>> StageProcess::Start(
   node_defaults.eos_token = static_cast<int32_t>(p->engine_->config().eos_token_id());
   CONNEX_ASSIGN_OR_RETURN(pp::StageNodeOptions nopts, pp::StageNodeOptions::FromEnv(node_defaults));
   if (options.kv_standby) nopts.kv_standby = *options.kv_standby;
+  nopts.pd_role = options.pd_role;
   p->stall_unhealthy_ms_ = std::max<int64_t>(15'000, 3 * nopts.step_timeout_ms);
   CONNEX_ASSIGN_OR_RETURN(p->node_, pp::StageNode::Start(nopts, *p->engine_, std::move(transfer),
                                                          std::move(signals), *p->directory_));
@@ -101,10 +119,14 @@ void StageProcess::Stop(bool leave, int64_t drain_timeout_ms) {
 absl::Status StageProcess::ChainReady() const {
   std::vector<directory::Record> view = directory_->View(options_.model_name);
   std::string missing;
-  for (uint32_t g = 0; g < options_.stages; ++g) {
+  const bool pd = options_.pd_role != pp::PdRole::kNone;
+  for (uint32_t g = 0; g < (pd ? pp::kPdGroups : options_.stages); ++g) {
     bool live = false;
     for (const directory::Record& r : view) live |= r.lid.group == g && r.lid.shard == 0;
-    if (!live) missing += StrCat(missing.empty() ? "" : ", ", g);
+    if (!live) {
+      missing += StrCat(missing.empty() ? "" : ", ", g);
+      if (pd) missing += StrCat(" (", pp::PdGroupName(g), ")");
+    }
   }
   if (missing.empty()) {
     CONNEX_RETURN_IF_ERROR(node_->health());
@@ -117,7 +139,8 @@ absl::Status StageProcess::ChainReady() const {
     return absl::OkStatus();
   }
   return absl::UnavailableError(
-      StrCat("model ", options_.model_name, ": no live replica of stage ", missing));
+      StrCat("model ", options_.model_name, ": no live replica of ", pd ? "group " : "stage ",
+             missing));
 }
 
 }  // namespace connex::serving

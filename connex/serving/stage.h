@@ -34,6 +34,10 @@ struct StageProcessOptions {
   int threads = 0;  // CONNEX_ENGINE_THREADS; 0: what EngineThreadsFromEnv says
   // --kv-standby on|off: overrides CONNEX_PP_KV_STANDBY when set (pp::StageNodeOptions).
   std::optional<bool> kv_standby;
+  // --pd-role (CONNEX_PD_ROLE): this process's role in a prefill-decode deployment (pp/pd.h;
+  // --stages 2: a frontend is stage 0, a prefill or decode instance stage 1). A frontend runs
+  // the embedding alone, an instance every layer and the head. kNone: a pipeline stage.
+  pp::PdRole pd_role = pp::PdRole::kNone;
 
   // Stage, stages and names checked together; InvalidArgument names what is wrong.
   absl::Status Validate() const;
@@ -65,6 +69,11 @@ class StageProcess {
   // The checkpoint as given (--model): its directory holds the tokenizer files.
   const std::string& model_path() const { return options_.model_path; }
   uint32_t stages() const { return options_.stages; }
+  // Stages the model's layers are split over: a prefill-decode deployment's instances each run
+  // every layer (1); else stages().
+  uint32_t layer_stages() const {
+    return options_.pd_role == pp::PdRole::kNone ? options_.stages : 1;
+  }
   // Whether every stage of this replica's pipeline has a live replica in the directory now and,
   // on stage 0, its requests progress (no step came back for kStalledUnhealthyMs while some were
   // in flight: unhealthy, whatever the directory shows), with what is wrong when not.
