@@ -113,7 +113,7 @@ std::vector<int> ParseInts(const std::string& what, const std::string& text) {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "connex-chaos: failover, churn, steady-state, overload, proxy-cost and demo campaigns"};
+      "connex-chaos: failover, churn, pd, steady-state, overload, proxy-cost and demo campaigns"};
   app.require_subcommand(1);
   app.fallthrough();  // --log-level also after the campaign
   connex::AddLogLevelFlag(app, "warn");
@@ -161,6 +161,42 @@ int main(int argc, char** argv) {
   c->add_flag("--no-proxy", no_proxy, "clients go to the live replicas' stage 0 directly")
       ->excludes(proxy_flag);
   c->add_flag("--soft", churn.soft, "a graceful leave (SIGTERM) instead of SIGKILL");
+
+  connex::chaos::PdOptions pd;
+  CLI::App* pdc = app.add_subcommand(
+      "pd", "prefill-decode disaggregation under load while instances are killed, beside a "
+            "colocated pipeline");
+  AddRun(pdc, &common, &json_path, &work_dir, &keep, &quiet);
+  uint32_t pd_frontends = 1;
+  pdc->add_option("--frontends", pd_frontends, "frontends (the API; the proxy when > 1)")
+      ->check(CLI::Range(1u, 16u))
+      ->capture_default_str();
+  pdc->add_option("--prefill", pd.prefill, "prefill instances")
+      ->check(CLI::Range(1u, 16u))
+      ->capture_default_str();
+  pdc->add_option("--decode", pd.decode, "decode instances (and colocated chains)")
+      ->check(CLI::Range(1u, 16u))
+      ->capture_default_str();
+  pdc->add_option("--max-tokens", common.max_tokens, "tokens generated per request")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  pdc->add_option("--seed", common.seed, "the campaign's choices: prompts, sampling, arrivals")
+      ->capture_default_str();
+  pdc->add_option("--qps", pd.qps, "requests per second (Poisson arrivals)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  pdc->add_option("--duration", pd.duration_s, "seconds of load (each deployment)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  pdc->add_option("--kill-every", pd.kill_every_s,
+                  "an instance is killed every this many seconds (back after half of it)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  pdc->add_option("--kill", pd.kill, "which instances: prefill, decode, both (in turn) or none")
+      ->check(CLI::IsMember({"prefill", "decode", "both", "none"}))
+      ->capture_default_str();
+  bool no_colocated = false;
+  pdc->add_flag("--no-colocated", no_colocated, "skip the colocated pipeline's run");
 
   connex::chaos::SteadyOptions steady;
   std::string qps_list = "1,2,4", inflight_list = "1,4";
@@ -292,6 +328,11 @@ int main(int argc, char** argv) {
     } else if (ov->parsed()) {
       overload.common = common;
       record = connex::chaos::RunOverload(overload);
+    } else if (pdc->parsed()) {
+      pd.common = common;
+      pd.common.replicas = pd_frontends;
+      pd.colocated = !no_colocated;
+      record = connex::chaos::RunPd(pd);
     } else if (dm->parsed()) {
       demo.common = common;
       demo.proxy = !demo_no_proxy;

@@ -108,6 +108,29 @@ absl::StatusOr<nlohmann::json> RunDemo(const DemoOptions& options);
 // The demo's report ("=== connex demo report ==="), from its record.
 std::string DemoReport(const nlohmann::json& record);
 
+// Prefill-decode disaggregation (docs/design/pd.md): `common.replicas` frontends (the proxy in
+// front when more than one), `prefill` and `decode` instances of a 2-stage deployment (decode
+// instances with a KV standby when `common.kv_standby`), open-loop Poisson load at `qps` for
+// `duration_s`; every `kill_every_s` a prefill or decode instance (`kill`: prefill, decode,
+// both in turn, none) is SIGKILLed and restarted half a period later. With `colocated`, the same
+// load and kill times on `decode` colocated chains of 2 stages (their stage 1s killed), in the
+// same run. Every completion is checked against connex-generate; the record has goodput, TTFT,
+// inter-token latency, fault to next token by pool, and the KV handoffs (bytes per request, the
+// time a RESULT waited for its handoff, the decode side's read throughput).
+struct PdOptions {
+  CommonOptions common;
+  uint32_t prefill = 2;
+  uint32_t decode = 2;
+  double qps = 4;
+  double duration_s = 30;
+  double kill_every_s = 6;
+  std::string kill = "both";
+  bool colocated = true;
+};
+absl::StatusOr<nlohmann::json> RunPd(const PdOptions& options);
+// `make demo-pd`'s report ("=== connex pd report ==="), from a pd record.
+std::string PdReport(const nlohmann::json& record);
+
 // A readable report of any campaign's record (a demo's: DemoReport()).
 std::string Summary(const nlohmann::json& record);
 

@@ -1,5 +1,6 @@
 #include "connex/chaos/cluster.h"
 
+#include <algorithm>
 #include <signal.h>
 
 #include <filesystem>
@@ -166,8 +167,19 @@ absl::Status Cluster::StartAll() {
   CONNEX_ASSIGN_OR_RETURN(watcher_, directory::DirectoryClient::Connect(dco));
   CONNEX_RETURN_IF_ERROR(watcher_->Watch(o.model_name));
   // Stages, last first, so that a chain is whole as soon as its stage 0 is up.
-  for (uint32_t r = 0; r < o.replicas; ++r) {
-    for (uint32_t s = o.stages; s-- > 0;) CONNEX_RETURN_IF_ERROR(StartStage(s, r));
+  if (o.pd()) {
+    if (o.stages != 2 || o.pd_decode == 0) {
+      return absl::InvalidArgumentError(
+          StrCat("a prefill-decode deployment has 2 stages and both pools (stages ", o.stages,
+                 ", prefill ", o.pd_prefill, ", decode ", o.pd_decode, ")"));
+    }
+    for (uint32_t g = o.groups(); g-- > 0;) {
+      for (uint32_t r = 0; r < o.members(g); ++r) CONNEX_RETURN_IF_ERROR(StartStage(g, r));
+    }
+  } else {
+    for (uint32_t r = 0; r < o.replicas; ++r) {
+      for (uint32_t s = o.stages; s-- > 0;) CONNEX_RETURN_IF_ERROR(StartStage(s, r));
+    }
   }
   CONNEX_RETURN_IF_ERROR(WaitAllHealthy(o.start_timeout_ms));
   if (o.proxy) {
@@ -248,7 +260,7 @@ absl::Status Cluster::StartStage(uint32_t stage, uint32_t replica,
                                    "--model-name",
                                    o.model_name,
                                    "--stage",
-                                   StrCat(stage),
+                                   StrCat(o.pd() ? (stage == 0 ? 0 : 1) : stage),
                                    "--stages",
                                    StrCat(o.stages),
                                    "--replica",
@@ -257,6 +269,10 @@ absl::Status Cluster::StartStage(uint32_t stage, uint32_t replica,
                                    o.backend,
                                    "--log-level",
                                    "warn"};
+  if (o.pd()) {
+    static constexpr const char* kRoles[] = {"frontend", "prefill", "decode"};
+    argv.insert(argv.end(), {"--pd-role", kRoles[std::min<uint32_t>(stage, 2)]});
+  }
   argv.push_back(stage == 0 ? "--http" : "--metrics");
   argv.push_back(host + ":0");
   SubprocessOptions so;
@@ -346,8 +362,8 @@ std::vector<std::string> Cluster::StopAll(int64_t grace_ms) {
   };
   if (attached_) return problems;
   stop(proxy_process_, "connex-proxy", options_.work_dir + "/proxy.log");
-  for (uint32_t r = options_.replicas; r-- > 0;) {
-    for (uint32_t s = 0; s < options_.stages; ++s) {
+  for (uint32_t s = 0; s < options_.groups(); ++s) {
+    for (uint32_t r = options_.members(s); r-- > 0;) {
       if (stages_.count({s, r}) == 0) continue;
       stop(at(s, r).process, lid(s, r).ToString(), log_path(s, r));
     }

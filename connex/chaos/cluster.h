@@ -50,6 +50,20 @@ struct ClusterOptions {
   std::vector<std::string> stage_env;  // more NAME=VALUE for every stage
   std::vector<std::string> proxy_env;  // more NAME=VALUE for the proxy
   int64_t start_timeout_ms = 60'000;
+  // Prefill-decode disaggregation (docs/design/pd.md): with pd_prefill > 0 the deployment is
+  // `replicas` frontends (connex-stage --pd-role frontend: the API, stage 0 of 2), `pd_prefill`
+  // prefill and `pd_decode` decode instances (stage 1 of 2, every layer); `stages` must be 2, and
+  // every method's `stage` is a PD group: 0 a frontend, 1 a prefill, 2 a decode instance.
+  uint32_t pd_prefill = 0;
+  uint32_t pd_decode = 0;
+  bool pd() const { return pd_prefill > 0; }
+  // The groups of the deployment (PD: 3; else the stages).
+  uint32_t groups() const { return pd() ? 3 : stages; }
+  // How many processes of `group` it runs (PD: frontends, prefill, decode; else replicas).
+  uint32_t members(uint32_t group) const {
+    if (!pd() || group == 0) return replicas;
+    return group == 1 ? pd_prefill : pd_decode;
+  }
 };
 
 class Cluster {

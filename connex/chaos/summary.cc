@@ -18,6 +18,7 @@ std::string Summary(const json& r) {
   };
   const std::string campaign = r.value("campaign", "?");
   if (campaign == "demo") return DemoReport(r);
+  if (campaign == "pd") return PdReport(r);
   line("connex-chaos " + campaign + " (" + r["machine"].value("date", "") + ", " +
        std::to_string(r["machine"].value("cores", 0)) + " cores)");
   if (r.contains("skipped")) {

@@ -7,6 +7,7 @@
 #include "connex/base/logging.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
+#include "connex/pp/epoch_ledger.h"
 #include "connex/pp/send_ring.h"
 
 namespace connex::pp {
@@ -67,8 +68,10 @@ void MirrorStore::OnMirror(const MirrorSignal& m, uint64_t epoch, int64_t now_ms
                   " bytes exceeds this stage's slot (CONNEX_PP_SLOT_BYTES=", o_.slot_bytes, ")"));
     return;
   }
+  const int64_t read_start_ns = MonotonicNowNs();
   absl::Status read = ReadSlot(transfer_, transport::PeerRef{m.origin.lid, m.origin.addresses},
                                recv_buf_, check_buf_, m.remote_addr, m.corr, m.length);
+  stats_.read_ns += static_cast<uint64_t>(MonotonicNowNs() - read_start_ns);
   if (!read.ok()) {
     Refuse(m, read.code(), std::string(read.message()));
     return;

@@ -38,6 +38,7 @@ struct MirrorStoreOptions {
 struct MirrorStoreStats {
   uint64_t updates = 0;             // MIRRORs applied
   uint64_t bytes_received = 0;      // payload bytes pulled
+  uint64_t read_ns = 0;             // time in those one-sided reads (ReadSlot: both header reads)
   uint64_t refused = 0;             // MIRRORs refused (epoch, read, malformed)
   uint64_t gaps = 0;                // updates that did not start where the mirror ends
   uint64_t dropped_for_budget = 0;  // mirrors dropped, oldest first, past the budget

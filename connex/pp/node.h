@@ -173,6 +173,17 @@ struct StageNodeStats {
   uint64_t pd_retention_expired = 0;
   size_t pd_results_held = 0;
   uint64_t pd_handoff_waits_expired = 0;
+  // Prefill instance: RESULTs released after their handoff, and the time they were held in all
+  // (the part of the KV transfer not overlapped with the prefill). Frontend: its requests now
+  // in their prefill (waiting for or on a prefill instance) and in their decode.
+  // Standby or decode instance: payload bytes of the mirrors it pulled, and the time those
+  // one-sided reads took (the transfer's own throughput).
+  uint64_t kv_mirror_bytes_received = 0;
+  uint64_t kv_mirror_read_us = 0;
+  uint64_t pd_handoff_results = 0;
+  uint64_t pd_handoff_wait_ms = 0;
+  size_t pd_prefilling = 0;
+  size_t pd_decoding = 0;
 };
 
 // Per-request settings of Submit.

@@ -92,6 +92,8 @@ void StageNode::Impl::PublishStats() {
     stats_.kv_mirrors_dropped_for_budget = k.standby.dropped_for_budget;
     stats_.kv_takeovers = k.standby.takeovers;
     stats_.kv_takeovers_lagged = k.standby.takeovers_lagged;
+    stats_.kv_mirror_bytes_received = k.standby.bytes_received;
+    stats_.kv_mirror_read_us = k.standby.read_ns / 1000;
     stats_.pd_handoff_updates = k.handoff_updates;
     stats_.pd_handoff_bytes = k.handoff_bytes;
     stats_.pd_retained = k.retained;
@@ -102,6 +104,9 @@ void StageNode::Impl::PublishStats() {
   stats_.pd_retained_resumes = owned.pd_retained_resumes;
   stats_.pd_results_held = held_results_.size();
   stats_.pd_handoff_waits_expired = handoff_waits_expired_;
+  stats_.pd_handoff_results = handoff_results_;
+  stats_.pd_handoff_wait_ms = handoff_wait_ms_;
+  std::tie(stats_.pd_prefilling, stats_.pd_decoding) = owner_->PdPhases();
   stats_.releases_pending = releases_ ? releases_->pending() : 0;
   stats_.epoch = reg_->epoch();
   stats_.epoch_checks = guard_->stats().epoch_checks;
@@ -267,7 +272,8 @@ bool StageNode::Impl::HoldForHandoff(const StepSignal& s, const Signal& answer) 
     h.needs.emplace_back(s.request_ids[i],
                          int64_t{s.start_positions[i]} + int64_t{s.num_tokens[i]});
   }
-  h.deadline = NowMs() + o_.pd_handoff_wait_ms;
+  h.held_at = NowMs();
+  h.deadline = h.held_at + o_.pd_handoff_wait_ms;
   held_results_.push_back(std::move(h));
   return true;
 }
@@ -286,6 +292,8 @@ void StageNode::Impl::ReleaseHeldResults(int64_t now) {
       continue;
     }
     if (!ready) ++handoff_waits_expired_;
+    ++handoff_results_;
+    handoff_wait_ms_ += static_cast<uint64_t>(std::max<int64_t>(0, now - it->held_at));
     Send(it->address, it->answer);
     it = held_results_.erase(it);
   }

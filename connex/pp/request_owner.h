@@ -22,6 +22,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -190,6 +191,14 @@ class RequestOwner {
     return requests_.empty() ? 0 : now_ms - last_progress_ms_;
   }
   const RequestOwnerStats& stats() const { return stats_; }
+  // PD: requests whose next (or running) step is a prefill, and those decoding; (0, 0) unless
+  // RequestOwnerOptions::pd.
+  std::pair<size_t, size_t> PdPhases() const {
+    size_t prefill = 0, decode = 0;
+    if (!o_.pd) return {0, 0};
+    for (const auto& [id, q] : requests_) ++(PdPrefill(q) ? prefill : decode);
+    return {prefill, decode};
+  }
 
  private:
   struct Request {

@@ -87,6 +87,44 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
   counter("kv_takeovers_lagged",
           "Requests taken over from a mirror short of their step (the lag recomputed)",
           s.kv_takeovers_lagged);
+  counter("kv_mirror_read_bytes", "Mirror payload bytes this stage pulled (a standby, a decode "
+          "instance's handoffs)", s.kv_mirror_bytes_received);
+  out += StrCat(
+      "# HELP connex_stage_kv_mirror_read_seconds_total Time those one-sided reads took\n"
+      "# TYPE connex_stage_kv_mirror_read_seconds_total counter\n"
+      "connex_stage_kv_mirror_read_seconds_total ",
+      fmt::format("{:.6f}", static_cast<double>(s.kv_mirror_read_us) / 1e6), "\n");
+  // Prefill-decode disaggregation (CONNEX_PD_ROLE).
+  counter("pd_handoffs", "Requests a prefill instance handed to a decode instance (frontend)",
+          s.pd_handoffs);
+  counter("pd_retained_resumes",
+          "Requests a decode instance lost, resumed from their prefill instance's retained copy "
+          "(frontend)",
+          s.pd_retained_resumes);
+  gauge("pd_prefilling", "Requests in their prefill now (frontend)", s.pd_prefilling);
+  gauge("pd_decoding", "Requests in their decode now (frontend)", s.pd_decoding);
+  counter("pd_handoff_bytes", "KV bytes this prefill instance handed to decode instances",
+          s.pd_handoff_bytes);
+  counter("pd_handoff_updates", "MIRROR updates this prefill instance sent to decode instances",
+          s.pd_handoff_updates);
+  counter("pd_handoff_results",
+          "RESULTs this prefill instance held until their decode instance had the KV",
+          s.pd_handoff_results);
+  out += StrCat(
+      "# HELP connex_stage_pd_handoff_wait_seconds_total Time those RESULTs were held (the KV "
+      "transfer not overlapped with the prefill)\n"
+      "# TYPE connex_stage_pd_handoff_wait_seconds_total counter\n"
+      "connex_stage_pd_handoff_wait_seconds_total ",
+      fmt::format("{:.3f}", static_cast<double>(s.pd_handoff_wait_ms) / 1000.0), "\n");
+  counter("pd_handoff_waits_expired",
+          "Held RESULTs sent after CONNEX_PD_HANDOFF_WAIT_MS without the KV confirmed",
+          s.pd_handoff_waits_expired);
+  gauge("pd_retained", "Requests whose KV this prefill instance retains", s.pd_retained);
+  gauge("pd_retained_bytes", "Bytes of the KV this prefill instance retains",
+        static_cast<uint64_t>(s.pd_retained_bytes));
+  counter("pd_retention_expired",
+          "Retained KV dropped past CONNEX_PD_RETAIN_MS or CONNEX_PD_RETAIN_BYTES",
+          s.pd_retention_expired);
   {
     // The standby's lag when a step ran, in steps: a cumulative histogram.
     const std::string name = "connex_stage_kv_standby_lag_steps";

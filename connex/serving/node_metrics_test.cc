@@ -35,9 +35,15 @@ TEST(RenderNodeStatsTest, TheKvStandbyLagIsACumulativeHistogramInSteps) {
   s.kv_standby = true;
   s.kv_standby_lag = {5, 3, 0, 1, 0, 0, 2};
   s.kv_takeovers = 4;
+  s.pd_handoff_bytes = 4096;
+  s.pd_handoff_wait_ms = 1500;
+  s.pd_prefilling = 3;
   std::string text = RenderNodeStats(s);
   EXPECT_THAT(text, HasSubstr("connex_stage_kv_standby 1\n"));
   EXPECT_THAT(text, HasSubstr("connex_stage_kv_takeovers_total 4\n"));
+  EXPECT_THAT(text, HasSubstr("connex_stage_pd_handoff_bytes_total 4096\n"));
+  EXPECT_THAT(text, HasSubstr("connex_stage_pd_handoff_wait_seconds_total 1.500\n"));
+  EXPECT_THAT(text, HasSubstr("connex_stage_pd_prefilling 3\n"));
   EXPECT_THAT(text, HasSubstr("# TYPE connex_stage_kv_standby_lag_steps histogram\n"
                               "connex_stage_kv_standby_lag_steps_bucket{le=\"0\"} 5\n"
                               "connex_stage_kv_standby_lag_steps_bucket{le=\"1\"} 8\n"

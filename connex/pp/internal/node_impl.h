@@ -14,6 +14,7 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <variant>
 
 #include "connex/base/check.h"
@@ -260,6 +261,7 @@ class StageNode::Impl final : private OwnerHost {
     Lid target;
     std::vector<std::pair<uint64_t, int64_t>> needs;  // request -> positions to be confirmed
     int64_t deadline = 0;
+    int64_t held_at = 0;
   };
   // Whether the answer to `s` (from a prefill instance) waits for its handoff; if so it is held.
   bool HoldForHandoff(const StepSignal& s, const Signal& answer);
@@ -347,6 +349,8 @@ class StageNode::Impl final : private OwnerHost {
   std::unique_ptr<KvStandby> kv_;
   std::deque<HeldResult> held_results_;  // PD prefill
   uint64_t handoff_waits_expired_ = 0;
+  uint64_t handoff_results_ = 0;
+  uint64_t handoff_wait_ms_ = 0;
   int64_t last_prune_ms_ = 0;
   int64_t last_step_ms_ = 0;  // when the last STEP arrived (the drain gate)
   // Sender side.
