@@ -18,3 +18,10 @@ endforeach()
 target_compile_definitions(serving_e2e_proxy_test PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 # The real-tokenizer test copies Llama 3.2's tokenizer files from tests/hf-tokenizers.
 target_compile_definitions(serving_e2e_tokenizer_test PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+
+# Prefill-decode disaggregation end to end (label pd): a frontend, prefill and decode instances.
+connex_test(pd_e2e_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/pd_e2e_test.cc
+  LIBS connex_chaos connex_subprocess connex_base
+  LABELS pd)
+add_dependencies(pd_e2e_test connex-stage connex-directory connex-mkmodel connex-generate)
