@@ -7,9 +7,9 @@ DEMO_ARGS ?=
 TSAN_LABELS := directory elastic pp transport
 empty :=
 space := $(empty) $(empty)
-TSAN_LABEL_REGEX := $(subst $(space),|,$(strip $(TSAN_LABELS)))
+TSAN_LABEL_REGEX := $(subst $(space),|,$(strip $(TSAN_LABELS)))|pd
 
-.PHONY: all deps build build-asan build-tsan test test-asan test-tsan demo demo-build demo-mobile \
+.PHONY: all deps build build-asan build-tsan test test-asan test-tsan demo demo-build demo-pd demo-mobile \
 	demo-mobile-py bench fuzz clean
 
 all: build
@@ -56,6 +56,12 @@ demo-build: deps build/CMakeCache.txt
 # (README.md, "Demo"; its flags in docs/configuration.md): a campaign of connex-chaos.
 demo: demo-build
 	./build/bin/connex-chaos demo $(DEMO_ARGS)
+
+# Prefill-decode disaggregation under load, prefill and decode instances SIGKILLed in turn,
+# beside a colocated pipeline on the same load (docs/design/pd.md): a campaign of connex-chaos.
+PD_DEMO_ARGS ?= --kv-standby on --qps 4 --duration 20 --kill-every 5 --max-tokens 200
+demo-pd: demo-build
+	./build/bin/connex-chaos pd $(PD_DEMO_ARGS)
 
 demo-mobile: deps build/CMakeCache.txt
 	cmake --build build -j$(JOBS) --target mobile_endpoints
