@@ -164,8 +164,9 @@ int main(int argc, char** argv) {
 
   connex::chaos::PdOptions pd;
   CLI::App* pdc = app.add_subcommand(
-      "pd", "prefill-decode disaggregation under load while instances are killed, beside a "
-            "colocated pipeline");
+      "pd",
+      "prefill-decode disaggregation under load while instances are killed, beside a "
+      "colocated pipeline");
   AddRun(pdc, &common, &json_path, &work_dir, &keep, &quiet);
   uint32_t pd_frontends = 1;
   pdc->add_option("--frontends", pd_frontends, "frontends (the API; the proxy when > 1)")

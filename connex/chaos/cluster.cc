@@ -1,8 +1,8 @@
 #include "connex/chaos/cluster.h"
 
-#include <algorithm>
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>

@@ -54,6 +54,12 @@ void Progress(const CommonOptions& o, const std::string& line) {
 
 double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
 
+std::string F1(double v) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.1f", v);
+  return b;
+}
+
 json Dist(const std::vector<double>& v) {
   double sum = 0;
   for (double x : v) sum += x;

@@ -38,6 +38,8 @@ RequestSpec SpecFor(uint64_t i, int max_tokens);
 void Progress(const CommonOptions& o, const std::string& line);
 
 double Ms(int64_t ns);
+// `v` with one decimal ("12.3"), for reports.
+std::string F1(double v);
 // n, mean, p50, p90, p99 and max of `v`.
 nlohmann::json Dist(const std::vector<double>& v);
 // The machine a record was made on: cores and date.

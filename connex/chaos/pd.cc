@@ -26,14 +26,19 @@ constexpr uint32_t kDecodeGroup = 2;
 
 // Counters of the deployment that are summed over its processes, read from each victim before
 // it dies (its counters die with it) and from the survivors at the end.
-const char* const kSummed[] = {
-    "connex_stage_pd_handoff_bytes_total",      "connex_stage_pd_handoff_results_total",
-    "connex_stage_pd_handoff_wait_seconds_total", "connex_stage_kv_mirror_read_bytes_total",
-    "connex_stage_kv_mirror_read_seconds_total",  "connex_stage_kv_takeovers_total",
-    "connex_stage_kv_takeovers_lagged_total",     "connex_stage_pd_handoff_waits_expired_total",
-    "connex_stage_pd_retention_expired_total",    "connex_stage_failovers_total",
-    "connex_stage_reprefills_total",              "connex_stage_pd_handoffs_total",
-    "connex_stage_pd_retained_resumes_total"};
+const char* const kSummed[] = {"connex_stage_pd_handoff_bytes_total",
+                               "connex_stage_pd_handoff_results_total",
+                               "connex_stage_pd_handoff_wait_seconds_total",
+                               "connex_stage_kv_mirror_read_bytes_total",
+                               "connex_stage_kv_mirror_read_seconds_total",
+                               "connex_stage_kv_takeovers_total",
+                               "connex_stage_kv_takeovers_lagged_total",
+                               "connex_stage_pd_handoff_waits_expired_total",
+                               "connex_stage_pd_retention_expired_total",
+                               "connex_stage_failovers_total",
+                               "connex_stage_reprefills_total",
+                               "connex_stage_pd_handoffs_total",
+                               "connex_stage_pd_retained_resumes_total"};
 
 void AddMetrics(Cluster& c, uint32_t group, uint32_t replica, std::map<std::string, double>& sum) {
   absl::StatusOr<std::map<std::string, double>> m = c.Metrics(group, replica);
@@ -139,7 +144,7 @@ json Side(const RunResult& r, bool pd) {
   s["faults"] = r.faults.size();
   json gaps = json::object();
   for (const auto& [group, v] : FaultToNextToken(r)) {
-    const char* name = !pd ? "stage 1"
+    const char* name = !pd                      ? "stage 1"
                        : group == kPrefillGroup ? "prefill"
                        : group == kDecodeGroup  ? "decode"
                                                 : "frontend";
@@ -269,13 +274,14 @@ absl::StatusOr<json> RunPd(const PdOptions& pd) {
           StrCat(name, ": ", t["mismatched_tokens"].get<int64_t>(), " mismatched tokens"));
     }
     if (t["correct"].get<int64_t>() != t["issued"].get<int64_t>()) {
-      problems.push_back(StrCat(name, ": ", side["lost"].size(), " of ",
-                                t["issued"].get<int64_t>(), " requests lost or wrong"));
+      problems.push_back(StrCat(name, ": ", side["lost"].size(), " of ", t["issued"].get<int64_t>(),
+                                " requests lost or wrong"));
     }
   };
   check(record["pd"], "pd");
   if (colocated) check(record["colocated"], "colocated");
-  if (pdj["kv"]["handoffs"].get<double>() <= 0) problems.push_back("pd: no request was handed over");
+  if (pdj["kv"]["handoffs"].get<double>() <= 0)
+    problems.push_back("pd: no request was handed over");
   record["problems"] = problems;
   record["ok"] = problems.empty();
   return record;
@@ -284,11 +290,7 @@ absl::StatusOr<json> RunPd(const PdOptions& pd) {
 std::string PdReport(const json& r) {
   std::string out;
   auto line = [&out](const std::string& s) { out += s + "\n"; };
-  auto f1 = [](double v) {
-    char b[32];
-    std::snprintf(b, sizeof(b), "%.1f", v);
-    return std::string(b);
-  };
+  const auto f1 = [](double v) { return F1(v); };
   const json& op = r["options"];
   line(StrCat("=== connex pd report (", r["machine"].value("date", ""), ", ",
               r["machine"].value("cores", 0), " cores) ==="));
@@ -325,10 +327,10 @@ std::string PdReport(const json& r) {
                 s["reprefills"].get<double>()));
     for (const auto& lost : s["lost"]) line("  lost: " + lost.dump());
   };
-  side("pd", StrCat("disaggregated (", op["frontends"].get<int>(), " frontend, ",
-                    op["prefill"].get<int>(), " prefill + ", op["decode"].get<int>(),
-                    " decode instances", op["kv_standby"].get<bool>() ? ", decode KV standby" : "",
-                    ")"));
+  side("pd",
+       StrCat("disaggregated (", op["frontends"].get<int>(), " frontend, ",
+              op["prefill"].get<int>(), " prefill + ", op["decode"].get<int>(), " decode instances",
+              op["kv_standby"].get<bool>() ? ", decode KV standby" : "", ")"));
   side("colocated", StrCat("colocated (", op["decode"].get<int>(), " chains of 2 stages)"));
   for (const auto& p : r["problems"]) line("PROBLEM: " + p.get<std::string>());
   line(r.value("ok", false) ? "PASS" : "FAIL");

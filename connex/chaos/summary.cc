@@ -3,6 +3,7 @@
 
 #include "connex/base/strings.h"
 #include "connex/chaos/campaigns.h"
+#include "connex/chaos/load.h"
 
 namespace connex::chaos {
 
@@ -11,11 +12,7 @@ using json = nlohmann::json;
 std::string Summary(const json& r) {
   std::string out;
   auto line = [&out](const std::string& s) { out += s + "\n"; };
-  auto f1 = [](double v) {
-    char b[32];
-    std::snprintf(b, sizeof(b), "%.1f", v);
-    return std::string(b);
-  };
+  const auto f1 = [](double v) { return F1(v); };
   const std::string campaign = r.value("campaign", "?");
   if (campaign == "demo") return DemoReport(r);
   if (campaign == "pd") return PdReport(r);

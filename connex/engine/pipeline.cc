@@ -15,8 +15,9 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Load(const std::string& path
   }
   auto pipeline = std::make_unique<Pipeline>();
   for (int s = 0; s < stages; ++s) {
-    CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<StageEngine> engine,
-                            StageEngine::Load(path, {.stage = s, .stages = stages, .pool = pool, .layers = {}}));
+    CONNEX_ASSIGN_OR_RETURN(
+        std::unique_ptr<StageEngine> engine,
+        StageEngine::Load(path, {.stage = s, .stages = stages, .pool = pool, .layers = {}}));
     pipeline->stages_.push_back(std::move(engine));
   }
   return pipeline;

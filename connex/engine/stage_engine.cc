@@ -109,8 +109,9 @@ absl::StatusOr<std::unique_ptr<StageEngine>> StageEngine::Load(const std::string
   engine->config_ = config;
   engine->stage_ = options.stage;
   engine->stages_ = options.stages;
-  engine->layers_ = options.layers ? *options.layers
-                                   : StageLayers(config.num_hidden_layers, options.stage, options.stages);
+  engine->layers_ = options.layers
+                        ? *options.layers
+                        : StageLayers(config.num_hidden_layers, options.stage, options.stages);
   engine->file_ = std::move(checkpoint);
 
   const int64_t d = config.hidden_size, q = config.q_dim(), kv = config.kv_dim(),

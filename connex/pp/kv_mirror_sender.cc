@@ -42,7 +42,7 @@ void MirrorSender::SetStandby(const std::optional<Hop>& standby) {
   }
   ++stats_.standby_changes;
   CONNEX_LOG_INFO(
-      "pp {}: KV standby {}", self_().lid.ToString(),
+      "pp {}: {} {}", self_().lid.ToString(), o_.what,
       standby ? StrCat(standby->lid.ToString(), " epoch ", standby->epoch) : std::string("none"));
   if (standby_) {
     // The old standby (if it lives on) drops what it mirrored of ours.

@@ -40,6 +40,7 @@ struct MirrorSenderOptions {
   int64_t interval_ms = 0;        // at most one round of updates per interval (0: every turn)
   Clock* clock = nullptr;         // nullptr: the real clock
   uint64_t first_corr = 1;
+  std::string what = "KV standby";  // its log lines' name for the standby
 };
 
 struct MirrorSenderStats {

@@ -120,6 +120,7 @@ MirrorSender* KvStandby::HandoffTo(const Hop& target) {
   MirrorSenderOptions so;
   so.ack_timeout_ms = o_.ack_timeout_ms;
   so.interval_ms = 0;  // a handoff is on the request's path: at once
+  so.what = "PD handoffs to";
   so.clock = o_.clock;
   // Correlation ids of their own, apart from the standby's and each other's.
   so.first_corr = o_.first_corr + (++handoff_senders_made_ << 40);
@@ -146,8 +147,8 @@ void KvStandby::HandoffTargetGone(const Lid& lid) {
 }
 
 std::vector<std::pair<OwnerKey, uint64_t>> KvStandby::RetentionExpired(int64_t now_ms,
-                                                                        int64_t retain_ms,
-                                                                        int64_t retain_bytes) {
+                                                                       int64_t retain_ms,
+                                                                       int64_t retain_bytes) {
   std::vector<std::pair<OwnerKey, uint64_t>> out;
   std::vector<std::pair<int64_t, Key>> by_age;
   int64_t bytes = 0;

@@ -12,9 +12,9 @@
 
 #include <cstdint>
 #include <map>
-#include <utility>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"

@@ -7,6 +7,7 @@
 #include "connex/base/wait.h"
 #include "connex/directory/testing/test_directory.h"
 #include "connex/pp/testing/cluster.h"
+#include "connex/pp/testing/expectations.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -43,22 +44,11 @@ class KvStandbyTest : public ::testing::Test {
 
   // Every request finished with exactly the tokens of an undisturbed run.
   void ExpectAllMatchReference(const Cluster& c, int max_new) {
-    for (const auto& [id, o] : c.outcomes()) {
-      ASSERT_TRUE(o.done) << "request " << id;
-      ASSERT_TRUE(o.tokens.ok()) << "request " << id << ": " << o.tokens.status();
-      EXPECT_EQ(*o.tokens, ReferenceTokens(c.stages(), Prompt(id), max_new)) << "request " << id;
-      EXPECT_EQ(o.streamed, *o.tokens) << "request " << id;
-    }
-    EXPECT_THAT(c.violations(), ::testing::IsEmpty());
+    testing::ExpectAllMatch(
+        c, [&](uint64_t id) { return ReferenceTokens(c.stages(), Prompt(id), max_new); });
   }
 
-  // Every request ended: no engine holds state, no standby holds a mirror.
-  void ExpectNothingLeft(Cluster& c) {
-    EXPECT_TRUE(c.AwaitNoStateHeld(10000)) << c.StateHeld();
-    EXPECT_TRUE(WaitUntil([&] { return c.MirrorsHeld() == 0; }, 10000))
-        << c.MirrorsHeld() << " mirrors left";
-    EXPECT_TRUE(c.AwaitRingsEmpty(5000));
-  }
+  void ExpectNothingLeft(Cluster& c) { testing::ExpectNothingLeft(c); }
 
   // Waits until every one of the requests has a mirror on some standby (their first steps ran).
   void AwaitMirrors(Cluster& c, size_t n) {

@@ -86,13 +86,14 @@ absl::Status StageNodeOptions::Validate() const {
     // A PD deployment is two stages: the frontends, then a pool of prefill and one of decode.
     const uint32_t want = pd_role == PdRole::kFrontend ? 0 : 1;
     if (stages != 2 || stage != want) {
-      return absl::InvalidArgumentError(
-          StrCat("pp: a ", PdRoleName(pd_role), " of a prefill-decode deployment is stage ", want,
-                 " of 2, not stage ", stage, " of ", stages));
+      return absl::InvalidArgumentError(StrCat("pp: a ", PdRoleName(pd_role),
+                                               " of a prefill-decode deployment is stage ", want,
+                                               " of 2, not stage ", stage, " of ", stages));
     }
     if (pd_retain_bytes < 0 || pd_retain_ms < 0 || pd_handoff_wait_ms < 0) {
-      return absl::InvalidArgumentError("pp: pd_retain_bytes, pd_retain_ms and "
-                                        "pd_handoff_wait_ms must not be negative");
+      return absl::InvalidArgumentError(
+          "pp: pd_retain_bytes, pd_retain_ms and "
+          "pd_handoff_wait_ms must not be negative");
     }
   }
   if (step_timeout_ms < 1 || probe_timeout_ms < 1 || route_wait_ms < 1 || request_timeout_ms < 0 ||

@@ -22,8 +22,8 @@ absl::StatusOr<PdRole> ParsePdRole(std::string_view name, std::string_view what)
   for (PdRole r : {PdRole::kNone, PdRole::kFrontend, PdRole::kPrefill, PdRole::kDecode}) {
     if (name == PdRoleName(r)) return r;
   }
-  return absl::InvalidArgumentError(StrCat(what, ": '", name,
-                                           "' is not a role (none, frontend, prefill or decode)"));
+  return absl::InvalidArgumentError(
+      StrCat(what, ": '", name, "' is not a role (none, frontend, prefill or decode)"));
 }
 
 uint32_t PdGroup(PdRole role, uint32_t stage) {

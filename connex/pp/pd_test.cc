@@ -5,14 +5,16 @@
 // after the handoff, a decode instance killed mid-generation (from its standby's mirror, or from
 // the prefill instance's retained copy), a handoff cut half way; a decode instance that joins
 // mid-run takes traffic.
+#include "connex/pp/pd.h"
+
 #include <atomic>
 #include <memory>
 
 #include "connex/base/wait.h"
 #include "connex/directory/testing/test_directory.h"
 #include "connex/pp/messages.h"
-#include "connex/pp/pd.h"
 #include "connex/pp/testing/cluster.h"
+#include "connex/pp/testing/expectations.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -51,22 +53,24 @@ class PdTest : public ::testing::Test {
   }
 
   void ExpectAllMatchReference(const Cluster& c, int max_new, size_t extra = 0) {
-    for (const auto& [id, o] : c.outcomes()) {
-      ASSERT_TRUE(o.done) << "request " << id;
-      ASSERT_TRUE(o.tokens.ok()) << "request " << id << ": " << o.tokens.status();
-      EXPECT_EQ(*o.tokens, ReferenceTokens(2, Prompt(id, extra), max_new)) << "request " << id;
-      EXPECT_EQ(o.streamed, *o.tokens) << "request " << id;
-    }
-    EXPECT_THAT(c.violations(), ::testing::IsEmpty());
+    testing::ExpectAllMatch(
+        c, [&](uint64_t id) { return ReferenceTokens(2, Prompt(id, extra), max_new); });
   }
 
   // Every request ended: no engine holds state (prefill instances retain nothing past their
   // requests' RELEASE), no mirror is left.
-  void ExpectNothingLeft(Cluster& c) {
-    EXPECT_TRUE(c.AwaitNoStateHeld(10000)) << c.StateHeld();
-    EXPECT_TRUE(WaitUntil([&] { return c.MirrorsHeld() == 0; }, 10000))
-        << c.MirrorsHeld() << " mirrors left";
-    EXPECT_TRUE(c.AwaitRingsEmpty(5000));
+  void ExpectNothingLeft(Cluster& c) { testing::ExpectNothingLeft(c); }
+
+  // 6 requests of 300 tokens, handed over; decode instance 0 killed mid-generation; all end.
+  void KillDecodeMidGeneration(Cluster& c) {
+    c.fabric().SetReadDelay(Lid{c.model(), kFrontend, 0, 0}, 2);
+    for (uint64_t id = 1; id <= 6; ++id) ASSERT_TRUE(c.Submit(0, id, Prompt(id), 300).ok());
+    ASSERT_TRUE(WaitUntil([&] { return c.TotalStats().pd_handoffs == 6; }, 10000));
+    const uint64_t ran = c.engine(kDecode, 0)->executions();
+    ASSERT_TRUE(WaitUntil([&] { return c.engine(kDecode, 0)->executions() > ran + 20; }, 10000));
+    c.Kill(kDecode, 0);
+    ASSERT_TRUE(c.AwaitAll(30000));
+    ExpectAllMatchReference(c, 300);
   }
 
   std::unique_ptr<directory::DirectoryServer> server_;
@@ -132,14 +136,7 @@ TEST_F(PdTest, ADecodeInstanceKilledMidGenerationResumesFromItsStandbysMirror) {
   StageNodeOptions o = testing::FastTestOptions();
   o.kv_standby = true;  // decode instances mirror to the next decode instance
   auto c = MakeCluster(2, 2, o);
-  c->fabric().SetReadDelay(Lid{c->model(), kFrontend, 0, 0}, 2);
-  for (uint64_t id = 1; id <= 6; ++id) ASSERT_TRUE(c->Submit(0, id, Prompt(id), 300).ok());
-  ASSERT_TRUE(WaitUntil([&] { return c->TotalStats().pd_handoffs == 6; }, 10000));
-  const uint64_t ran = c->engine(kDecode, 0)->executions();
-  ASSERT_TRUE(WaitUntil([&] { return c->engine(kDecode, 0)->executions() > ran + 20; }, 10000));
-  c->Kill(kDecode, 0);
-  ASSERT_TRUE(c->AwaitAll(30000));
-  ExpectAllMatchReference(*c, 300);
+  ASSERT_NO_FATAL_FAILURE(KillDecodeMidGeneration(*c));
   StageNodeStats s = c->TotalStats();
   EXPECT_EQ(s.reprefills, 0u);
   EXPECT_GT(s.failovers, 0u);
@@ -149,14 +146,7 @@ TEST_F(PdTest, ADecodeInstanceKilledMidGenerationResumesFromItsStandbysMirror) {
 
 TEST_F(PdTest, ADecodeInstanceKilledWithoutAStandbyResumesFromTheRetainedCopy) {
   auto c = MakeCluster();  // no KV standby: only the prefill instances' retained copies
-  c->fabric().SetReadDelay(Lid{c->model(), kFrontend, 0, 0}, 2);
-  for (uint64_t id = 1; id <= 6; ++id) ASSERT_TRUE(c->Submit(0, id, Prompt(id), 300).ok());
-  ASSERT_TRUE(WaitUntil([&] { return c->TotalStats().pd_handoffs == 6; }, 10000));
-  const uint64_t ran = c->engine(kDecode, 0)->executions();
-  ASSERT_TRUE(WaitUntil([&] { return c->engine(kDecode, 0)->executions() > ran + 20; }, 10000));
-  c->Kill(kDecode, 0);
-  ASSERT_TRUE(c->AwaitAll(30000));
-  ExpectAllMatchReference(*c, 300);
+  ASSERT_NO_FATAL_FAILURE(KillDecodeMidGeneration(*c));
   StageNodeStats s = c->TotalStats();
   EXPECT_EQ(s.reprefills, 0u);
   EXPECT_GT(s.pd_retained_resumes, 0u);
@@ -223,8 +213,7 @@ TEST_F(PdTest, ABadRoleIsRefusedByName) {
   absl::Status v = o.Validate();
   EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(v.message()), ::testing::HasSubstr("decode"));
-  EXPECT_EQ(ParsePdRole("prefil", "--pd-role").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParsePdRole("prefil", "--pd-role").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(ParsePdRole("prefil", "--pd-role").status().message()),
               ::testing::HasSubstr("'prefil'"));
 }

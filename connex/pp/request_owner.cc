@@ -151,8 +151,8 @@ void RequestOwner::OnMissing(const MissingSignal& m) {
       q.cached = static_cast<size_t>(held);
       q.rewind = true;
       ++stats_.lag_recomputes;
-    } else if (o_.pd && m.from.group == kPdDecodeGroup && q.retained &&
-               q.retained_positions > 0 && q.retained_positions < q.tokens.size() &&
+    } else if (o_.pd && m.from.group == kPdDecodeGroup && q.retained && q.retained_positions > 0 &&
+               q.retained_positions < q.tokens.size() &&
                host_.Usable(q.retained->lid, q.retained->epoch)) {
       // PD: the decode instance lost it; its prefill instance retains the first positions and
       // hands them (with what it recomputes beyond) to a decode instance picked afresh.

@@ -204,9 +204,10 @@ std::string RouteTable::Problem() const {
       }
     }
     if (usable) continue;
-    const std::string what = pd_ != PdRole::kNone ? StrCat(PdGroupName(g), " pool") : StrCat("stage ", g);
-    out += StrCat(out.empty() ? "" : "; ", what, ": ",
-                  seen.empty() ? "no replica registered" : seen);
+    const std::string what =
+        pd_ != PdRole::kNone ? StrCat(PdGroupName(g), " pool") : StrCat("stage ", g);
+    out +=
+        StrCat(out.empty() ? "" : "; ", what, ": ", seen.empty() ? "no replica registered" : seen);
   }
   return out;
 }

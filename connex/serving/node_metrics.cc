@@ -28,6 +28,12 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
   auto gauge = [&out](std::string_view field, std::string_view help, uint64_t value) {
     AppendFamily(&out, StrCat("connex_stage_", field), "gauge", help, value);
   };
+  // A counter of seconds, from microseconds.
+  auto seconds = [&out](std::string_view field, std::string_view help, uint64_t us) {
+    const std::string name = StrCat("connex_stage_", field, "_seconds_total");
+    out += StrCat("# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name, " ",
+                  fmt::format("{:.6f}", static_cast<double>(us) / 1e6), "\n");
+  };
   counter("steps_executed", "Engine steps run on this stage", s.steps_executed);
   counter("steps_replayed", "Re-sent attempts answered from the output cache", s.steps_replayed);
   counter("duplicates_dropped", "Duplicate steps dropped", s.duplicates_dropped);
@@ -87,13 +93,11 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
   counter("kv_takeovers_lagged",
           "Requests taken over from a mirror short of their step (the lag recomputed)",
           s.kv_takeovers_lagged);
-  counter("kv_mirror_read_bytes", "Mirror payload bytes this stage pulled (a standby, a decode "
-          "instance's handoffs)", s.kv_mirror_bytes_received);
-  out += StrCat(
-      "# HELP connex_stage_kv_mirror_read_seconds_total Time those one-sided reads took\n"
-      "# TYPE connex_stage_kv_mirror_read_seconds_total counter\n"
-      "connex_stage_kv_mirror_read_seconds_total ",
-      fmt::format("{:.6f}", static_cast<double>(s.kv_mirror_read_us) / 1e6), "\n");
+  counter("kv_mirror_read_bytes",
+          "Mirror payload bytes this stage pulled (a standby, a decode "
+          "instance's handoffs)",
+          s.kv_mirror_bytes_received);
+  seconds("kv_mirror_read", "Time those one-sided reads took", s.kv_mirror_read_us);
   // Prefill-decode disaggregation (CONNEX_PD_ROLE).
   counter("pd_handoffs", "Requests a prefill instance handed to a decode instance (frontend)",
           s.pd_handoffs);
@@ -110,12 +114,9 @@ std::string RenderNodeStats(const pp::StageNodeStats& s) {
   counter("pd_handoff_results",
           "RESULTs this prefill instance held until their decode instance had the KV",
           s.pd_handoff_results);
-  out += StrCat(
-      "# HELP connex_stage_pd_handoff_wait_seconds_total Time those RESULTs were held (the KV "
-      "transfer not overlapped with the prefill)\n"
-      "# TYPE connex_stage_pd_handoff_wait_seconds_total counter\n"
-      "connex_stage_pd_handoff_wait_seconds_total ",
-      fmt::format("{:.3f}", static_cast<double>(s.pd_handoff_wait_ms) / 1000.0), "\n");
+  seconds("pd_handoff_wait",
+          "Time those RESULTs were held (the KV transfer not overlapped with the prefill)",
+          s.pd_handoff_wait_ms * 1000);
   counter("pd_handoff_waits_expired",
           "Held RESULTs sent after CONNEX_PD_HANDOFF_WAIT_MS without the KV confirmed",
           s.pd_handoff_waits_expired);

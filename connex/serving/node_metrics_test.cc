@@ -24,10 +24,11 @@ TEST(RenderNodeStatsTest, EveryFieldIsAFamilyCountersWithTotal) {
   EXPECT_THAT(text, HasSubstr("connex_stage_requests_in_flight 1\n"));
   EXPECT_THAT(text, HasSubstr("connex_stage_releases_pending 0\n"));
   EXPECT_THAT(text, Not(HasSubstr("held_requests_total")));
-  // 26 counters and 11 gauges, each with HELP, TYPE and one sample; the two per-epoch families
+  // 36 counters (10 of them KV standby's and prefill-decode's, 2 in seconds) and 15 gauges, each
+  // with HELP, TYPE and one sample; the two per-epoch families
   // have HELP and TYPE, and no sample without epochs; the KV standby's lag histogram has HELP,
   // TYPE, 7 buckets and its count.
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 37 * 3 + 2 * 2 + 10);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 51 * 3 + 2 * 2 + 10);
 }
 
 TEST(RenderNodeStatsTest, TheKvStandbyLagIsACumulativeHistogramInSteps) {
@@ -42,7 +43,7 @@ TEST(RenderNodeStatsTest, TheKvStandbyLagIsACumulativeHistogramInSteps) {
   EXPECT_THAT(text, HasSubstr("connex_stage_kv_standby 1\n"));
   EXPECT_THAT(text, HasSubstr("connex_stage_kv_takeovers_total 4\n"));
   EXPECT_THAT(text, HasSubstr("connex_stage_pd_handoff_bytes_total 4096\n"));
-  EXPECT_THAT(text, HasSubstr("connex_stage_pd_handoff_wait_seconds_total 1.500\n"));
+  EXPECT_THAT(text, HasSubstr("connex_stage_pd_handoff_wait_seconds_total 1.500000\n"));
   EXPECT_THAT(text, HasSubstr("connex_stage_pd_prefilling 3\n"));
   EXPECT_THAT(text, HasSubstr("# TYPE connex_stage_kv_standby_lag_steps histogram\n"
                               "connex_stage_kv_standby_lag_steps_bucket{le=\"0\"} 5\n"

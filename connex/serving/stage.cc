@@ -138,9 +138,8 @@ absl::Status StageProcess::ChainReady() const {
     }
     return absl::OkStatus();
   }
-  return absl::UnavailableError(
-      StrCat("model ", options_.model_name, ": no live replica of ", pd ? "group " : "stage ",
-             missing));
+  return absl::UnavailableError(StrCat("model ", options_.model_name, ": no live replica of ",
+                                       pd ? "group " : "stage ", missing));
 }
 
 }  // namespace connex::serving
