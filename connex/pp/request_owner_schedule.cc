@@ -271,7 +271,9 @@ bool RequestOwner::PdRoute(Request& q, std::map<Lid, size_t>& load) {
     const Hop* to = q.handoff.lid.model.empty() ? nullptr : &q.handoff;
     std::optional<Hop> decode = host_.PdHop(kPdDecodeGroup, to, load);
     if (!hop || !decode) return false;
-    if (q.cached > 0 && !before.model.empty() && before != hop->lid) ++stats_.failovers;
+    // A prefill moved to another prefill instance (not a decode instance's loss going back to
+    // its prefill instance's retained copy: that one counted when it was lost).
+    if (q.cached > 0 && before.group == kPdPrefillGroup && before != hop->lid) ++stats_.failovers;
     q.route = {*hop};
     if (decode->lid != q.handoff.lid) ++load[decode->lid];
     q.handoff = *decode;
