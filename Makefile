@@ -3,8 +3,12 @@
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 DEMO_ARGS ?=
-# The test labels `make test-tsan` builds and runs (TSan covers the concurrent layers).
+# The test labels `make test-tsan` builds and runs (TSan covers the concurrent layers), and of
+# the pd label the in-process binary (its end-to-end tests start the serving binaries, which
+# the e2e label's ASan run covers).
 TSAN_LABELS := directory elastic pp transport
+TSAN_EXTRA_TARGETS := connex_pd_test
+TSAN_EXCLUDE := ^PdE2eTest
 empty :=
 space := $(empty) $(empty)
 TSAN_LABEL_REGEX := $(subst $(space),|,$(strip $(TSAN_LABELS)))|pd
@@ -31,7 +35,7 @@ build-asan: deps
 
 build-tsan: deps
 	@test -f build-tsan/CMakeCache.txt || cmake --preset tsan
-	cmake --build build-tsan -j$(JOBS) --target $(addprefix connex-tests-,$(TSAN_LABELS))
+	cmake --build build-tsan -j$(JOBS) --target $(addprefix connex-tests-,$(TSAN_LABELS)) $(TSAN_EXTRA_TARGETS)
 
 test: build
 	cd build && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
@@ -44,7 +48,7 @@ test-asan: build-asan
 
 # TSan covers the concurrent layers: directory, elastic, transport and pp.
 test-tsan: build-tsan
-	cd build-tsan && CONNEX_TEST_SEEDS=25 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tsan.supp" ctest --output-on-failure -j$(JOBS) -L '^($(TSAN_LABEL_REGEX))$$' $(CTEST_ARGS)
+	cd build-tsan && CONNEX_TEST_SEEDS=25 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tsan.supp" ctest --output-on-failure -j$(JOBS) -L '^($(TSAN_LABEL_REGEX))$$' -E '$(TSAN_EXCLUDE)' $(CTEST_ARGS)
 
 # The binaries `make demo` runs (connex-chaos demo and what it starts): only these are built for it.
 DEMO_TARGETS := connex-chaos connex-mkmodel connex-directory connex-stage connex-proxy connex-generate
