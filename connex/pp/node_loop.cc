@@ -45,7 +45,7 @@ void StageNode::Impl::Run() {
     // while (owners that had not yet seen our LEFT may still have routed one here).
     const bool idle = owner_->steps() == 0 && sender_->queued() == 0 &&
                       sender_->awaiting_ack() == 0 && (!kv_ || kv_->in_flight() == 0) &&
-                      now - last_step_ms_ >= kDrainQuietMs;
+                      held_results_.empty() && now - last_step_ms_ >= kDrainQuietMs;
     drain_->AfterTurn(idle);
     PublishStats();
   }

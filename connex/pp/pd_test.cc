@@ -205,6 +205,22 @@ TEST_F(PdTest, ADecodeInstanceThatJoinsMidRunTakesTraffic) {
   ExpectNothingLeft(*c);
 }
 
+TEST_F(PdTest, InstancesThatLeaveGracefullyHandTheirWorkOver) {
+  StageNodeOptions o = testing::FastTestOptions();
+  o.kv_standby = true;
+  auto c = MakeCluster(2, 2, o);
+  c->fabric().SetReadDelay(Lid{c->model(), kFrontend, 0, 0}, 2);
+  for (uint64_t id = 1; id <= 6; ++id) ASSERT_TRUE(c->Submit(0, id, Prompt(id), 200).ok());
+  ASSERT_TRUE(WaitUntil([&] { return c->TotalStats().pd_handoffs == 6; }, 10000));
+  c->Leave(kPrefill, 0);
+  c->Leave(kDecode, 0);  // its requests go to its standby, which holds their mirrors
+  for (uint64_t id = 7; id <= 8; ++id) ASSERT_TRUE(c->Submit(0, id, Prompt(id), 200).ok());
+  ASSERT_TRUE(c->AwaitAll(30000));
+  ExpectAllMatchReference(*c, 200);
+  EXPECT_EQ(c->TotalStats().reprefills, 0u);
+  ExpectNothingLeft(*c);
+}
+
 TEST_F(PdTest, ABadRoleIsRefusedByName) {
   StageNodeOptions o = testing::FastTestOptions();
   o.pd_role = PdRole::kDecode;
