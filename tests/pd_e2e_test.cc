@@ -133,7 +133,7 @@ TEST_F(PdE2eTest, APrefillInstanceKilledMidPrefillIsPrefilledAgainElsewhere) {
   ASSERT_NO_FATAL_FAILURE(Start(/*kv_standby=*/true));
   // Frozen first, so that the prefills sent to it are under way there when it dies.
   ASSERT_TRUE(cluster_->Stop(kPrefill, 0).ok());
-  Issue(0, 6, 40, 20);
+  Issue(0, 6, 40);
   ASSERT_TRUE(WaitUntil([&] { return Frontend("connex_stage_pd_prefilling") >= 1; }, 10'000));
   ASSERT_TRUE(cluster_->Kill(kPrefill, 0).ok());
   ExpectCorrect();
