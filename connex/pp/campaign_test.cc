@@ -63,11 +63,14 @@ class LlamaModel {
     std::filesystem::remove_all(dir_, ignored);
   }
   const std::string& path() const { return path_; }
-  Cluster::EngineFactory Factory() const {
-    return [path = path_](uint32_t stage, uint32_t stages) -> std::unique_ptr<Engine> {
+  // `pd`: a prefill-decode deployment's engines (a frontend runs the embedding alone, an
+  // instance every layer).
+  Cluster::EngineFactory Factory(bool pd = false) const {
+    return [path = path_, pd](uint32_t stage, uint32_t stages) -> std::unique_ptr<Engine> {
       engine::StageOptions so;
       so.stage = static_cast<int>(stage);
       so.stages = static_cast<int>(stages);
+      if (pd) so.layers = stage == 0 ? engine::LayerRange{0, 0} : engine::LayerRange{0, 3};
       so.pool = std::make_shared<engine::ThreadPool>(1);
       auto e = engine::StageEngine::Load(path, so);
       if (!e.ok()) return nullptr;
@@ -233,8 +236,15 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
   const bool llama = seed % 8 == 0;
   if (llama && LlamaModel::Get().path().empty())
     return "the campaign's Llama model was not written";
-  Cluster c(directory.server(), "c" + std::to_string(seed), kStages, seed, o,
-            llama ? LlamaModel::Get().Factory() : nullptr);
+  // A quarter of the seeds (all with CONNEX_TEST_PD=all, none with none) is a prefill-decode
+  // deployment (pd.h): two frontends, prefill instances in group 1 and decode instances in group
+  // 2 in the place of stages 1 and 2, faulted alike.
+  const std::string pd_mode = EnvString("CONNEX_TEST_PD", "quarter");
+  const bool pd = pd_mode == "all" || (pd_mode == "quarter" && seed % 4 == 3);
+  const uint32_t stages = pd ? 2 : kStages;
+  Cluster c(directory.server(), "c" + std::to_string(seed), stages, seed, o,
+            llama ? LlamaModel::Get().Factory(pd) : nullptr);
+  c.SetPd(pd);
   // A loaded machine (CI runs the sanitizer builds beside other tests) may take a while.
   if (absl::Status up = c.StartAll(2, 20000); !up.ok())
     return "the cluster did not start: " + up.ToString();
@@ -394,7 +404,7 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
       std::vector<int32_t> want =
           llama
               ? LlamaModel::Get().Reference(plans[id].prompt, plans[id].max_new, plans[id].sampling)
-              : ReferenceTokens(kStages, plans[id].prompt, plans[id].max_new);
+              : ReferenceTokens(stages, plans[id].prompt, plans[id].max_new);
       if (*outcome.tokens != want) {
         size_t at = 0;
         while (at < want.size() && at < outcome.tokens->size() && want[at] == (*outcome.tokens)[at])
@@ -418,6 +428,13 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
   c.signals().SetFaults({});
   if (!c.AwaitRingsEmpty(5000)) return "a ring slot leaked (" + what + ")";
   if (!c.AwaitNoStateHeld(10000)) return "state left behind: " + c.StateHeld() + " (" + what + ")";
+  if (pd) {
+    const StageNodeStats total = c.TotalStats();
+    (*tally)["pd-seeds"] += 1;
+    (*tally)["pd-handoffs"] += static_cast<int>(total.pd_handoffs);
+    (*tally)["pd-retained-resumes"] += static_cast<int>(total.pd_retained_resumes);
+    // (A retained copy is engine state: AwaitNoStateHeld above found none left.)
+  }
   if (o.kv_standby) {
     const StageNodeStats total = c.TotalStats();
     (*tally)["kv-seeds"] += 1;

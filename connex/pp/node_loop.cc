@@ -273,7 +273,9 @@ bool StageNode::Impl::HoldForHandoff(const StepSignal& s, const Signal& answer) 
                          int64_t{s.start_positions[i]} + int64_t{s.num_tokens[i]});
   }
   h.held_at = NowMs();
-  h.deadline = h.held_at + o_.pd_handoff_wait_ms;
+  // Never past half the step timeout: an owner that waited longer would re-send the step (and
+  // a handoff that cannot finish would hold every attempt's answer back).
+  h.deadline = h.held_at + std::min(o_.pd_handoff_wait_ms, o_.step_timeout_ms / 2);
   held_results_.push_back(std::move(h));
   return true;
 }

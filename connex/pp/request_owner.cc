@@ -348,11 +348,21 @@ void RequestOwner::Resend(uint64_t step_id, const std::string& why) {
     CONNEX_LOG_INFO("pp {}: step {} attempt {} re-routed ({})", name_, step_id, st.attempt, why);
   }
   st.route = *route;
+  if (!st.handoff.lid.model.empty()) {
+    // PD: the decode instance as it is now (a new epoch after a rejoin takes handoffs again),
+    // or another one if it went.
+    std::optional<Hop> to = host_.PdHop(kPdDecodeGroup, &st.handoff, {});
+    if (to) st.handoff = *to;
+  }
   for (uint64_t id : st.remaining) {
     auto req = requests_.find(id);
     if (req == requests_.end()) continue;
     req->second.route = *route;
     for (const Hop& h : *route) req->second.visited[h.lid] = h.signal;
+    if (!st.handoff.lid.model.empty()) {
+      req->second.handoff = st.handoff;
+      req->second.visited[st.handoff.lid] = st.handoff.signal;
+    }
   }
   SendStep(step_id, st);
 }
