@@ -118,7 +118,9 @@ MirrorSender* KvStandby::HandoffTo(const Hop& target) {
     return nullptr;
   }
   MirrorSenderOptions so;
-  so.ack_timeout_ms = o_.ack_timeout_ms;
+  // A lost update is sent again well within the time its RESULT is held (half the step
+  // timeout), so that a lost MIRROR or MIRRORED costs a retry, not a resume.
+  so.ack_timeout_ms = std::max<int64_t>(1, o_.ack_timeout_ms / 4);
   so.interval_ms = 0;  // a handoff is on the request's path: at once
   so.what = "PD handoffs to";
   so.clock = o_.clock;

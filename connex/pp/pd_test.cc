@@ -186,7 +186,7 @@ TEST_F(PdTest, AHandoffCutHalfWayIsRetriedNeverHalfApplied) {
   ASSERT_TRUE(c->AwaitAll(30000));
   EXPECT_GT(lost->load(), 0);
   ExpectAllMatchReference(*c, 30, 100);
-  EXPECT_EQ(c->TotalStats().pd_handoffs, 4u);
+  EXPECT_GE(c->TotalStats().pd_handoffs, 4u);  // a handoff given up is made again
   ExpectNothingLeft(*c);
 }
 
