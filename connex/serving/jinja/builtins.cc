@@ -19,7 +19,7 @@ absl::Status FilterError(std::string_view name, const Value& operand) {
 
 // JavaScript's parseInt(text, 10) / parseFloat(text); nullopt for NaN.
 std::optional<double> ParseJsNumber(std::string_view text, bool integer) {
-  const std::string s(TrimStartJs(text));
+  const std::string s(TrimJsStart(text));
   const char* begin = s.c_str();
   char* end = nullptr;
   const double d =

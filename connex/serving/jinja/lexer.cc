@@ -126,7 +126,7 @@ class Lexer {
   }
   void StripTrailingWhitespace() {
     if (!tokens_.empty() && tokens_.back().type == TokenType::kText) {
-      tokens_.back().value = std::string(TrimEndJs(tokens_.back().value));
+      tokens_.back().value = std::string(TrimJsEnd(tokens_.back().value));
       if (tokens_.back().value.empty()) tokens_.pop_back();
     }
   }
@@ -134,7 +134,7 @@ class Lexer {
   bool SkipWhitespace() {
     while (cur_ < src().size()) {
       size_t next = cur_;
-      if (!IsJsWhitespace(DecodeUtf8(src(), &next))) return true;
+      if (!IsJsWhitespace(NextCodePoint(src(), &next))) return true;
       cur_ = next;
     }
     return false;
@@ -343,7 +343,7 @@ absl::StatusOr<std::vector<Token>> Lexer::Run() {
     }
     size_t next = cur_;
     std::string bad;
-    AppendUtf8(DecodeUtf8(src(), &next), &bad);
+    AppendUtf8(NextCodePoint(src(), &next), &bad);
     return Error(start, absl::StrCat("unexpected character '", bad, "'"));
   }
   return std::move(tokens_);

@@ -76,13 +76,13 @@ absl::StatusOr<Value> Split(const std::string& self, const CallArgs& args) {
   }
   std::vector<Value> parts;
   if (sep.is_null()) {
-    const std::string_view text = TrimStartJs(self);
+    const std::string_view text = TrimJsStart(self);
     size_t pos = 0;
     while (pos < text.size()) {
       size_t word_end = pos;
       while (word_end < text.size()) {
         size_t next = word_end;
-        if (IsJsWhitespace(DecodeUtf8(text, &next))) break;
+        if (IsJsWhitespace(NextCodePoint(text, &next))) break;
         word_end = next;
       }
       if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) >= maxsplit) {
@@ -93,7 +93,7 @@ absl::StatusOr<Value> Split(const std::string& self, const CallArgs& args) {
       pos = word_end;
       while (pos < text.size()) {
         size_t next = pos;
-        if (!IsJsWhitespace(DecodeUtf8(text, &next))) break;
+        if (!IsJsWhitespace(NextCodePoint(text, &next))) break;
         pos = next;
       }
     }
@@ -189,11 +189,11 @@ Value MemberBuiltin(const Value& object, std::string_view name) {
     }
     if (name == "lstrip") {
       return Value::Callable(
-          [self](const CallArgs&) { return Value::String(std::string(TrimStartJs(self))); });
+          [self](const CallArgs&) { return Value::String(std::string(TrimJsStart(self))); });
     }
     if (name == "rstrip") {
       return Value::Callable(
-          [self](const CallArgs&) { return Value::String(std::string(TrimEndJs(self))); });
+          [self](const CallArgs&) { return Value::String(std::string(TrimJsEnd(self))); });
     }
     if (name == "title") {
       return Value::Callable([self](const CallArgs&) { return Value::String(TitleCase(self)); });

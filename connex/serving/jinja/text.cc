@@ -6,97 +6,19 @@
 
 namespace connex::serving::jinja {
 
-char32_t DecodeUtf8(std::string_view text, size_t* pos) {
-  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
-  const unsigned char lead = byte(*pos);
-  int extra = 0;
-  char32_t cp = 0;
-  if (lead < 0x80) {
-    ++*pos;
-    return lead;
-  } else if ((lead & 0xE0) == 0xC0) {
-    extra = 1;
-    cp = lead & 0x1F;
-  } else if ((lead & 0xF0) == 0xE0) {
-    extra = 2;
-    cp = lead & 0x0F;
-  } else if ((lead & 0xF8) == 0xF0) {
-    extra = 3;
-    cp = lead & 0x07;
-  } else {
-    ++*pos;
-    return 0xFFFD;
-  }
-  if (*pos + extra >= text.size()) {
-    ++*pos;
-    return 0xFFFD;
-  }
-  for (int i = 1; i <= extra; ++i) {
-    if ((byte(*pos + i) & 0xC0) != 0x80) {
-      ++*pos;
-      return 0xFFFD;
-    }
-    cp = (cp << 6) | (byte(*pos + i) & 0x3F);
-  }
-  *pos += extra + 1;
-  return cp;
-}
-
-void AppendUtf8(char32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-bool IsJsWhitespace(char32_t cp) {
-  if (cp <= 32) return cp == 32 || (cp >= 9 && cp <= 13);
-  return cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
-         cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000 || cp == 0xFEFF;
-}
-
 size_t Utf16Length(std::string_view text) {
   size_t units = 0;
-  for (size_t pos = 0; pos < text.size();) units += DecodeUtf8(text, &pos) >= 0x10000 ? 2 : 1;
+  for (size_t pos = 0; pos < text.size();) units += NextCodePoint(text, &pos) >= 0x10000 ? 2 : 1;
   return units;
 }
 
-std::string_view TrimStartJs(std::string_view text) {
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t next = pos;
-    if (!IsJsWhitespace(DecodeUtf8(text, &next))) break;
-    pos = next;
-  }
-  return text.substr(pos);
-}
-
-std::string_view TrimEndJs(std::string_view text) {
-  size_t end = 0;  // one past the last non-whitespace code point
-  for (size_t pos = 0; pos < text.size();) {
-    if (!IsJsWhitespace(DecodeUtf8(text, &pos))) end = pos;
-  }
-  return text.substr(0, end);
-}
-
-std::string_view TrimJs(std::string_view text) { return TrimEndJs(TrimStartJs(text)); }
+std::string_view TrimJs(std::string_view text) { return TrimJsEnd(TrimJsStart(text)); }
 
 std::vector<std::string_view> SplitCodePoints(std::string_view text) {
   std::vector<std::string_view> out;
   for (size_t pos = 0; pos < text.size();) {
     const size_t start = pos;
-    DecodeUtf8(text, &pos);
+    NextCodePoint(text, &pos);
     out.push_back(text.substr(start, pos - start));
   }
   return out;
@@ -132,7 +54,7 @@ std::string JsonQuote(std::string_view text, bool ensure_ascii) {
   std::string out = "\"";
   for (size_t pos = 0; pos < text.size();) {
     const size_t start = pos;
-    const char32_t cp = DecodeUtf8(text, &pos);
+    const char32_t cp = NextCodePoint(text, &pos);
     switch (cp) {
       case '"':
         out += "\\\"";

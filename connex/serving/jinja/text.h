@@ -10,21 +10,23 @@
 #include <string_view>
 #include <vector>
 
+#include "connex/base/utf8.h"
+
 namespace connex::serving::jinja {
 
-// Decodes the code point at `text[*pos]` and advances `*pos` past it. A malformed byte decodes as
-// U+FFFD and advances by one.
-char32_t DecodeUtf8(std::string_view text, size_t* pos);
-void AppendUtf8(char32_t cp, std::string* out);
+// Code points (an ill-formed sequence reads as one U+FFFD), UTF-8 encoding and JavaScript's
+// white space and trimming: connex/base/utf8.h's.
+using ::connex::AppendUtf8;
+using ::connex::IsJsWhitespace;
+using ::connex::NextCodePoint;
+using ::connex::TrimJsEnd;
+using ::connex::TrimJsStart;
 
-// JavaScript's WhiteSpace and LineTerminator code points (what String.prototype.trim removes).
-bool IsJsWhitespace(char32_t cp);
 // Length in UTF-16 code units, as JavaScript's `length`.
 size_t Utf16Length(std::string_view text);
 
+// Both ends' JavaScript white space removed (String.prototype.trim).
 std::string_view TrimJs(std::string_view text);
-std::string_view TrimStartJs(std::string_view text);
-std::string_view TrimEndJs(std::string_view text);
 
 // The code points of `text`, each as its UTF-8 bytes (JavaScript's Array.from(string)).
 std::vector<std::string_view> SplitCodePoints(std::string_view text);
