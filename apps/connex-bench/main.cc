@@ -96,6 +96,12 @@ int main(int argc, char** argv) {
   transport->add_option("--seconds", seconds, "seconds per size")
       ->check(seconds_check)
       ->capture_default_str();
+  int gap_ms = 0;
+  transport->add_option("--gap-ms", gap_ms,
+                        "pause between one reader's reads (0: back to back); GB/s is then over the "
+                        "time spent reading")
+      ->check(CLI::Range(0, 60'000))
+      ->capture_default_str();
   transport->add_option("--inflight", inflight, "reads outstanding (one reader thread each)")
       ->check(CLI::Range(1, testing::kMaxBenchInflight))
       ->capture_default_str();
@@ -177,6 +183,7 @@ int main(int argc, char** argv) {
     o.sizes = ParseSizes(sizes_text);
     o.seconds = seconds;
     o.inflight = inflight;
+    o.gap_ms = gap_ms;
     o.peer = peer;
     o.self_exe = self;
     auto results = testing::RunReadBench(o);

@@ -160,6 +160,9 @@ absl::Status RunServe(const TransportOptions& options, uint64_t size) {
 
 absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions& options) {
   CONNEX_RETURN_IF_ERROR(ValidateSizes(options.sizes, options.seconds));
+  if (options.gap_ms < 0 || options.gap_ms > 60'000) {
+    return absl::InvalidArgumentError(StrCat("gap_ms ", options.gap_ms, " is outside [0, 60000]"));
+  }
   if (options.inflight < 1 || options.inflight > kMaxBenchInflight) {
     return absl::InvalidArgumentError(
         StrCat("inflight ", options.inflight, " is outside [1, ", kMaxBenchInflight, "]"));
@@ -214,6 +217,9 @@ absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions
           }
           mine.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
           reads.fetch_add(1, std::memory_order_relaxed);
+          if (options.gap_ms > 0) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(options.gap_ms));
+          }
         }
         MutexLock lock(&mu);
         latencies.insert(latencies.end(), mine.begin(), mine.end());
@@ -234,7 +240,14 @@ absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions
     ReadBenchResult r;
     r.size = size;
     r.reads = reads.load();
-    r.gbps = static_cast<double>(r.reads) * static_cast<double>(size) / elapsed / 1e9;
+    double reading = elapsed;  // seconds the readers spent reading
+    if (options.gap_ms > 0) {
+      reading = 0;
+      for (double us : latencies) reading += us / 1e6;
+      reading /= threads;
+    }
+    r.gbps = reading > 0 ? static_cast<double>(r.reads) * static_cast<double>(size) / reading / 1e9
+                         : 0;
     r.p50_us = Percentile(latencies, 0.50);
     r.p99_us = Percentile(latencies, 0.99);
     results.push_back(r);
