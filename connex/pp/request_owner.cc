@@ -221,6 +221,16 @@ void RequestOwner::OnHopFailed(const HopFailedSignal& f) {
   }
   if (st.resend_at > 0) return;
   st.last_problem = f.reason;
+  if (static_cast<absl::StatusCode>(f.code) == absl::StatusCode::kDeadlineExceeded) {
+    // The hop never acknowledged within a step timeout (a host gone without a FIN, a frozen
+    // process): probe the route now, as a step timeout does, so that a silent hop is declared
+    // failed and the step re-routed — not re-sent to the same silent hop until the directory's
+    // lease runs out.
+    if (st.probe_until == 0) st.deadline = NowMs();
+    CONNEX_LOG_DEBUG("pp {}: step {} attempt {}: hop {} did not acknowledge: probing", name_,
+                     f.step, f.attempt, f.hop);
+    return;
+  }
   // Back off a little so that a peer whose death is not known yet does not spin the step.
   st.resend_at = NowMs() + std::min<int64_t>(200, 5 << std::min<uint32_t>(st.attempt, 5));
   CONNEX_LOG_DEBUG("pp {}: step {} attempt {}: hop {} failed: {}", name_, f.step, f.attempt, f.hop,
