@@ -591,6 +591,20 @@ void RegisterPp(py::module_& m) {
       .def_readwrite("replay_cache_bytes", &StageNodeOptions::replay_cache_bytes)
       .def_readwrite("owner_grace_ms", &StageNodeOptions::owner_grace_ms)
       .def_readwrite("stall_confirm_ms", &StageNodeOptions::stall_confirm_ms)
+      .def_readwrite("kv_standby", &StageNodeOptions::kv_standby)
+      .def_readwrite("kv_standby_bytes", &StageNodeOptions::kv_standby_bytes)
+      .def_readwrite("kv_standby_grace_ms", &StageNodeOptions::kv_standby_grace_ms)
+      .def_readwrite("kv_standby_interval_ms", &StageNodeOptions::kv_standby_interval_ms)
+      .def_property(
+          "pd_role",
+          [](const StageNodeOptions& o) { return std::string(pp::PdRoleName(o.pd_role)); },
+          [](StageNodeOptions& o, const std::string& role) {
+            o.pd_role = ValueOrThrow(pp::ParsePdRole(role, "pd_role"));
+          },
+          "Prefill-decode role: 'none', 'frontend', 'prefill' or 'decode' (docs/design/pd.md).")
+      .def_readwrite("pd_retain_ms", &StageNodeOptions::pd_retain_ms)
+      .def_readwrite("pd_retain_bytes", &StageNodeOptions::pd_retain_bytes)
+      .def_readwrite("pd_handoff_wait_ms", &StageNodeOptions::pd_handoff_wait_ms)
       .def(
           "from_env",
           [](const StageNodeOptions& self) {

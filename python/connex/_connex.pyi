@@ -334,6 +334,14 @@ class StageNodeOptions:
     replay_cache_bytes: int
     owner_grace_ms: int
     stall_confirm_ms: int
+    kv_standby: bool
+    kv_standby_bytes: int
+    kv_standby_grace_ms: int
+    kv_standby_interval_ms: int
+    pd_role: str  # 'none', 'frontend', 'prefill' or 'decode'
+    pd_retain_ms: int
+    pd_retain_bytes: int
+    pd_handoff_wait_ms: int
     def __init__(self, **fields: Any) -> None: ...
     def from_env(self) -> StageNodeOptions: ...
     def validate(self) -> None: ...

@@ -42,6 +42,14 @@ def test_options():
         StageNodeOptions(model="m", stagez=1)
     with pytest.raises(connex.InvalidArgument):
         StageNodeOptions(model="m", stage=3, stages=2).validate()
+    # KV standby and prefill-decode roles (docs/design/pd.md).
+    o = StageNodeOptions(model="m", stage=1, stages=2, kv_standby=True, pd_role="decode")
+    assert o.kv_standby and o.pd_role == "decode" and o.pd_retain_ms == 30000
+    o.validate()
+    with pytest.raises(connex.InvalidArgument, match="'prefil'"):
+        StageNodeOptions(model="m", pd_role="prefil")
+    with pytest.raises(connex.InvalidArgument, match="decode"):
+        StageNodeOptions(model="m", stage=0, stages=2, pd_role="decode").validate()
 
 
 def test_options_from_env(monkeypatch):
