@@ -97,9 +97,10 @@ int main(int argc, char** argv) {
       ->check(seconds_check)
       ->capture_default_str();
   int gap_ms = 0;
-  transport->add_option("--gap-ms", gap_ms,
-                        "pause between one reader's reads (0: back to back); GB/s is then over the "
-                        "time spent reading")
+  transport
+      ->add_option("--gap-ms", gap_ms,
+                   "pause between one reader's reads (0: back to back); GB/s is then over the "
+                   "time spent reading")
       ->check(CLI::Range(0, 60'000))
       ->capture_default_str();
   transport->add_option("--inflight", inflight, "reads outstanding (one reader thread each)")

@@ -246,8 +246,8 @@ absl::StatusOr<std::vector<ReadBenchResult>> RunReadBench(const ReadBenchOptions
       for (double us : latencies) reading += us / 1e6;
       reading /= threads;
     }
-    r.gbps = reading > 0 ? static_cast<double>(r.reads) * static_cast<double>(size) / reading / 1e9
-                         : 0;
+    r.gbps =
+        reading > 0 ? static_cast<double>(r.reads) * static_cast<double>(size) / reading / 1e9 : 0;
     r.p50_us = Percentile(latencies, 0.50);
     r.p99_us = Percentile(latencies, 0.99);
     results.push_back(r);

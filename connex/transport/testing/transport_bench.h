@@ -28,8 +28,8 @@ struct ReadBenchOptions {
   // > 0: each reader sleeps this long between reads (single reads after a pause, as a KV
   // handoff's: connections and caches go cold); GB/s is then bytes over the time spent reading.
   int gap_ms = 0;
-  std::string peer;             // "LID;0xBASE;SIZE;ADDRESS[;ADDRESS...]" from `serve`, or empty
-  std::string self_exe;         // this binary, started as `serve` when `peer` is empty
+  std::string peer;      // "LID;0xBASE;SIZE;ADDRESS[;ADDRESS...]" from `serve`, or empty
+  std::string self_exe;  // this binary, started as `serve` when `peer` is empty
 };
 
 struct ReadBenchResult {
