@@ -20,6 +20,8 @@ struct Hop {
   uint64_t epoch = 0;
   std::string signal;                  // where its signals go
   std::vector<std::string> addresses;  // its transport addresses (for one-sided reads)
+  // Whether it names no hop (an empty LID: an optional hop not given).
+  bool none() const { return lid.model.empty(); }
   friend bool operator==(const Hop&, const Hop&) = default;
 };
 
@@ -51,7 +53,7 @@ struct StepSignal {
   // Prefill-decode disaggregation (docs/design/pd.md): the decode instance the target (a
   // prefill instance) hands the step's requests' state to; an empty LID (model "") when none.
   Hop handoff;
-  bool has_handoff() const { return !handoff.lid.model.empty(); }
+  bool has_handoff() const { return !handoff.none(); }
   const Hop& target() const { return route[hop]; }
 };
 

@@ -100,7 +100,7 @@ void RequestOwner::OnResult(const ResultSignal& r) {
     if (req == requests_.end()) continue;
     Request& q = req->second;
     q.step = 0;
-    if (step->second.handoff.lid.model.size() > 0) {
+    if (!step->second.handoff.none()) {
       // PD: its prefill instance holds (and retains) its state up to here, handed over.
       q.retained = step->second.route[0];
       q.retained_positions = q.sent_to;
@@ -358,7 +358,7 @@ void RequestOwner::Resend(uint64_t step_id, const std::string& why) {
     CONNEX_LOG_INFO("pp {}: step {} attempt {} re-routed ({})", name_, step_id, st.attempt, why);
   }
   st.route = *route;
-  if (!st.handoff.lid.model.empty()) {
+  if (!st.handoff.none()) {
     // PD: the decode instance as it is now (a new epoch after a rejoin takes handoffs again),
     // or another one if it went.
     std::optional<Hop> to = host_.PdHop(kPdDecodeGroup, &st.handoff, {});
@@ -369,7 +369,7 @@ void RequestOwner::Resend(uint64_t step_id, const std::string& why) {
     if (req == requests_.end()) continue;
     req->second.route = *route;
     for (const Hop& h : *route) req->second.visited[h.lid] = h.signal;
-    if (!st.handoff.lid.model.empty()) {
+    if (!st.handoff.none()) {
       req->second.handoff = st.handoff;
       req->second.visited[st.handoff.lid] = st.handoff.signal;
     }

@@ -51,7 +51,7 @@ void RequestOwner::Schedule(int64_t now) {
   if (o_.pd) {
     for (const auto& [id, q] : requests_) {
       if (!q.route.empty()) ++load[q.route[0].lid];
-      if (!q.handoff.lid.model.empty() && (q.route.empty() || q.route[0].lid != q.handoff.lid))
+      if (!q.handoff.none() && (q.route.empty() || q.route[0].lid != q.handoff.lid))
         ++load[q.handoff.lid];
     }
   }
@@ -268,7 +268,7 @@ bool RequestOwner::PdRoute(Request& q, std::map<Lid, size_t>& load) {
       q.rewind = false;
       ++stats_.reprefills;
     }
-    const Hop* to = q.handoff.lid.model.empty() ? nullptr : &q.handoff;
+    const Hop* to = q.handoff.none() ? nullptr : &q.handoff;
     std::optional<Hop> decode = host_.PdHop(kPdDecodeGroup, to, load);
     if (!hop || !decode) return false;
     // A prefill moved to another prefill instance (not a decode instance's loss going back to
