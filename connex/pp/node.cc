@@ -62,6 +62,12 @@ absl::Status StageNode::Impl::Start() {
   recv.executed = &ledger_;
   recv.admit = [this](uint64_t epoch) { return Admit(epoch); };
   recv.standby = kv_.get();
+  if (o_.stage > 0) {  // stage 0 reads no steps
+    recv.blocking = [this](const std::function<void()>& read) { return baton_.Blocking(read); };
+    recv.post = [this](std::function<void()> run, std::function<void()> cancel) {
+      return queue_.Push(Command{std::move(run), std::move(cancel)});
+    };
+  }
   CONNEX_ASSIGN_OR_RETURN(
       receiver_,
       StepReceiver::Create(
@@ -84,7 +90,8 @@ absl::Status StageNode::Impl::Start() {
       std::make_unique<EpochGuard>(lid_.ToString(), clock_, stall_ms, reg_.get(), &lease_source_);
   CONNEX_RETURN_IF_ERROR(dir_.Join(lid_, Addresses(), JoinMetadata()).status());
   joined_ = true;
-  loop_ = std::thread([this] { Run(); });
+  loop_ = std::thread([this] { Run(/*first=*/true); });
+  if (o_.stage > 0) follower_ = std::thread([this] { Run(/*first=*/false); });
   queue_.LoopStarted();
   return absl::OkStatus();
 }
@@ -127,7 +134,7 @@ absl::Status StageNode::Impl::Cancel(uint64_t id, absl::Status why) {
     return absl::OkStatus();
   };
   // From a callback of this node (on_token saw a stop string): the loop is ours already.
-  if (std::this_thread::get_id() == loop_.get_id()) return cancel();
+  if (baton_.Leads()) return cancel();
   return Call(std::move(cancel));
 }
 
@@ -210,7 +217,12 @@ void StageNode::Impl::StopLoop() {
   if (!queue_.Close()) return;
   stop_.store(true);
   if (loop_.joinable()) loop_.join();
-  for (Item& item : queue_.TakeAll()) {
+  if (follower_.joinable()) follower_.join();
+  std::deque<Item> left = queue_.TakeAll();
+  left.insert(left.begin(), std::make_move_iterator(batch_.begin()),
+              std::make_move_iterator(batch_.end()));
+  batch_.clear();
+  for (Item& item : left) {
     if (auto* cmd = std::get_if<Command>(&item)) {
       if (cmd->cancel) cmd->cancel();
     }

@@ -4,15 +4,33 @@
 
 namespace connex::pp {
 
-void StageNode::Impl::Run() {
+// Two threads may run the loop, one at a time (internal/loop_baton.h): this one first; on a
+// stage that reads steps, a follower takes the loop over while a read hangs.
+void StageNode::Impl::Run(bool first) {
+  if (first) {
+    baton_.Lead();
+    Lead();
+  }
+  while (!stop_.load() && baton_.Follow(stop_)) {
+    CONNEX_LOG_INFO("pp {}: a step's read hung; the loop goes on on its other thread ({} so far)",
+                    lid_.ToString(), baton_.take_overs());
+    Lead();
+  }
+}
+
+void StageNode::Impl::Lead() {
   CONNEX_CHECK(sender_ != nullptr && receiver_ != nullptr && guard_ != nullptr);  // Start's
   while (!stop_.load()) {
     int64_t now = NowMs();
-    int64_t wait = std::max<int64_t>(0, std::min<int64_t>(20, NextTimer(now) - now));
-    std::deque<Item> items = queue_.Take(absl::Milliseconds(wait));
+    if (batch_.empty()) {
+      int64_t wait = std::max<int64_t>(0, std::min<int64_t>(20, NextTimer(now) - now));
+      batch_ = queue_.Take(absl::Milliseconds(wait));
+    }
     guard_->NoteAlive();
     drain_->BeforeTurn();
-    for (Item& item : items) {
+    while (!batch_.empty()) {
+      Item item = std::move(batch_.front());
+      batch_.pop_front();
       guard_->NoteAlive();
       if (stop_.load()) {
         if (auto* cmd = std::get_if<Command>(&item)) {
@@ -22,6 +40,8 @@ void StageNode::Impl::Run() {
       }
       if (auto* frame = std::get_if<std::string>(&item)) {
         HandleFrame(*frame);
+        // A read that hung moved the loop to the other thread: this one follows now.
+        if (!baton_.Leads()) return;
       } else if (auto* pc = std::get_if<elastic::PeerChange>(&item)) {
         HandlePeerChange(*pc);
       } else if (auto* cmd = std::get_if<Command>(&item)) {
@@ -43,7 +63,7 @@ void StageNode::Impl::Run() {
     }
     // The drain gate opens once nothing of ours is in flight and no step arrived for a short
     // while (owners that had not yet seen our LEFT may still have routed one here).
-    const bool idle = owner_->steps() == 0 && sender_->queued() == 0 &&
+    const bool idle = owner_->steps() == 0 && sender_->queued() == 0 && receiver_->reading() == 0 &&
                       sender_->awaiting_ack() == 0 && (!kv_ || kv_->in_flight() == 0) &&
                       held_results_.empty() && now - last_step_ms_ >= kDrainQuietMs;
     drain_->AfterTurn(idle);
@@ -125,6 +145,7 @@ void StageNode::Impl::HandleFrame(const std::string& frame) {
     return;
   }
   std::visit([this](auto& s) { On(s); }, *signal);
+  if (!baton_.Leads()) return;  // the loop is the other thread's now (Lead)
   // After the frame was handled: a step that arrives after a silence is admitted (or not)
   // before it counts as contact (Admit, "on the lease").
   if (routes_.FromMember(*signal, lid_, last_ack_matched_)) guard_->NotePeer();

@@ -53,8 +53,8 @@ absl::StatusOr<std::unique_ptr<StepReceiver>> StepReceiver::Create(
     SendSignal send, Deliver deliver) {
   std::unique_ptr<StepReceiver> r(new StepReceiver(
       std::move(options), engine, transfer, std::move(epoch), std::move(send), std::move(deliver)));
-  CONNEX_ASSIGN_OR_RETURN(r->recv_buf_, transfer.AllocateManagedBuffer(r->o_.slot_bytes));
-  CONNEX_ASSIGN_OR_RETURN(r->check_buf_, transfer.AllocateManagedBuffer(kSlotHeaderBytes));
+  CONNEX_ASSIGN_OR_RETURN(ReadBuffer first, r->TakeBuffer());
+  r->free_buffers_.push_back(first);
   return r;
 }
 
@@ -73,8 +73,24 @@ StepReceiver::StepReceiver(StepReceiverOptions options, Engine& engine,
       replay_(kReplayEntries, static_cast<uint64_t>(o_.replay_cache_bytes)) {}
 
 StepReceiver::~StepReceiver() {
-  if (recv_buf_ != nullptr) (void)transfer_.FreeManagedBuffer(recv_buf_);
-  if (check_buf_ != nullptr) (void)transfer_.FreeManagedBuffer(check_buf_);
+  for (const ReadBuffer& b : buffers_) {
+    (void)transfer_.FreeManagedBuffer(b.slot);
+    if (b.check != nullptr) (void)transfer_.FreeManagedBuffer(b.check);
+  }
+}
+
+absl::StatusOr<StepReceiver::ReadBuffer> StepReceiver::TakeBuffer() {
+  if (!free_buffers_.empty()) {
+    ReadBuffer b = free_buffers_.back();
+    free_buffers_.pop_back();
+    return b;
+  }
+  ReadBuffer b;
+  CONNEX_ASSIGN_OR_RETURN(b.slot, transfer_.AllocateManagedBuffer(o_.slot_bytes));
+  buffers_.push_back(b);
+  CONNEX_ASSIGN_OR_RETURN(b.check, transfer_.AllocateManagedBuffer(kSlotHeaderBytes));
+  buffers_.back() = b;
+  return b;
 }
 
 void StepReceiver::OwnerLeft(const Lid& lid, uint64_t epoch, int64_t drop_at_ms) {
@@ -92,50 +108,60 @@ void StepReceiver::Tick(int64_t now_ms) {
   }
 }
 
-void StepReceiver::OnStep(const StepSignal& s) {
-  // Read before the epoch is checked: a step executed under an epoch was admitted at or before
-  // this time (a process frozen right after it still ran it "before").
-  const int64_t admitted_ns = MonotonicNowNs();
+std::optional<AckSignal> StepReceiver::Refusal(const StepSignal& s, bool admit) {
   const Hop& target = s.target();
+  const uint64_t epoch = epoch_();
   AckSignal ack;
   ack.corr = s.corr;
   ack.from = o_.self;
-  const uint64_t epoch = epoch_();
   if (target.lid != o_.self || target.epoch != epoch || epoch == 0) {
-    ++stats_.fenced;
     ack.code = static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition);
     ack.message = StrCat(o_.self.ToString(), ": step for ", target.lid.ToString(), " epoch ",
                          target.epoch, " refused, this is epoch ", epoch);
-    send_(s.origin.signal, ack);
-    return;
+    return ack;
   }
-  if (o_.admit) {
+  if (admit && o_.admit) {
     if (absl::Status admitted = o_.admit(epoch); !admitted.ok()) {
-      ++stats_.fenced;
       ack.code = static_cast<uint32_t>(admitted.code());
       ack.message =
           StrCat(o_.self.ToString(), ": step for epoch ", epoch, " refused: ", admitted.message());
-      send_(s.origin.signal, ack);
-      return;
+      return ack;
     }
   }
   if (const uint64_t* gone = gone_owners_.Find(s.owner.lid);
       gone != nullptr && s.owner.epoch <= *gone) {
     // Its requests were dropped here: running its step would make state nobody releases.
-    ++stats_.fenced;
     ack.code = static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition);
     ack.message = StrCat(o_.self.ToString(), ": owner ", s.owner.lid.ToString(), " epoch ",
                          s.owner.epoch, " is gone");
-    send_(s.origin.signal, ack);
+    return ack;
+  }
+  return std::nullopt;
+}
+
+// What can be refused without the payload is, before it is read (a step of a fenced epoch or
+// a gone owner costs no read); the rest, and all of it again, once it was read (OnRead).
+void StepReceiver::OnStep(const StepSignal& s) {
+  if (std::optional<AckSignal> refused = Refusal(s, /*admit=*/false)) {
+    ++stats_.fenced;
+    send_(s.origin.signal, *refused);
     return;
   }
+  AckSignal ack;
+  ack.corr = s.corr;
+  ack.from = o_.self;
   if (seen_corr_.Contains(s.corr)) {
     ++stats_.duplicates_dropped;
-    send_(s.origin.signal, ack);  // the first ACK may have been lost
+    // The first ACK may have been lost: acknowledged again (a step still being read, once it
+    // was: never before its slot is free).
+    if (auto being_read = reading_.find(s.corr); being_read != reading_.end()) {
+      ++being_read->second;
+    } else {
+      send_(s.origin.signal, ack);
+    }
     return;
   }
   seen_corr_.Insert(s.corr);
-  // Pull the payload.
   if (kSlotHeaderBytes + s.length > static_cast<uint64_t>(o_.slot_bytes)) {
     ack.code = static_cast<uint32_t>(absl::StatusCode::kInvalidArgument);
     ack.message =
@@ -144,16 +170,71 @@ void StepReceiver::OnStep(const StepSignal& s) {
     send_(s.origin.signal, ack);
     return;
   }
-  absl::Status read =
-      ReadSlot(transfer_, PeerOf(s.origin), recv_buf_, check_buf_, s.remote_addr, s.corr, s.length);
-  if (!read.ok()) {
-    ack.code = static_cast<uint32_t>(read.code());
-    ack.message = std::string(read.message());
+  absl::StatusOr<ReadBuffer> buffer = TakeBuffer();
+  if (!buffer.ok()) {
+    ack.code = static_cast<uint32_t>(buffer.status().code());
+    ack.message = StrCat(o_.self.ToString(),
+                         ": no buffer to read the step into: ", buffer.status().message());
     send_(s.origin.signal, ack);
     return;
   }
-  absl::StatusOr<TensorDict> in =
-      Unpack(s.layout, static_cast<const uint8_t*>(recv_buf_) + kSlotHeaderBytes, s.length);
+  const ReadBuffer b = *buffer;
+  absl::Status read;
+  auto read_slot = [&] {
+    read = ReadSlot(transfer_, PeerOf(s.origin), b.slot, b.check, s.remote_addr, s.corr, s.length);
+  };
+  if (!o_.blocking || !o_.post) {
+    read_slot();
+    OnRead(s, read, static_cast<const uint8_t*>(b.slot), 0);
+    free_buffers_.push_back(b);
+    return;
+  }
+  reading_[s.corr] = 0;
+  if (o_.blocking(read_slot)) {
+    const int repeats = reading_[s.corr];
+    reading_.erase(s.corr);
+    OnRead(s, read, static_cast<const uint8_t*>(b.slot), repeats);
+    free_buffers_.push_back(b);
+    return;
+  }
+  // Another thread runs the loop now: nothing of ours is touched here any more, the rest of the
+  // step is the loop's (the buffer stays out of use until it ran).
+  auto rest = [this, s, read, b] {
+    auto it = reading_.find(s.corr);
+    CONNEX_CHECK(it != reading_.end());
+    const int repeats = it->second;
+    reading_.erase(it);
+    OnRead(s, read, static_cast<const uint8_t*>(b.slot), repeats);
+    free_buffers_.push_back(b);
+  };
+  (void)o_.post(std::move(rest), nullptr);
+}
+
+void StepReceiver::Acknowledge(const StepSignal& s, const AckSignal& ack, int repeats) {
+  for (int i = 0; i <= repeats; ++i) send_(s.origin.signal, ack);
+}
+
+void StepReceiver::OnRead(const StepSignal& s, const absl::Status& read, const uint8_t* slot,
+                          int repeats) {
+  // Taken before the epoch is checked: a step executed under an epoch was admitted at or before
+  // this time (a process frozen right after it still ran it "before").
+  const int64_t admitted_ns = MonotonicNowNs();
+  if (std::optional<AckSignal> refused = Refusal(s, /*admit=*/true)) {
+    ++stats_.fenced;
+    Acknowledge(s, *refused, repeats);
+    return;
+  }
+  const uint64_t epoch = epoch_();
+  AckSignal ack;
+  ack.corr = s.corr;
+  ack.from = o_.self;
+  if (!read.ok()) {
+    ack.code = static_cast<uint32_t>(read.code());
+    ack.message = std::string(read.message());
+    Acknowledge(s, ack, repeats);
+    return;
+  }
+  absl::StatusOr<TensorDict> in = Unpack(s.layout, slot + kSlotHeaderBytes, s.length);
   absl::StatusOr<Batch> batch = in.ok() ? GetBatch(*in) : absl::StatusOr<Batch>(in.status());
   if (batch.ok() &&
       (batch->request_ids != s.request_ids || batch->start_positions != s.start_positions ||
@@ -166,10 +247,10 @@ void StepReceiver::OnStep(const StepSignal& s) {
     ack.message = StrCat(o_.self.ToString(), ": bad payload of step ", s.step, ": ",
                          batch.status().message());
     CONNEX_LOG_WARN("pp {}", ack.message);
-    send_(s.origin.signal, ack);
+    Acknowledge(s, ack, repeats);
     return;
   }
-  send_(s.origin.signal, ack);  // the slot is free: the payload is ours
+  Acknowledge(s, ack, repeats);  // the slot is free: the payload is ours
   const OwnerKey owner{s.owner.lid, s.owner_token};
   scope_.SeenAt(owner, s.owner.epoch);
   // A re-sent attempt of a step this stage already ran: answer from the replay cache, for the

@@ -1,6 +1,7 @@
 // StepReceiver: the receiving side of the step protocol on a stage — fencing (a step for
 // another epoch, or of an owner incarnation that is gone, is refused), duplicate correlation
-// ids, the one-sided read of the payload (ReadSlot), the requests' identities here
+// ids, the one-sided read of the payload (ReadSlot; one that hangs may move the loop to another
+// thread: internal/loop_baton.h), the requests' identities here
 // (RequestScope: owner LID and token, a local engine id, the last step run), the replay cache
 // that answers a re-sent attempt without running the step again, the engine call, and the
 // release of state (RELEASE from the owner, or the owner FAILED / LEFT). The output goes on
@@ -13,9 +14,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "connex/base/lid.h"
@@ -68,6 +71,12 @@ struct StepReceiverOptions {
   // The stage's KV standby (not owned; nullptr: none): requests it mirrors are taken over
   // instead of reported missing, and it hears what ran and what was released.
   StandbyHooks* standby = nullptr;
+  // With both set, a payload read may outlast the caller's hold on the loop (LoopBaton):
+  // `blocking` runs the read and says whether the caller still runs the loop after it; when it
+  // does not, the rest of the step (OnRead) goes to the loop through `post` (false: the loop
+  // stopped, it is dropped). Unset: a read blocks the caller, which goes on with the step.
+  std::function<bool(const std::function<void()>& read)> blocking;
+  std::function<bool(std::function<void()> run, std::function<void()> cancel)> post;
 };
 
 struct StepReceiverStats {
@@ -120,12 +129,21 @@ class StepReceiver {
 
   const StepReceiverStats& stats() const { return stats_; }
   size_t held_requests() const { return scope_.requests(); }
+  // Steps whose payload is being read, or was read by a thread that no longer runs the loop.
+  size_t reading() const { return reading_.size(); }
   uint64_t replay_bytes() const { return replay_.bytes(); }
 
  private:
   StepReceiver(StepReceiverOptions options, Engine& engine, transport::TransferEngine& transfer,
                Epoch epoch, SendSignal send, Deliver deliver);
   void DropOwner(const Lid& lid, uint64_t epoch, std::string_view why);
+  // Why step `s` is refused here (its ACK), or nullopt. Without `admit`, the options' admit hook
+  // is not asked (before the read).
+  std::optional<AckSignal> Refusal(const StepSignal& s, bool admit);
+  // The step's payload was read (`read`: ReadSlot's answer; `slot`: header and payload);
+  // `repeats` duplicates of its signal arrived meanwhile (each gets the ACK too).
+  void OnRead(const StepSignal& s, const absl::Status& read, const uint8_t* slot, int repeats);
+  void Acknowledge(const StepSignal& s, const AckSignal& ack, int repeats);
 
   const StepReceiverOptions o_;
   Engine& engine_;
@@ -133,8 +151,16 @@ class StepReceiver {
   Epoch epoch_;
   SendSignal send_;
   Deliver deliver_;
-  void* recv_buf_ = nullptr;   // registered: header + payload of one slot
-  void* check_buf_ = nullptr;  // registered: the header read again
+  // Registered: header + payload of one slot, and the header read again. One per read in
+  // progress; more than one only while a read hangs on a thread that lost the loop.
+  struct ReadBuffer {
+    void* slot = nullptr;
+    void* check = nullptr;
+  };
+  absl::StatusOr<ReadBuffer> TakeBuffer();
+  std::vector<ReadBuffer> buffers_;       // all of them
+  std::vector<ReadBuffer> free_buffers_;  // not in use
+  std::map<uint64_t, int> reading_;       // corr of the steps being read -> duplicates meanwhile
   internal::RecentSet<uint64_t> seen_corr_;
   // Owner LID -> the highest epoch of it that FAILED or LEFT here: no step of that or an
   // earlier incarnation runs again (it would make state nobody releases).

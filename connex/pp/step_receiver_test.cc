@@ -3,9 +3,14 @@
 // the signals it sends and the outputs it delivers are recorded.
 #include "connex/pp/step_receiver.h"
 
+#include <deque>
+#include <functional>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "connex/pp/send_ring.h"
+#include "connex/pp/testing/fault_engine.h"
 #include "connex/pp/testing/test_engine.h"
 #include "connex/transport/mem/mem_engine.h"
 #include "gmock/gmock.h"
@@ -52,21 +57,28 @@ class StepReceiverTest : public ::testing::Test {
   // incarnation `owner_epoch`, in a fresh slot of the owner's ring.
   StepSignal Step(uint64_t step, uint32_t attempt, uint64_t id, int32_t start, int32_t n,
                   uint64_t owner_epoch = 1) {
+    return StepFrom(owner_lid_, *owner_transfer_, *ring_, step, attempt, id, start, n, owner_epoch);
+  }
+  // As Step, from the owner `lid` with its own transfer engine and ring.
+  StepSignal StepFrom(const Lid& lid, transport::TransferEngine& transfer, SendRing& ring,
+                      uint64_t step, uint32_t attempt, uint64_t id, int32_t start, int32_t n,
+                      uint64_t owner_epoch = 1, bool read_at_once = true) {
     TensorDict d;
     SetBatch(d, {id}, {start}, {n});
     d.Set("hidden", Tensor::Of<int64_t>({n}, std::vector<int64_t>(static_cast<size_t>(n), 42)));
     const uint64_t corr = next_corr_++;
-    uint32_t slot = *ring_->Acquire(corr);
+    uint32_t slot = *ring.Acquire(corr);
     StepSignal s;
-    s.layout = Pack(d, ring_->payload(slot));
+    s.layout = Pack(d, ring.payload(slot));
     s.length = PackedSize(d);
-    ring_->Seal(slot, corr, s.length);
-    ring_->Release(corr);  // this test reads each slot at once: it may be reused after
+    ring.Seal(slot, corr, s.length);
+    // Read at once (most tests): the slot may be reused after.
+    if (read_at_once) ring.Release(corr);
     s.corr = corr;
     s.step = step;
     s.attempt = attempt;
     s.ticket = 1000 + step * 10 + attempt;
-    s.owner = Hop{owner_lid_, owner_epoch, "pp+mem://owner", owner_transfer_->LocalAddresses()};
+    s.owner = Hop{lid, owner_epoch, "pp+mem://" + lid.ToString(), transfer.LocalAddresses()};
     s.owner_token = kToken;
     s.origin = s.owner;
     s.route = {Hop{self_, epoch_, "pp+mem://stage", stage_transfer_->LocalAddresses()}};
@@ -74,7 +86,7 @@ class StepReceiverTest : public ::testing::Test {
     s.request_ids = {id};
     s.start_positions = {start};
     s.num_tokens = {n};
-    s.remote_addr = ring_->remote_addr(slot);
+    s.remote_addr = ring.remote_addr(slot);
     return s;
   }
 
@@ -245,6 +257,112 @@ TEST(LastStageAnswerTest, ResultsWithTheTokensOrAStepErrorWithoutThem) {
   EXPECT_EQ(r.from_epoch, 9u);
   EXPECT_THAT(r.tokens, ElementsAre(40, 41));
   EXPECT_FALSE(LastStageAnswer(s, TensorDict{}, self, 9).ok());  // no batch: nothing to say
+}
+
+// A read that hung long enough for the node's follower thread to take the loop over
+// (options.blocking answers false, internal/loop_baton.h): the thread that read hands the rest of
+// the step to the loop (options.post), and touches nothing else. Meanwhile the loop serves the
+// other origins, and a duplicate of the hung step's signal is acknowledged only once it was read
+// (its slot is the sender's until then).
+TEST_F(StepReceiverTest, AReadThatLostTheLoopEndsOnTheLoop) {
+  receiver_.reset();
+  std::deque<std::function<void()>> loop;  // what the receiver posted for the loop
+  bool take_over = false;                  // whether the next read "hangs" past the take-over
+  StepReceiverOptions o;
+  o.self = self_;
+  o.stage = 1;
+  o.stages = 2;
+  o.slot_bytes = 1 << 16;
+  o.blocking = [&](const std::function<void()>& read) {
+    read();
+    return !std::exchange(take_over, false);
+  };
+  o.post = [&](std::function<void()> run, std::function<void()>) {
+    loop.push_back(std::move(run));
+    return true;
+  };
+  auto created = StepReceiver::Create(
+      o, engine_, *stage_transfer_, [this] { return epoch_; },
+      [this](const std::string& address, const Signal& s) { sent_.emplace_back(address, s); },
+      [this](const StepSignal& s, const TensorDict&) { delivered_.push_back(s.step); });
+  ASSERT_TRUE(created.ok()) << created.status();
+  receiver_ = *std::move(created);
+  const Lid b_lid{"m", 0, 1, 0};
+  transport::TransferEnginePtr b_transfer = Transfer(b_lid);
+  std::unique_ptr<SendRing> b_ring = *SendRing::Create(*b_transfer, 4, 1 << 16);
+
+  take_over = true;
+  const StepSignal hung =
+      StepFrom(owner_lid_, *owner_transfer_, *ring_, 10, 1, 5, 0, 3, 1, /*read_at_once=*/false);
+  receiver_->OnStep(hung);
+  ASSERT_EQ(loop.size(), 1u);  // the rest of the step waits for the loop
+  EXPECT_TRUE(delivered_.empty());
+  EXPECT_EQ(receiver_->reading(), 1u);
+  receiver_->OnStep(hung);  // its owner re-sent the signal: no ACK while the slot is not read
+  EXPECT_TRUE(Sent<AckSignal>().empty());
+  // The loop goes on with another origin's steps meanwhile, in a second buffer.
+  receiver_->OnStep(StepFrom(b_lid, *b_transfer, *b_ring, 20, 1, 6, 0, 3));
+  receiver_->OnStep(StepFrom(b_lid, *b_transfer, *b_ring, 21, 1, 6, 3, 1));
+  EXPECT_THAT(delivered_, ElementsAre(20u, 21u));
+  ASSERT_EQ(Sent<AckSignal>().size(), 2u);
+  // Then the hung read's rest: it runs, and both of its signals are acknowledged.
+  std::function<void()> rest = std::move(loop.front());
+  loop.pop_front();
+  rest();
+  EXPECT_THAT(delivered_, ElementsAre(20u, 21u, 10u));
+  EXPECT_EQ(receiver_->reading(), 0u);
+  std::vector<AckSignal> acks = Sent<AckSignal>();
+  ASSERT_EQ(acks.size(), 4u);
+  for (size_t i = 2; i < 4; ++i) {
+    EXPECT_EQ(acks[i].corr, hung.corr);
+    EXPECT_EQ(acks[i].code, 0u) << acks[i].message;
+  }
+  EXPECT_EQ(engine_.executions(), 3u);
+  EXPECT_THAT(engine_.violations(), ::testing::IsEmpty());
+}
+
+// A read that failed while another thread took the loop: the rest answers with the read's error.
+TEST_F(StepReceiverTest, AHungReadThatFailedIsAnsweredWithItsError) {
+  receiver_.reset();
+  auto faulty = std::make_shared<testing::FaultInjectingTransferEngine>(Transfer(self_));
+  std::deque<std::function<void()>> loop;
+  StepReceiverOptions o;
+  o.self = self_;
+  o.stage = 1;
+  o.stages = 2;
+  o.slot_bytes = 1 << 16;
+  o.blocking = [&](const std::function<void()>& read) {
+    std::thread peer_gone([&] {
+      while (faulty->held_reads() == 0) std::this_thread::yield();
+      faulty->ReleaseHeldReads();  // as the transport does once it suspects the peer
+    });
+    read();
+    peer_gone.join();
+    return false;
+  };
+  o.post = [&](std::function<void()> run, std::function<void()>) {
+    loop.push_back(std::move(run));
+    return true;
+  };
+  auto created = StepReceiver::Create(
+      o, engine_, *faulty, [this] { return epoch_; },
+      [this](const std::string& address, const Signal& s) { sent_.emplace_back(address, s); },
+      [this](const StepSignal& s, const TensorDict&) { delivered_.push_back(s.step); });
+  ASSERT_TRUE(created.ok()) << created.status();
+  receiver_ = *std::move(created);
+  faulty->HoldReadsFrom(owner_lid_);
+  const StepSignal s = Step(10, 1, 5, 0, 3);
+  receiver_->OnStep(s);
+  ASSERT_EQ(loop.size(), 1u);
+  loop.front()();
+  std::vector<AckSignal> acks = Sent<AckSignal>();
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].corr, s.corr);
+  EXPECT_EQ(acks[0].code, static_cast<uint32_t>(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(acks[0].message, HasSubstr("stopped answering"));
+  EXPECT_TRUE(delivered_.empty());
+  EXPECT_EQ(engine_.executions(), 0u);
+  receiver_.reset();  // before the transfer engine it reads with
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "connex/elastic/peer_set.h"
 #include "connex/pp/drain_state.h"
 #include "connex/pp/epoch_guard.h"
+#include "connex/pp/internal/loop_baton.h"
 #include "connex/pp/internal/recent_set.h"
 #include "connex/pp/internal/registration.h"
 #include "connex/pp/internal/work_queue.h"
@@ -181,7 +182,10 @@ class StageNode::Impl final : private OwnerHost {
 
   // ---- the loop ----
 
-  void Run();
+  // A loop thread (internal/loop_baton.h): the first leads at once, the other follows.
+  void Run(bool first);
+  // Runs the loop while this thread leads (until stop, or a read that hung lost it the loop).
+  void Lead();
 
   // Whether a step (or, on stage 0, its own step) may run under `epoch`, this incarnation's
   // (EpochGuard: evicted, stalled, on the lease).
@@ -369,8 +373,13 @@ class StageNode::Impl final : private OwnerHost {
   StageNodeStats stats_;
 
   std::thread loop_;
+  std::thread follower_;  // stages > 0: takes the loop over while a step's read hangs
   std::atomic<bool> stop_{false};
   internal::WorkQueue<Item> queue_;  // frames, peer changes and commands for the loop
+  std::deque<Item> batch_;           // taken from the queue, not handled yet (the loop's)
+  // A read that lasts this long moves the loop to the follower: well above a slot's read here
+  // (8 MiB in under 10 ms), well below a probe timeout, so the stage keeps answering.
+  internal::LoopBaton baton_{std::min<int64_t>(50, std::max<int64_t>(o_.probe_timeout_ms / 4, 1))};
   mutable connex::Mutex stats_mu_;
   StageNodeStats stats_snapshot_ ABSL_GUARDED_BY(stats_mu_);
 };
