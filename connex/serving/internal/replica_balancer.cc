@@ -20,6 +20,12 @@ std::optional<Replica> ReplicaBalancer::Pick(const std::vector<Replica>& replica
     if (!Up(r.name, now)) continue;
     if (better(r)) best = &r;
   }
+  if (best == nullptr) {
+    for (const Replica& r : replicas) {
+      auto it = state_.find(r.name);
+      if (it != state_.end() && it->second.connect_failures == 0 && better(r)) best = &r;
+    }
+  }
   // Forget the state of replicas that left.
   for (auto it = state_.begin(); it != state_.end();) {
     const bool known = std::any_of(replicas.begin(), replicas.end(),

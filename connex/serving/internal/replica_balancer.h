@@ -1,7 +1,13 @@
 // The resume proxy's choice of a stage-0 replica for an attempt: the least busy replica that is
 // up, preferring one other than the one that failed the request last. A replica that failed an
-// attempt is not picked for kReplicaDownMs; one that refuses connections again and again (a dead
-// process whose lease has not run out yet) for twice as long each time, up to kMaxReplicaDownMs.
+// attempt rests kReplicaDownMs; one that refuses connections again and again (a dead process
+// whose lease has not run out yet) twice as long each time, up to kMaxReplicaDownMs. A rest
+// after a stream that broke (it connected, then fell silent or closed) is a preference only:
+// when no replica is up, such a replica is picked rather than none. A stream also falls silent
+// when a stage behind the replica is lost, which the replica routes around in under a second, so
+// every replica's streams may break at once (a host that held a later stage of both chains cut
+// off: every request then waited the whole rest, 1 s, for nothing); a replica that is gone shows
+// it at the next connect, which is a rest of its own.
 // The directory drops a dead replica within a lease; its restart is a new epoch, hence a new
 // replica (a new name) with a clean slate. Thread-compatible (the proxy's I/O thread).
 #ifndef CONNEX_SERVING_INTERNAL_REPLICA_BALANCER_H_
@@ -27,7 +33,8 @@ class ReplicaBalancer {
   using Clock = std::chrono::steady_clock;
 
   // The least busy of `replicas` that is up at `now`, one not named `avoid` if there is one;
-  // nullopt when none is up. Forgets the state of replicas no longer listed (unless in flight).
+  // when none is up, the same among those resting after a broken stream only; else nullopt. Forgets
+  // the state of replicas no longer listed (unless in flight).
   std::optional<Replica> Pick(const std::vector<Replica>& replicas, std::string_view avoid,
                               Clock::time_point now);
   // When the earliest of `replicas` that is down comes back; nullopt when none has been down.

@@ -36,10 +36,11 @@ TEST(ReplicaBalancerTest, AvoidsTheReplicaThatFailedLastWhileAnotherIsUp) {
 TEST(ReplicaBalancerTest, AFailedReplicaRestsASecondAndOneThatRefusesLongerEachTime) {
   ReplicaBalancer b;
   const Clock::time_point t0 = Clock::now();
-  b.Failed(kA.name, /*connect=*/false, t0);
+  b.Failed(kA.name, /*connect=*/true, t0);
   EXPECT_EQ(b.Pick({kA}, "", t0 + milliseconds(999)), std::nullopt);
   EXPECT_EQ(b.NextUp({kA}), t0 + milliseconds(kReplicaDownMs));
   EXPECT_EQ(b.Pick({kA}, "", t0 + milliseconds(kReplicaDownMs)), kA);
+  b.Connected(kA.name);
   // Refused connections in a row: 1 s, 2 s, 4 s, then 4 s (the cap).
   Clock::time_point t = t0 + milliseconds(10'000);
   for (int64_t want : {1'000, 2'000, 4'000, 4'000}) {
@@ -51,6 +52,29 @@ TEST(ReplicaBalancerTest, AFailedReplicaRestsASecondAndOneThatRefusesLongerEachT
   b.Connected(kA.name);
   b.Failed(kA.name, /*connect=*/true, t);
   EXPECT_EQ(b.NextUp({kA}), t + milliseconds(kReplicaDownMs));
+}
+
+// Found with a host cut off (multihost_test): it held stage 1 of chain 0 and stage 0 of chain
+// 1, so the streams of both stage 0s fell silent at once; chain 0's stage 0 re-routed within a
+// second, but with both replicas resting every resumed request waited the whole second more.
+TEST(ReplicaBalancerTest, AReplicaWhoseStreamBrokeIsPickedWhenNoneIsUp) {
+  ReplicaBalancer b;
+  const Clock::time_point t0 = Clock::now();
+  b.Failed(kA.name, /*connect=*/false, t0);
+  b.Failed(kB.name, /*connect=*/false, t0);
+  EXPECT_EQ(b.Pick({kA, kB}, kB.name, t0), kA);  // none is up: the one not to avoid
+  EXPECT_FALSE(b.Up(kA.name, t0));
+  // One that could not be connected to rests whatever happens: the other is picked...
+  b.Failed(kA.name, /*connect=*/true, t0);
+  EXPECT_EQ(b.Pick({kA, kB}, kB.name, t0), kB);
+  // ...and with only it left, none.
+  EXPECT_EQ(b.Pick({kA}, "", t0), std::nullopt);
+  // While a replica is up, one resting after a broken stream is not picked, however idle.
+  ReplicaBalancer c;
+  c.Failed(kA.name, /*connect=*/false, t0);
+  c.Started(kB.name);
+  c.Started(kB.name);
+  EXPECT_EQ(c.Pick({kA, kB}, "", t0), kB);
 }
 
 TEST(ReplicaBalancerTest, ForgetsAReplicaThatLeftOnceNothingIsInFlightThere) {
