@@ -111,6 +111,20 @@ TEST_F(HostsTest, EachHostHasItsAddressAndReachesTheOthers) {
   EXPECT_NE(addr->find(hosts_->address(0) + "/24"), std::string::npos) << *addr;
 }
 
+// A process started in a host has the host's name as its host name (a UTS namespace of its
+// own): what tells same-host peers (shm) from the others.
+TEST_F(HostsTest, EachHostHasAHostNameOfItsOwn) {
+  for (int host : {1, 2}) {
+    absl::StatusOr<int> p = hosts_->Start(host, StrCat("hostname-h", host), {"/bin/hostname"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_TRUE(hosts_->process(*p).WaitForLine(hosts_->netns(host), 10'000))
+        << "host " << host << " is not named " << hosts_->netns(host);
+  }
+  char mine[256] = {};
+  ASSERT_EQ(gethostname(mine, sizeof(mine) - 1), 0);
+  EXPECT_NE(std::string(mine), hosts_->netns(1));  // this process's name is untouched
+}
+
 TEST_F(HostsTest, DelayHoldsEveryPacketAHostSends) {
   Acceptor(1, 5202);
   int64_t clean = ConnectUs(hosts_->address(1), 5202);

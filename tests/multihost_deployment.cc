@@ -56,7 +56,7 @@ std::optional<std::pair<uint64_t, uint64_t>> LeaderAndSelf(const std::string& ou
 // The deployment's processes log at CONNEX_HOSTS_LOG_LEVEL (default warn).
 std::string LogLevel() {
   const char* level = std::getenv("CONNEX_HOSTS_LOG_LEVEL");
-  return level != nullptr && *level != '\0' ? level : "warn";
+  return level != nullptr && *level != '\0' ? level : "info";
 }
 
 }  // namespace
@@ -232,28 +232,22 @@ absl::Status MultiHostDeployment::StartStage(uint32_t stage, uint32_t replica) {
   const int host = HostOf(stage, replica);
   const std::string addr = hosts_->address(host);
   SubprocessOptions so;
-  so.env = {"CONNEX_DIRECTORY=" + directory(),
-            "CONNEX_ETCD_CA_FILE=" + pki("ca.pem"),
-            "CONNEX_ETCD_CERT_FILE=" + pki("client.pem"),
-            "CONNEX_ETCD_KEY_FILE=" + pki("client-key.pem"),
-            StrCat("CONNEX_ETCD_ATTEMPT_TIMEOUT_MS=", o.etcd_attempt_timeout_ms),
-            StrCat("CONNEX_ETCD_WATCH_PROBE_MS=", o.etcd_watch_probe_ms),
-            "CONNEX_CURVE_KEY_FILE=" + pki(StrCat("stage-", stage, "-", replica, ".key")),
-            "CONNEX_CURVE_AUTHORIZED_KEYS_FILE=" + pki("authorized.keys"),
-            "CONNEX_MODEL=" + model_path_,
-            "CONNEX_MODEL_NAME=tiny",
-            StrCat("CONNEX_STAGES=", kStages),
-            StrCat("CONNEX_STAGE=", stage),
-            StrCat("CONNEX_REPLICA=", replica),
-            "CONNEX_SIGNAL_HOST=" + addr,
-            "CONNEX_TRANSPORT_HOST=" + addr,
-            "CONNEX_PP_BACKEND=tcp",
-            "CONNEX_INSECURE=1",
-            "CONNEX_ENGINE_THREADS=1",
-            "CONNEX_LOG_LEVEL=" + LogLevel(),
-            StrCat("CONNEX_LEASE_TTL_MS=", o.lease_ttl_ms),
-            StrCat("CONNEX_PP_STEP_TIMEOUT_MS=", o.step_timeout_ms),
-            StrCat("CONNEX_PP_PROBE_TIMEOUT_MS=", o.probe_timeout_ms)};
+  so.env = {
+      "CONNEX_DIRECTORY=" + directory(), "CONNEX_ETCD_CA_FILE=" + pki("ca.pem"),
+      "CONNEX_ETCD_CERT_FILE=" + pki("client.pem"), "CONNEX_ETCD_KEY_FILE=" + pki("client-key.pem"),
+      StrCat("CONNEX_ETCD_ATTEMPT_TIMEOUT_MS=", o.etcd_attempt_timeout_ms),
+      StrCat("CONNEX_ETCD_WATCH_PROBE_MS=", o.etcd_watch_probe_ms),
+      "CONNEX_CURVE_KEY_FILE=" + pki(StrCat("stage-", stage, "-", replica, ".key")),
+      "CONNEX_CURVE_AUTHORIZED_KEYS_FILE=" + pki("authorized.keys"), "CONNEX_MODEL=" + model_path_,
+      "CONNEX_MODEL_NAME=tiny", StrCat("CONNEX_STAGES=", kStages), StrCat("CONNEX_STAGE=", stage),
+      StrCat("CONNEX_REPLICA=", replica), "CONNEX_SIGNAL_HOST=" + addr,
+      "CONNEX_TRANSPORT_HOST=" + addr,
+      // tcp between hosts, shm within one (each host has a host name of its own).
+      "CONNEX_PP_BACKEND=auto", "CONNEX_TRANSPORT_AUTO_BACKENDS=shm,tcp", "CONNEX_INSECURE=1",
+      "CONNEX_ENGINE_THREADS=1", "CONNEX_LOG_LEVEL=" + LogLevel(),
+      StrCat("CONNEX_LEASE_TTL_MS=", o.lease_ttl_ms),
+      StrCat("CONNEX_PP_STEP_TIMEOUT_MS=", o.step_timeout_ms),
+      StrCat("CONNEX_PP_PROBE_TIMEOUT_MS=", o.probe_timeout_ms)};
   so.env.push_back(stage == 0 ? "CONNEX_HTTP=" + api(replica).ToString()
                               : "CONNEX_METRICS_LISTEN=" + metrics(stage, replica).ToString());
   const std::string name = StrCat("stage-", stage, "-r", replica);

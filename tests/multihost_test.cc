@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 
 #include "connex/base/strings.h"
 #include "connex/base/wait.h"
@@ -209,6 +211,14 @@ TEST_F(MultiHostTest, AHostHoldingOneStageOfEachChainLostWhole) {
   ExpectAllExact("host 1 lost", p);
   Report("host 1 (s0 of chain 0, s1 of chain 1, etcd e1) lost whole", p);
   EXPECT_FALSE(p.next_token_ms.empty());
+  // The data plane: s1r0 (host 2) read its own chain's stage 0 on host 1 over tcp, and after the
+  // loss chain 1's stage 0, on its own host, over shm (each host has a host name of its own).
+  std::ifstream log(StrCat(dir_, "/stage-1-r0.log"));
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("transport auto: tiny/g0/s0/r0 via tcp"), std::string::npos)
+      << "s1r0 did not read s0r0 (another host) over tcp; see " << dir_ << "/stage-1-r0.log";
+  EXPECT_NE(text.find("transport auto: tiny/g0/s0/r1 via shm"), std::string::npos)
+      << "s1r0 did not read s0r1 (its own host) over shm; see " << dir_ << "/stage-1-r0.log";
 }
 
 // Host 2 cut off (its processes alive) for longer than a lease, then back: its stages were

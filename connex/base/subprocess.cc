@@ -93,6 +93,11 @@ std::optional<Subprocess> Subprocess::Start(const std::vector<std::string>& argv
     int code = 0;
     if (getppid() != parent) _exit(127);
     if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) code = errno;
+    if (code == 0 && !options.hostname.empty() &&
+        (unshare(CLONE_NEWUTS) != 0 ||
+         sethostname(options.hostname.data(), options.hostname.size()) != 0)) {
+      code = errno;
+    }
     if (code == 0 && dup2(pipefd[1], 1) < 0) code = errno;
     if (code == 0 && options.capture_stderr && dup2(pipefd[1], 2) < 0) code = errno;
     if (code == 0 && err_fd >= 0 && dup2(err_fd, 2) < 0) code = errno;

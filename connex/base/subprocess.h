@@ -25,6 +25,9 @@ struct SubprocessOptions {
   // Run in this network namespace (a name under /run/netns, as `ip netns add` makes); empty:
   // this process's.
   std::string netns;
+  // Run in a UTS namespace of its own with this host name (as a host of its own would have;
+  // needs CAP_SYS_ADMIN); empty: this process's.
+  std::string hostname;
 };
 
 class Subprocess {

@@ -173,6 +173,8 @@ absl::StatusOr<int> Hosts::Start(int host, const std::string& name,
                                  const std::vector<std::string>& argv, SubprocessOptions options) {
   if (host < 0 || host >= size()) return absl::InvalidArgumentError(StrCat("no host ", host));
   options.netns = netns(host);
+  // A host name of its own, too: what tells same-host peers (shm) from the others.
+  options.hostname = netns(host);
   Proc p;
   p.host = host;
   p.name = name;

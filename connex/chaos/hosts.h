@@ -3,7 +3,9 @@
 // one veth link to a bridge in the root namespace, whose address (10.77.S.1) is this process's
 // own: the test reaches every host directly (its HTTP clients, directory watchers and
 // connex-generate run here), and no host's traffic leaves the bridge (no route, no forwarding,
-// nothing else of the machine's touched). Processes run inside a host (Subprocess::netns).
+// nothing else of the machine's touched). Processes run inside a host (Subprocess::netns), with
+// the host's namespace name as their host name (a UTS namespace each: what tells same-host
+// peers, which may use shm, from the others).
 // Faults per host, on its link: loss (iptables' statistic match dropping a fraction of what the
 // host receives), a rate limit (tc tbf on what it sends), latency (a delaying relay this class
 // owns: connex-netdelay holds every packet the host sends to another host for a fixed time

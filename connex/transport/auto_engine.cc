@@ -133,7 +133,12 @@ class AutoEngine final : public TransferEngine {
       absl::Status s = e->Connect(peer);
       if (s.ok()) {
         MutexLock lock(&mu_);
-        choices_[peer.lid] = Choice{peer.addresses, e.get()};
+        auto [it, fresh] = choices_.insert_or_assign(peer.lid, Choice{peer.addresses, e.get()});
+        (void)it;
+        if (fresh) {
+          CONNEX_LOG_INFO("transport auto: {} via {}", peer.lid.ToString(),
+                          e->GetCapabilities().backend);
+        }
         return e.get();
       }
       if (s.code() == absl::StatusCode::kFailedPrecondition) return s;

@@ -548,6 +548,42 @@ TEST(AutoTest, PicksPerPeerFromPublishedAddresses) {
             absl::StatusCode::kUnavailable);
 }
 
+// CONNEX_TRANSPORT_AUTO_BACKENDS: which backends auto starts, in order; bad lists are named.
+TEST(AutoTest, StartsTheBackendsItIsGiven) {
+  EXPECT_EQ(ParseAutoBackends("shm,tcp").value(),
+            (std::vector<Backend>{Backend::kShm, Backend::kTcp}));
+  EXPECT_EQ(ParseAutoBackends(" tcp ").value(), std::vector<Backend>{Backend::kTcp});
+  for (const char* bad : {"", "shm,,tcp", "mem", "auto", "tcp,tcp", "rdma"}) {
+    absl::StatusOr<std::vector<Backend>> got = ParseAutoBackends(bad);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_THAT(std::string(ParseAutoBackends("shm,tcp,shm").status().message()),
+              ::testing::HasSubstr("shm is named twice"));
+  setenv("CONNEX_TRANSPORT_AUTO_BACKENDS", "tcp,udp", 1);
+  absl::StatusOr<TransportOptions> env = TransportOptions::FromEnv(L("auto/g0/s0/r0"));
+  unsetenv("CONNEX_TRANSPORT_AUTO_BACKENDS");
+  ASSERT_FALSE(env.ok());
+  EXPECT_THAT(
+      std::string(env.status().message()),
+      ::testing::HasSubstr("CONNEX_TRANSPORT_AUTO_BACKENDS: auto backends 'tcp,udp': 'udp'"));
+  // tcp alone: an shm address the peer publishes first is not tried (no shm engine started).
+  TransportOptions o = TransportOptions::FromEnv(L("auto/g0/s0/r0")).value();
+  o.backend = Backend::kTcp;
+  o.local_lid = L("auto/g1/s0/r1");
+  TransferEnginePtr owner = CreateTransferEngine(o).value();
+  o.backend = Backend::kAuto;
+  o.local_lid = L("auto/g0/s0/r1");
+  o.auto_backends = {Backend::kTcp};
+  TransferEnginePtr reader = CreateTransferEngine(o).value();
+  for (const std::string& a : reader->LocalAddresses()) EXPECT_EQ(a.rfind("tcp://", 0), 0u) << a;
+  auto* src = static_cast<uint8_t*>(owner->AllocateManagedBuffer(64).value());
+  std::memset(src, 0x33, 64);
+  auto* dst = static_cast<uint8_t*>(reader->AllocateManagedBuffer(64).value());
+  PeerRef ref{L("auto/g1/s0/r1"), owner->LocalAddresses()};
+  ASSERT_TRUE(reader->TransferSyncRead(ref, dst, reinterpret_cast<uint64_t>(src), 64).ok());
+  EXPECT_EQ(dst[63], 0x33);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ConformanceTest,
                          ::testing::Values(Backend::kMem, Backend::kTcp, Backend::kShm,
                                            Backend::kUcx, Backend::kAuto),

@@ -31,7 +31,15 @@ absl::StatusOr<TransferEnginePtr> CreateTransferEngine(const TransportOptions& o
     engines.push_back(std::move(in_process));
   }
   using Factory = absl::StatusOr<TransferEnginePtr> (*)(const TransportOptions&);
-  for (Factory f : {&shm::CreateShmEngine, &ucx::CreateUcxEngine, &tcp::CreateTcpEngine}) {
+  for (Backend b : options.auto_backends) {
+    Factory f = b == Backend::kShm   ? &shm::CreateShmEngine
+                : b == Backend::kUcx ? &ucx::CreateUcxEngine
+                : b == Backend::kTcp ? &tcp::CreateTcpEngine
+                                     : nullptr;
+    if (f == nullptr) {
+      return absl::InvalidArgumentError(
+          StrCat("transport auto: ", BackendName(b), " cannot be one of its backends"));
+    }
     absl::StatusOr<TransferEnginePtr> e = f(options);
     if (e.ok()) {
       engines.push_back(std::move(*e));

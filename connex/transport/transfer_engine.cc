@@ -1,6 +1,9 @@
 #include "connex/transport/transfer_engine.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
 #include "connex/base/config.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
@@ -29,6 +32,24 @@ absl::StatusOr<Backend> ParseBackend(std::string_view text) {
   }
   return absl::InvalidArgumentError(
       StrCat("transport backend '", text, "' is not one of auto, mem, tcp, shm, ucx"));
+}
+
+absl::StatusOr<std::vector<Backend>> ParseAutoBackends(std::string_view text) {
+  std::vector<Backend> out;
+  for (absl::string_view part : absl::StrSplit(AsAbsl(text), ',')) {
+    const std::string name(absl::StripAsciiWhitespace(part));
+    absl::StatusOr<Backend> b = ParseBackend(name);
+    if (!b.ok() || *b == Backend::kAuto || *b == Backend::kMem) {
+      return absl::InvalidArgumentError(
+          StrCat("auto backends '", text, "': '", name, "' is not one of shm, ucx, tcp"));
+    }
+    if (std::find(out.begin(), out.end(), *b) != out.end()) {
+      return absl::InvalidArgumentError(
+          StrCat("auto backends '", text, "': ", name, " is named twice"));
+    }
+    out.push_back(*b);
+  }
+  return out;
 }
 
 std::string_view PeerEventKindName(PeerEventKind kind) {
@@ -80,6 +101,15 @@ absl::StatusOr<TransportOptions> TransportOptions::FromEnv(const Lid& local_lid)
   }
   o.host = EnvString("CONNEX_TRANSPORT_HOST", "127.0.0.1");
   o.shm_dir = EnvString("CONNEX_TRANSPORT_SHM_DIR", "/dev/shm");
+  {
+    absl::StatusOr<std::vector<Backend>> backends =
+        ParseAutoBackends(EnvString("CONNEX_TRANSPORT_AUTO_BACKENDS", "shm,ucx,tcp"));
+    if (!backends.ok()) {
+      return absl::InvalidArgumentError(
+          StrCat("CONNEX_TRANSPORT_AUTO_BACKENDS: ", backends.status().message()));
+    }
+    o.auto_backends = *std::move(backends);
+  }
   return o;
 }
 

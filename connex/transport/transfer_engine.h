@@ -25,6 +25,9 @@ enum class Backend { kAuto, kMem, kTcp, kShm, kUcx };
 std::string_view BackendName(Backend backend);
 // Parses "auto|mem|tcp|shm|ucx". InvalidArgument names the bad value and the choices.
 absl::StatusOr<Backend> ParseBackend(std::string_view text);
+// Parses the backends `auto` tries, in order: a comma-separated list of shm, ucx and tcp, each
+// at most once ("shm,tcp"). InvalidArgument names what is wrong.
+absl::StatusOr<std::vector<Backend>> ParseAutoBackends(std::string_view text);
 
 // A peer as the directory publishes it: its LID and one address per transport it serves.
 // Addresses are self-describing: `mem://...`, `tcp://host:port`, `shm://...`, `ucx://host:port`.
@@ -134,6 +137,9 @@ struct TransportOptions {
   // such endpoints; kAuto turns it off for a peer on this host (so UCX can use posix/sysv/cma)
   // and on for the others. Without it, peer death is reported by the side channel alone.
   UcxPeerErrors ucx_peer_errors = UcxPeerErrors::kAuto;
+  // CONNEX_TRANSPORT_AUTO_BACKENDS: the backends kAuto starts and tries for a peer, in order
+  // (shm reaches only peers on this host; the first that connects serves the peer).
+  std::vector<Backend> auto_backends = {Backend::kShm, Backend::kUcx, Backend::kTcp};
   // mem only: the in-process fabric the engine attaches to (required for kMem; for kAuto, adds
   // mem to the candidates).
   std::shared_ptr<mem::Fabric> fabric;
