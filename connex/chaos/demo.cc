@@ -28,6 +28,7 @@ constexpr int64_t kMidGenerationTimeoutMs = 60'000;
 constexpr int64_t kResumeTimeoutMs = 30'000;  // streams in flight at a kill get a next token
 constexpr int64_t kNoticeTimeoutMs = 10'000;  // the kill shows in a counter
 constexpr int64_t kStopGraceMs = 10'000;      // each process, on SIGTERM
+constexpr double kRestartedTrafficS = 60;     // after the last phase, for the restarted stage 0
 
 // Request i: greedy or sampled as every campaign's (SpecFor), 128, 192 or 256 tokens.
 RequestSpec DemoSpec(uint64_t i) { return SpecFor(i, kMaxTokens[(i / 2) % 3]); }
@@ -367,9 +368,18 @@ absl::StatusOr<json> Demo::Run() {
     kills.push_back(first);
   }
   CONNEX_RETURN_IF_ERROR(Pace(d_.phase_s));  // the restarted stages take traffic
-  // A new process: everything it counts came after its restart.
+  // A new process: everything it counts came after its restart. A large model's requests may
+  // outlast the phase (a 128k-vocabulary checkpoint: ~10 s each here), so the load goes on until
+  // the restarted stage 0 completed one, for at most kRestartedTrafficS more.
   std::optional<double> restarted;
-  if (d_.proxy) restarted = Stage0Metric(1, "connex_request_success_total").value_or(0);
+  if (d_.proxy) {
+    const int64_t until = MonotonicNowNs() + static_cast<int64_t>(kRestartedTrafficS * 1e9);
+    while (true) {
+      restarted = Stage0Metric(1, "connex_request_success_total").value_or(0);
+      if (*restarted >= 1 || MonotonicNowNs() >= until) break;
+      CONNEX_RETURN_IF_ERROR(Pace(0.5));
+    }
+  }
   load_.StopClients();
   std::vector<std::shared_ptr<Outcome>> outcomes = load_.Wait();
   const double load_s = static_cast<double>(MonotonicNowNs() - load_start_ns_) / 1e9;
@@ -424,8 +434,8 @@ absl::StatusOr<json> Demo::Run() {
   }
   if (restarted && *restarted < 1) {
     problems.push_back(StrCat("the restarted ", Lid{o_.model_name, 0, 0, 1}.ToString(),
-                              " took no traffic in the ", Fixed(d_.phase_s, 0),
-                              " s after its restart"));
+                              " completed no request in the ",
+                              Fixed(d_.phase_s + kRestartedTrafficS, 0), " s after its restart"));
   }
   std::vector<std::shared_ptr<Outcome>> mismatched, failed;
   for (const auto& out : outcomes) {
