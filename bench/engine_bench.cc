@@ -233,6 +233,10 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", vs.tokens, "--vs-bound: decode tokens timed per round")
       ->check(CLI::Range(1, 4000))
       ->capture_default_str();
+  app.add_option("--prefill-tokens", vs.prefill_tokens,
+                 "--vs-bound: prompt tokens of the prefill timed per round (0: none)")
+      ->check(CLI::Range(0, 8192))
+      ->capture_default_str();
   app.add_flag("--cpu-time", vs.cpu_time,
                "--vs-bound with --threads 1: time on the thread's CPU clock, not the wall clock");
   app.add_option("--model-dir", vs.model_dir,

@@ -101,8 +101,21 @@ struct Subject {
   int64_t resident_bytes = 0;  // VmRSS growth over loading and the first steps
   int64_t file_bytes = 0;      // of which mapped file pages (RssFile)
   std::vector<uint64_t> buffer;
-  std::vector<double> bound_gbps, decode_tps;
+  std::vector<double> bound_gbps, decode_tps, prefill_s;
 };
+
+// A fresh prompt of `tokens` tokens in one step; its seconds.
+double PrefillSeconds(Pipeline& pipeline, int tokens, bool cpu) {
+  std::vector<int32_t> prompt = Tokenize("Prefill streams the weights once.", /*add_bos=*/true);
+  prompt.resize(static_cast<size_t>(tokens), 'y');
+  pipeline.Release(2);
+  const double start = Now(cpu);
+  auto out = pipeline.Step(Step(2, 0, prompt));
+  const double seconds = Now(cpu) - start;
+  if (!out.ok()) std::abort();
+  pipeline.Release(2);
+  return seconds;
+}
 
 // A fresh 16-token prompt, then `tokens` decode steps; the median step time.
 double DecodeTokensPerSecond(Pipeline& pipeline, int tokens, bool cpu) {
@@ -207,10 +220,17 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
       }
       s.bound_gbps.push_back(Median(passes));
       s.decode_tps.push_back(DecodeTokensPerSecond(*s.pipeline, options.tokens, options.cpu_time));
-      std::printf("  round %d %-4s: bound %6.1f GB/s, decode %7.1f tok/s = %6.1f GB/s (%.2f)\n",
+      std::printf("  round %d %-4s: bound %6.1f GB/s, decode %7.1f tok/s = %6.1f GB/s (%.2f)",
                   round + 1, std::string(DTypeName(s.dtype)).c_str(), s.bound_gbps.back(),
                   s.decode_tps.back(), s.decode_tps.back() * s.weight_bytes / 1e9,
                   s.decode_tps.back() * s.weight_bytes / 1e9 / s.bound_gbps.back());
+      if (options.prefill_tokens > 0) {
+        s.prefill_s.push_back(
+            PrefillSeconds(*s.pipeline, options.prefill_tokens, options.cpu_time));
+        std::printf(", prefill %d tokens %.3f s = %.1f tok/s", options.prefill_tokens,
+                    s.prefill_s.back(), options.prefill_tokens / s.prefill_s.back());
+      }
+      std::printf("\n");
     }
   }
   if (code == 0) {
@@ -230,6 +250,23 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
                   s.resident_bytes / 1e6, s.file_bytes / 1e6, Range(s.bound_gbps, "%.1f").c_str(),
                   Range(s.decode_tps, "%.1f").c_str(), Range(gbps, "%.1f").c_str(),
                   Range(ratio, "%.2f").c_str());
+    }
+    if (options.prefill_tokens > 0) {
+      std::printf(
+          "\nprefill of %d tokens, one step; \"x one pass\": its time over that of one pass over "
+          "the step's weights at the round's bound (1.00 would be memory-bound)\n"
+          "| weights | prefill s | prefill tok/s | x one pass |\n|---|---|---|---|\n",
+          options.prefill_tokens);
+      for (const Subject& s : subjects) {
+        std::vector<double> tps, passes;
+        for (size_t i = 0; i < s.prefill_s.size(); ++i) {
+          tps.push_back(options.prefill_tokens / s.prefill_s[i]);
+          passes.push_back(s.prefill_s[i] / (s.weight_bytes / 1e9 / s.bound_gbps[i]));
+        }
+        std::printf("| %s | %s | %s | %s |\n", std::string(DTypeName(s.dtype)).c_str(),
+                    Range(s.prefill_s, "%.3f").c_str(), Range(tps, "%.1f").c_str(),
+                    Range(passes, "%.1f").c_str());
+      }
     }
   }
   if (!keep) {
