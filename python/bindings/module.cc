@@ -6,6 +6,7 @@
 #include "connex/base/logging_spdlog.h"
 #include "connex/directory/etcd/etcd_backend.h"
 #include "python/bindings/common.h"
+#include "python/bindings/engine.h"
 
 namespace connex::python {
 namespace {
@@ -162,6 +163,7 @@ PYBIND11_MODULE(_connex, m) {
   cp::RegisterElastic(m);
   cp::RegisterPythonTransfer(m);
   cp::RegisterPp(m);
+  cp::RegisterEngine(m);
   cp::RegisterPpState(m);
   cp::RegisterShutdown(m);
   m.def(

@@ -13,6 +13,7 @@
 #include "connex/pp/node.h"
 #include "connex/pp/signal_transport.h"
 #include "python/bindings/directory.h"
+#include "python/bindings/engine.h"
 
 namespace connex::python {
 
@@ -343,9 +344,12 @@ class PyStageNode {
  public:
   PyStageNode(PyDirectoryClient& directory, py::object engine, StageNodeOptions options,
               py::object transport, const std::string& signal_host)
-      : client_(directory.Get()),
-        engine_(std::make_unique<PythonEngine>(engine)),
-        curve_(directory.options().curve) {
+      : client_(directory.Get()), engine_object_(engine), curve_(directory.options().curve) {
+    if (py::isinstance<PyStageEngine>(engine)) {
+      native_ = engine.cast<std::shared_ptr<PyStageEngine>>();  // run natively, no Python
+    } else {
+      engine_ = std::make_unique<PythonEngine>(engine);
+    }
     Lid lid{options.model, options.stage, 0, options.replica};
     ThrowIfError(Lid::ValidateModel(options.model));
     transport::TransferEnginePtr transfer;
@@ -373,7 +377,7 @@ class PyStageNode {
     }
     std::unique_ptr<pp::SignalTransport> signals =
         ValueOrThrow(Blocking([&] { return pp::CreateZmqSignalTransport(signal_host, curve_); }));
-    pp::Engine& e = *engine_;
+    pp::Engine& e = native_ ? native_->TakeForNode() : *engine_;
     node_ = OwnWithoutGil(ValueOrThrow(Blocking([&] {
       return StageNode::Start(std::move(options), e, std::move(transfer), std::move(signals),
                               *client_);
@@ -487,7 +491,7 @@ class PyStageNode {
     Blocking([&] { node->Stop(leave, static_cast<int64_t>(drain_timeout * 1000)); });
   }
 
-  PythonEngine& engine() { return *engine_; }
+  py::object engine() { return engine_object_; }
 
  private:
   void Finish(uint64_t serial, const py::object& done, py::object result) {
@@ -512,7 +516,9 @@ class PyStageNode {
   }
 
   std::shared_ptr<directory::DirectoryClient> client_;
-  std::unique_ptr<PythonEngine> engine_;
+  py::object engine_object_;               // what the node was given
+  std::unique_ptr<PythonEngine> engine_;   // a Python engine: calls into it
+  std::shared_ptr<PyStageEngine> native_;  // or connex.StageEngine: run as it is
   // The CURVE settings of the node's signals (the directory client's): a migration keeps them.
   const CurveSettings curve_;
   std::shared_ptr<StageNode> node_;
@@ -700,7 +706,7 @@ void RegisterPp(py::module_& m) {
           "Counters and gauges (a dict), published once per turn of the node's loop: wait for "
           "one with a deadline.")
       .def_property_readonly(
-          "engine", [](PyStageNode& self) { return self.engine().object(); }, "The engine.")
+          "engine", [](PyStageNode& self) { return self.engine(); }, "The engine.")
       .def("close", &PyStageNode::Close,
            "Stops the node as a crash would (if not stopped) and releases it; unfinished "
            "requests' futures get connex.Cancelled.")

@@ -7,6 +7,7 @@ system's API names::
     from connex.directory_server import DirectoryServer
     from connex.elastic import ElasticPeerSet
     from connex import transport
+    engine = connex.StageEngine.load("/models/Llama-3.2-1B", stage=0, stages=2)  # a StageNode's
 
 Errors of the core are raised as :class:`connex.Error` subclasses, one per status code, carrying
 the C++ message (``str(e)``) and the code's name (``e.code``).
@@ -27,6 +28,7 @@ from connex._connex import (  # noqa: F401
     PeerRef,
     PermissionDenied,
     ResourceExhausted,
+    StageEngine,
     Unavailable,
     __version__,
     set_log_level,
@@ -47,6 +49,7 @@ __all__ = [
     "PeerRef",
     "PermissionDenied",
     "ResourceExhausted",
+    "StageEngine",
     "Unavailable",
     "__version__",
     "set_log_level",
