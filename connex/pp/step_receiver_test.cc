@@ -31,19 +31,40 @@ class StepReceiverTest : public ::testing::Test {
     owner_transfer_ = Transfer(owner_lid_);
     stage_transfer_ = Transfer(self_);
     ring_ = *SendRing::Create(*owner_transfer_, 4, 1 << 16);
+    Recreate(Options(), *stage_transfer_);
+  }
+  void TearDown() override { receiver_.reset(); }
+
+  // The receiver's options: the last of two stages.
+  StepReceiverOptions Options() const {
     StepReceiverOptions o;
     o.self = self_;
     o.stage = 1;
     o.stages = 2;
     o.slot_bytes = 1 << 16;
+    return o;
+  }
+  // As Options, with reads that may lose the loop (`blocking`): the rest of such a step is
+  // posted to loop_, which the test runs.
+  StepReceiverOptions LoopOptions(std::function<bool(const std::function<void()>&)> blocking) {
+    StepReceiverOptions o = Options();
+    o.blocking = std::move(blocking);
+    o.post = [this](std::function<void()> run, std::function<void()>) {
+      loop_.push_back(std::move(run));
+      return true;
+    };
+    return o;
+  }
+  // The receiver under test, made anew with `o`, reading through `transfer`.
+  void Recreate(StepReceiverOptions o, transport::TransferEngine& transfer) {
+    receiver_.reset();
     auto r = StepReceiver::Create(
-        o, engine_, *stage_transfer_, [this] { return epoch_; },
+        std::move(o), engine_, transfer, [this] { return epoch_; },
         [this](const std::string& address, const Signal& s) { sent_.emplace_back(address, s); },
         [this](const StepSignal& s, const TensorDict&) { delivered_.push_back(s.step); });
     ASSERT_TRUE(r.ok()) << r.status();
     receiver_ = *std::move(r);
   }
-  void TearDown() override { receiver_.reset(); }
 
   transport::TransferEnginePtr Transfer(const Lid& lid) {
     transport::TransportOptions t;
@@ -111,6 +132,7 @@ class StepReceiverTest : public ::testing::Test {
   std::unique_ptr<StepReceiver> receiver_;
   std::vector<std::pair<std::string, Signal>> sent_;
   std::vector<uint64_t> delivered_;
+  std::deque<std::function<void()>> loop_;  // what the receiver posted for its loop
 };
 
 TEST_F(StepReceiverTest, AStepRunsOnceAndAResentAttemptIsAnsweredFromTheCache) {
@@ -265,28 +287,13 @@ TEST(LastStageAnswerTest, ResultsWithTheTokensOrAStepErrorWithoutThem) {
 // other origins, and a duplicate of the hung step's signal is acknowledged only once it was read
 // (its slot is the sender's until then).
 TEST_F(StepReceiverTest, AReadThatLostTheLoopEndsOnTheLoop) {
-  receiver_.reset();
-  std::deque<std::function<void()>> loop;  // what the receiver posted for the loop
-  bool take_over = false;                  // whether the next read "hangs" past the take-over
-  StepReceiverOptions o;
-  o.self = self_;
-  o.stage = 1;
-  o.stages = 2;
-  o.slot_bytes = 1 << 16;
-  o.blocking = [&](const std::function<void()>& read) {
-    read();
-    return !std::exchange(take_over, false);
-  };
-  o.post = [&](std::function<void()> run, std::function<void()>) {
-    loop.push_back(std::move(run));
-    return true;
-  };
-  auto created = StepReceiver::Create(
-      o, engine_, *stage_transfer_, [this] { return epoch_; },
-      [this](const std::string& address, const Signal& s) { sent_.emplace_back(address, s); },
-      [this](const StepSignal& s, const TensorDict&) { delivered_.push_back(s.step); });
-  ASSERT_TRUE(created.ok()) << created.status();
-  receiver_ = *std::move(created);
+  bool take_over = false;  // whether the next read "hangs" past the take-over
+  Recreate(LoopOptions([&](const std::function<void()>& read) {
+             read();
+             return !std::exchange(take_over, false);
+           }),
+           *stage_transfer_);
+  std::deque<std::function<void()>>& loop = loop_;
   const Lid b_lid{"m", 0, 1, 0};
   transport::TransferEnginePtr b_transfer = Transfer(b_lid);
   std::unique_ptr<SendRing> b_ring = *SendRing::Create(*b_transfer, 4, 1 << 16);
@@ -323,33 +330,18 @@ TEST_F(StepReceiverTest, AReadThatLostTheLoopEndsOnTheLoop) {
 
 // A read that failed while another thread took the loop: the rest answers with the read's error.
 TEST_F(StepReceiverTest, AHungReadThatFailedIsAnsweredWithItsError) {
-  receiver_.reset();
   auto faulty = std::make_shared<testing::FaultInjectingTransferEngine>(Transfer(self_));
-  std::deque<std::function<void()>> loop;
-  StepReceiverOptions o;
-  o.self = self_;
-  o.stage = 1;
-  o.stages = 2;
-  o.slot_bytes = 1 << 16;
-  o.blocking = [&](const std::function<void()>& read) {
-    std::thread peer_gone([&] {
-      while (faulty->held_reads() == 0) std::this_thread::yield();
-      faulty->ReleaseHeldReads();  // as the transport does once it suspects the peer
-    });
-    read();
-    peer_gone.join();
-    return false;
-  };
-  o.post = [&](std::function<void()> run, std::function<void()>) {
-    loop.push_back(std::move(run));
-    return true;
-  };
-  auto created = StepReceiver::Create(
-      o, engine_, *faulty, [this] { return epoch_; },
-      [this](const std::string& address, const Signal& s) { sent_.emplace_back(address, s); },
-      [this](const StepSignal& s, const TensorDict&) { delivered_.push_back(s.step); });
-  ASSERT_TRUE(created.ok()) << created.status();
-  receiver_ = *std::move(created);
+  Recreate(LoopOptions([&](const std::function<void()>& read) {
+             std::thread peer_gone([&] {
+               while (faulty->held_reads() == 0) std::this_thread::yield();
+               faulty->ReleaseHeldReads();  // as the transport does once it suspects the peer
+             });
+             read();
+             peer_gone.join();
+             return false;
+           }),
+           *faulty);
+  std::deque<std::function<void()>>& loop = loop_;
   faulty->HoldReadsFrom(owner_lid_);
   const StepSignal s = Step(10, 1, 5, 0, 3);
   receiver_->OnStep(s);
