@@ -31,19 +31,19 @@ TensorDict SliceRows(const TensorDict& dict, int64_t begin, int64_t end) {
 absl::StatusOr<std::unique_ptr<MirrorStore>> MirrorStore::Create(
     MirrorStoreOptions options, transport::TransferEngine& transfer, SendSignal send) {
   std::unique_ptr<MirrorStore> s(new MirrorStore(std::move(options), transfer, std::move(send)));
-  CONNEX_ASSIGN_OR_RETURN(s->recv_buf_, transfer.AllocateManagedBuffer(s->o_.slot_bytes));
-  CONNEX_ASSIGN_OR_RETURN(s->check_buf_, transfer.AllocateManagedBuffer(kSlotHeaderBytes));
+  CONNEX_ASSIGN_OR_RETURN(internal::ReadBuffers::Buffer first, s->buffers_.Take());
+  s->buffers_.Give(first);
   return s;
 }
 
 MirrorStore::MirrorStore(MirrorStoreOptions options, transport::TransferEngine& transfer,
                          SendSignal send)
-    : o_(std::move(options)), transfer_(transfer), send_(std::move(send)) {}
+    : o_(std::move(options)),
+      transfer_(transfer),
+      send_(std::move(send)),
+      buffers_(transfer, o_.slot_bytes) {}
 
-MirrorStore::~MirrorStore() {
-  if (recv_buf_ != nullptr) (void)transfer_.FreeManagedBuffer(recv_buf_);
-  if (check_buf_ != nullptr) (void)transfer_.FreeManagedBuffer(check_buf_);
-}
+MirrorStore::~MirrorStore() = default;
 
 void MirrorStore::Refuse(const MirrorSignal& m, absl::StatusCode code, const std::string& why) {
   ++stats_.refused;
@@ -68,16 +68,49 @@ void MirrorStore::OnMirror(const MirrorSignal& m, uint64_t epoch, int64_t now_ms
                   " bytes exceeds this stage's slot (CONNEX_PP_SLOT_BYTES=", o_.slot_bytes, ")"));
     return;
   }
-  const int64_t read_start_ns = MonotonicNowNs();
-  absl::Status read = ReadSlot(transfer_, transport::PeerRef{m.origin.lid, m.origin.addresses},
-                               recv_buf_, check_buf_, m.remote_addr, m.corr, m.length);
-  stats_.read_ns += static_cast<uint64_t>(MonotonicNowNs() - read_start_ns);
+  absl::StatusOr<internal::ReadBuffers::Buffer> buffer = buffers_.Take();
+  if (!buffer.ok()) {
+    Refuse(m, buffer.status().code(),
+           StrCat(o_.self.ToString(),
+                  ": no buffer to read the MIRROR into: ", buffer.status().message()));
+    return;
+  }
+  const internal::ReadBuffers::Buffer b = *buffer;
+  absl::Status read;
+  uint64_t read_ns = 0;
+  // Touches nothing of the store: it may end on a thread that lost the loop.
+  auto read_slot = [&] {
+    const int64_t start_ns = MonotonicNowNs();
+    read = ReadSlot(transfer_, transport::PeerRef{m.origin.lid, m.origin.addresses}, b.slot,
+                    b.check, m.remote_addr, m.corr, m.length);
+    read_ns = static_cast<uint64_t>(MonotonicNowNs() - start_ns);
+  };
+  bool on_the_loop = true;
+  if (o_.handoff.enabled()) {
+    on_the_loop = o_.handoff.blocking(read_slot);
+  } else {
+    read_slot();
+  }
+  auto rest = [this, m, read, read_ns, b, now_ms] {
+    stats_.read_ns += read_ns;
+    OnMirrorRead(m, read, static_cast<const uint8_t*>(b.slot), now_ms);
+    buffers_.Give(b);
+  };
+  if (on_the_loop) {
+    rest();
+  } else {
+    // Another thread runs the loop now: the rest is the loop's (the buffer stays out of use).
+    (void)o_.handoff.post(std::move(rest), nullptr);
+  }
+}
+
+void MirrorStore::OnMirrorRead(const MirrorSignal& m, const absl::Status& read, const uint8_t* slot,
+                               int64_t now_ms) {
   if (!read.ok()) {
     Refuse(m, read.code(), std::string(read.message()));
     return;
   }
-  absl::StatusOr<TensorDict> payload =
-      Unpack(m.layout, static_cast<const uint8_t*>(recv_buf_) + kSlotHeaderBytes, m.length);
+  absl::StatusOr<TensorDict> payload = Unpack(m.layout, slot + kSlotHeaderBytes, m.length);
   if (!payload.ok()) {
     Refuse(m, absl::StatusCode::kInvalidArgument,
            StrCat(o_.self.ToString(), ": bad MIRROR payload: ", payload.status().message()));

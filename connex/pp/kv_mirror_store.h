@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "connex/base/lid.h"
 #include "connex/pp/engine.h"
+#include "connex/pp/internal/read_buffers.h"
 #include "connex/pp/internal/recent_set.h"
 #include "connex/pp/messages.h"
 #include "connex/pp/request_scope.h"
@@ -33,6 +34,9 @@ struct MirrorStoreOptions {
   int64_t slot_bytes = 8 << 20;               // the largest MIRROR payload (header included)
   int64_t budget_bytes = int64_t{256} << 20;  // CONNEX_PP_KV_STANDBY_BYTES
   int64_t orphan_grace_ms = 10000;            // mirrors of a failed primary kept this long
+  // A MIRROR's read may outlast the caller's hold on the loop (LoopBaton): the rest (applying
+  // and answering it) then goes to the loop. Unset: a read blocks the caller.
+  internal::LoopHandoff handoff;
 };
 
 struct MirrorStoreStats {
@@ -119,8 +123,10 @@ class MirrorStore {
   const MirrorStoreOptions o_;
   transport::TransferEngine& transfer_;
   SendSignal send_;
-  void* recv_buf_ = nullptr;
-  void* check_buf_ = nullptr;
+  // The rest of OnMirror once its payload was read (`slot`: header and payload).
+  void OnMirrorRead(const MirrorSignal& m, const absl::Status& read, const uint8_t* slot,
+                    int64_t now_ms);
+  internal::ReadBuffers buffers_;  // one per read in progress
   std::map<Key, Mirror> mirrors_;
   // Dropped for the budget: later updates are answered -1 (the primary stops sending them).
   internal::RecentSet<Key> refused_{16384};

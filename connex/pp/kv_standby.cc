@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<KvStandby>> KvStandby::Create(KvStandbyOptions op
   mo.slot_bytes = k->o_.slot_bytes;
   mo.budget_bytes = k->o_.budget_bytes;
   mo.orphan_grace_ms = k->o_.orphan_grace_ms;
+  mo.handoff = k->o_.handoff;
   CONNEX_ASSIGN_OR_RETURN(k->store_, MirrorStore::Create(mo, transfer, std::move(send)));
   return k;
 }

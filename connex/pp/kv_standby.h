@@ -36,6 +36,8 @@ struct KvStandbyOptions {
   int64_t interval_ms = 0;  // CONNEX_PP_KV_STANDBY_INTERVAL_MS
   Clock* clock = nullptr;
   uint64_t first_corr = 1;
+  // A mirror's read may outlast the caller's hold on the loop (MirrorStoreOptions::handoff).
+  internal::LoopHandoff handoff;
 };
 
 struct KvStandbyStats {

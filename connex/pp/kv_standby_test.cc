@@ -4,10 +4,16 @@
 // replaced, a restarted stage is a standby again, and no mirror outlives its request.
 #include "connex/pp/kv_standby.h"
 
+#include <deque>
+#include <functional>
+
 #include "connex/base/wait.h"
 #include "connex/directory/testing/test_directory.h"
+#include "connex/pp/kv_mirror_store.h"
+#include "connex/pp/send_ring.h"
 #include "connex/pp/testing/cluster.h"
 #include "connex/pp/testing/expectations.h"
+#include "connex/transport/mem/mem_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -198,6 +204,76 @@ TEST(NextReplicaAfterTest, TheNextLiveReplicaWrappingAroundNeverItself) {
   EXPECT_EQ(NextReplicaAfter({rec(1), rec(3)}, 2)->lid.replica, 3u);
   EXPECT_FALSE(NextReplicaAfter({rec(1)}, 1).has_value());
   EXPECT_FALSE(NextReplicaAfter({}, 0).has_value());
+}
+
+}  // namespace
+}  // namespace connex::pp
+
+namespace connex::pp {
+namespace {
+
+// A MIRROR whose read hung long enough for the node's follower to take the loop over
+// (MirrorStoreOptions::handoff answers false): the store is left alone by the reading thread,
+// and the update is applied and answered once the loop ran the rest.
+TEST(MirrorStoreTest, AReadThatLostTheLoopIsAppliedAndAnsweredOnTheLoop) {
+  auto fabric = transport::mem::Fabric::Create({});
+  auto engine_for = [&](const Lid& lid) {
+    transport::TransportOptions t;
+    t.backend = transport::Backend::kMem;
+    t.local_lid = lid;
+    t.fabric = fabric;
+    return *transport::CreateTransferEngine(t);
+  };
+  const Lid primary{"m", 1, 0, 0}, standby{"m", 1, 0, 1}, owner{"m", 0, 0, 0};
+  transport::TransferEnginePtr primary_transfer = engine_for(primary);
+  transport::TransferEnginePtr standby_transfer = engine_for(standby);
+  std::unique_ptr<SendRing> ring = *SendRing::Create(*primary_transfer, 2, 1 << 16);
+  std::vector<std::pair<std::string, Signal>> sent;
+  std::deque<std::function<void()>> loop;
+  MirrorStoreOptions o;
+  o.self = standby;
+  o.slot_bytes = 1 << 16;
+  o.handoff.blocking = [](const std::function<void()>& read) {
+    read();
+    return false;  // taken over meanwhile
+  };
+  o.handoff.post = [&](std::function<void()> run, std::function<void()>) {
+    loop.push_back(std::move(run));
+    return true;
+  };
+  auto store =
+      *MirrorStore::Create(o, *standby_transfer,
+                           [&](const std::string& a, const Signal& s) { sent.emplace_back(a, s); });
+  TensorDict d;
+  d.Set("0/k", Tensor::Of<float>({3, 2}, std::vector<float>{1, 2, 3, 4, 5, 6}));
+  const uint64_t corr = 41;
+  const uint32_t slot = *ring->Acquire(corr);
+  MirrorSignal m;
+  m.corr = corr;
+  m.layout = Pack(d, ring->payload(slot));
+  m.length = PackedSize(d);
+  ring->Seal(slot, corr, m.length);
+  m.origin = Hop{primary, 3, "pp+mem://primary", primary_transfer->LocalAddresses()};
+  m.target = standby;
+  m.target_epoch = 5;
+  m.owner = Hop{owner, 2, "pp+mem://owner", {}};
+  m.owner_token = 0x5eed;
+  m.request_ids = {7};
+  m.from = {0};
+  m.to = {3};
+  m.remote_addr = ring->remote_addr(slot);
+  store->OnMirror(m, /*epoch=*/5, /*now_ms=*/1000);
+  ASSERT_EQ(loop.size(), 1u);
+  EXPECT_TRUE(sent.empty());  // nothing answered, nothing applied yet
+  EXPECT_EQ(store->Held(OwnerKey{owner, 0x5eed}, 7), 0);
+  loop.front()();
+  ASSERT_EQ(sent.size(), 1u);
+  const auto* answer = std::get_if<MirroredSignal>(&sent[0].second);
+  ASSERT_NE(answer, nullptr);
+  EXPECT_EQ(answer->code, 0u) << answer->message;
+  EXPECT_THAT(answer->held, ::testing::ElementsAre(3));
+  EXPECT_EQ(store->Held(OwnerKey{owner, 0x5eed}, 7), 3);
+  EXPECT_EQ(store->stats().updates, 1u);
 }
 
 }  // namespace

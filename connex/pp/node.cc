@@ -48,6 +48,7 @@ absl::Status StageNode::Impl::Start() {
     ko.interval_ms = o_.kv_standby_interval_ms;
     ko.clock = clock_;
     ko.first_corr = (rng_() << 16) | 1;
+    if (o_.stage > 0) ko.handoff = Handoff();  // the follower thread runs on stages > 0
     CONNEX_ASSIGN_OR_RETURN(kv_,
                             KvStandby::Create(
                                 ko, engine_, *transfer_, [this] { return Self(); },
@@ -62,12 +63,7 @@ absl::Status StageNode::Impl::Start() {
   recv.executed = &ledger_;
   recv.admit = [this](uint64_t epoch) { return Admit(epoch); };
   recv.standby = kv_.get();
-  if (o_.stage > 0) {  // stage 0 reads no steps
-    recv.blocking = [this](const std::function<void()>& read) { return baton_.Blocking(read); };
-    recv.post = [this](std::function<void()> run, std::function<void()> cancel) {
-      return queue_.Push(Command{std::move(run), std::move(cancel)});
-    };
-  }
+  if (o_.stage > 0) recv.handoff = Handoff();  // stage 0 reads no steps
   CONNEX_ASSIGN_OR_RETURN(
       receiver_,
       StepReceiver::Create(

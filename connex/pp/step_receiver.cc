@@ -53,8 +53,8 @@ absl::StatusOr<std::unique_ptr<StepReceiver>> StepReceiver::Create(
     SendSignal send, Deliver deliver) {
   std::unique_ptr<StepReceiver> r(new StepReceiver(
       std::move(options), engine, transfer, std::move(epoch), std::move(send), std::move(deliver)));
-  CONNEX_ASSIGN_OR_RETURN(ReadBuffer first, r->TakeBuffer());
-  r->free_buffers_.push_back(first);
+  CONNEX_ASSIGN_OR_RETURN(internal::ReadBuffers::Buffer first, r->buffers_.Take());
+  r->buffers_.Give(first);
   return r;
 }
 
@@ -67,31 +67,13 @@ StepReceiver::StepReceiver(StepReceiverOptions options, Engine& engine,
       epoch_(std::move(epoch)),
       send_(std::move(send)),
       deliver_(std::move(deliver)),
+      buffers_(transfer, o_.slot_bytes),
       seen_corr_(kSeenCorrs),
       gone_owners_(kGoneOwners),
       released_(kReleasedRequests),
       replay_(kReplayEntries, static_cast<uint64_t>(o_.replay_cache_bytes)) {}
 
-StepReceiver::~StepReceiver() {
-  for (const ReadBuffer& b : buffers_) {
-    (void)transfer_.FreeManagedBuffer(b.slot);
-    if (b.check != nullptr) (void)transfer_.FreeManagedBuffer(b.check);
-  }
-}
-
-absl::StatusOr<StepReceiver::ReadBuffer> StepReceiver::TakeBuffer() {
-  if (!free_buffers_.empty()) {
-    ReadBuffer b = free_buffers_.back();
-    free_buffers_.pop_back();
-    return b;
-  }
-  ReadBuffer b;
-  CONNEX_ASSIGN_OR_RETURN(b.slot, transfer_.AllocateManagedBuffer(o_.slot_bytes));
-  buffers_.push_back(b);
-  CONNEX_ASSIGN_OR_RETURN(b.check, transfer_.AllocateManagedBuffer(kSlotHeaderBytes));
-  buffers_.back() = b;
-  return b;
-}
+StepReceiver::~StepReceiver() = default;
 
 void StepReceiver::OwnerLeft(const Lid& lid, uint64_t epoch, int64_t drop_at_ms) {
   owners_leaving_[{lid, epoch}] = drop_at_ms;
@@ -170,7 +152,7 @@ void StepReceiver::OnStep(const StepSignal& s) {
     send_(s.origin.signal, ack);
     return;
   }
-  absl::StatusOr<ReadBuffer> buffer = TakeBuffer();
+  absl::StatusOr<internal::ReadBuffers::Buffer> buffer = buffers_.Take();
   if (!buffer.ok()) {
     ack.code = static_cast<uint32_t>(buffer.status().code());
     ack.message = StrCat(o_.self.ToString(),
@@ -178,23 +160,23 @@ void StepReceiver::OnStep(const StepSignal& s) {
     send_(s.origin.signal, ack);
     return;
   }
-  const ReadBuffer b = *buffer;
+  const internal::ReadBuffers::Buffer b = *buffer;
   absl::Status read;
   auto read_slot = [&] {
     read = ReadSlot(transfer_, PeerOf(s.origin), b.slot, b.check, s.remote_addr, s.corr, s.length);
   };
-  if (!o_.blocking || !o_.post) {
+  if (!o_.handoff.enabled()) {
     read_slot();
     OnRead(s, read, static_cast<const uint8_t*>(b.slot), 0);
-    free_buffers_.push_back(b);
+    buffers_.Give(b);
     return;
   }
   reading_[s.corr] = 0;
-  if (o_.blocking(read_slot)) {
+  if (o_.handoff.blocking(read_slot)) {
     const int repeats = reading_[s.corr];
     reading_.erase(s.corr);
     OnRead(s, read, static_cast<const uint8_t*>(b.slot), repeats);
-    free_buffers_.push_back(b);
+    buffers_.Give(b);
     return;
   }
   // Another thread runs the loop now: nothing of ours is touched here any more, the rest of the
@@ -205,9 +187,9 @@ void StepReceiver::OnStep(const StepSignal& s) {
     const int repeats = it->second;
     reading_.erase(it);
     OnRead(s, read, static_cast<const uint8_t*>(b.slot), repeats);
-    free_buffers_.push_back(b);
+    buffers_.Give(b);
   };
-  (void)o_.post(std::move(rest), nullptr);
+  (void)o_.handoff.post(std::move(rest), nullptr);
 }
 
 void StepReceiver::Acknowledge(const StepSignal& s, const AckSignal& ack, int repeats) {

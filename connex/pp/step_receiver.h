@@ -24,6 +24,7 @@
 #include "connex/base/lid.h"
 #include "connex/pp/engine.h"
 #include "connex/pp/epoch_ledger.h"
+#include "connex/pp/internal/read_buffers.h"
 #include "connex/pp/internal/recent_set.h"
 #include "connex/pp/messages.h"
 #include "connex/pp/replay_cache.h"
@@ -71,12 +72,9 @@ struct StepReceiverOptions {
   // The stage's KV standby (not owned; nullptr: none): requests it mirrors are taken over
   // instead of reported missing, and it hears what ran and what was released.
   StandbyHooks* standby = nullptr;
-  // With both set, a payload read may outlast the caller's hold on the loop (LoopBaton):
-  // `blocking` runs the read and says whether the caller still runs the loop after it; when it
-  // does not, the rest of the step (OnRead) goes to the loop through `post` (false: the loop
-  // stopped, it is dropped). Unset: a read blocks the caller, which goes on with the step.
-  std::function<bool(const std::function<void()>& read)> blocking;
-  std::function<bool(std::function<void()> run, std::function<void()> cancel)> post;
+  // A payload read may outlast the caller's hold on the loop (LoopBaton): the rest of the step
+  // (OnRead) then goes to the loop. Unset: a read blocks the caller, which goes on with the step.
+  internal::LoopHandoff handoff;
 };
 
 struct StepReceiverStats {
@@ -151,16 +149,8 @@ class StepReceiver {
   Epoch epoch_;
   SendSignal send_;
   Deliver deliver_;
-  // Registered: header + payload of one slot, and the header read again. One per read in
-  // progress; more than one only while a read hangs on a thread that lost the loop.
-  struct ReadBuffer {
-    void* slot = nullptr;
-    void* check = nullptr;
-  };
-  absl::StatusOr<ReadBuffer> TakeBuffer();
-  std::vector<ReadBuffer> buffers_;       // all of them
-  std::vector<ReadBuffer> free_buffers_;  // not in use
-  std::map<uint64_t, int> reading_;       // corr of the steps being read -> duplicates meanwhile
+  internal::ReadBuffers buffers_;    // one per read in progress
+  std::map<uint64_t, int> reading_;  // corr of the steps being read -> duplicates meanwhile
   internal::RecentSet<uint64_t> seen_corr_;
   // Owner LID -> the highest epoch of it that FAILED or LEFT here: no step of that or an
   // earlier incarnation runs again (it would make state nobody releases).

@@ -48,8 +48,8 @@ class StepReceiverTest : public ::testing::Test {
   // posted to loop_, which the test runs.
   StepReceiverOptions LoopOptions(std::function<bool(const std::function<void()>&)> blocking) {
     StepReceiverOptions o = Options();
-    o.blocking = std::move(blocking);
-    o.post = [this](std::function<void()> run, std::function<void()>) {
+    o.handoff.blocking = std::move(blocking);
+    o.handoff.post = [this](std::function<void()> run, std::function<void()>) {
       loop_.push_back(std::move(run));
       return true;
     };

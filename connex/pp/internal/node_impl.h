@@ -182,6 +182,16 @@ class StageNode::Impl final : private OwnerHost {
 
   // ---- the loop ----
 
+  // How a read on the loop hands the rest over when it hung and this thread lost the loop.
+  internal::LoopHandoff Handoff() {
+    internal::LoopHandoff h;
+    h.blocking = [this](const std::function<void()>& read) { return baton_.Blocking(read); };
+    h.post = [this](std::function<void()> run, std::function<void()> cancel) {
+      return queue_.Push(Command{std::move(run), std::move(cancel)});
+    };
+    return h;
+  }
+
   // A loop thread (internal/loop_baton.h): the first leads at once, the other follows.
   void Run(bool first);
   // Runs the loop while this thread leads (until stop, or a read that hung lost it the loop).
