@@ -43,6 +43,13 @@ RequestSpec SpecFor(uint64_t i, int max_tokens) {
     s.temperature = 0.8f;
     s.seed = kSeeds[(i / 2) % 3];
   }
+  // vLLM's sampling fields, exact across failover and resume as the others: a quarter of the
+  // requests greedy with a repetition penalty, a quarter sampled with min_p and top_p.
+  if (i % 4 == 2) s.repetition_penalty = 1.15f;
+  if (i % 4 == 3) {
+    s.min_p = 0.05f;
+    s.top_p = 0.95f;
+  }
   return s;
 }
 

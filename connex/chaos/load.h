@@ -31,7 +31,8 @@ namespace connex::chaos {
 inline constexpr int64_t kIdleTimeoutMs = 60'000;  // a client waits this long for any byte
 
 // Request i of a campaign: prompt i of a fixed list + " #i"; odd requests are sampled
-// (temperature 0.8, seed 7, 42 or 1234), even ones greedy.
+// (temperature 0.8, seed 7, 42 or 1234), even ones greedy; i % 4 == 2 with a repetition penalty
+// (1.15), i % 4 == 3 with min_p 0.05 and top_p 0.95.
 RequestSpec SpecFor(uint64_t i, int max_tokens);
 
 // A progress line on stderr, unless `o.progress` is off.
