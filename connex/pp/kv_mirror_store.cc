@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "connex/base/check.h"
 #include "connex/base/logging.h"
@@ -76,32 +77,25 @@ void MirrorStore::OnMirror(const MirrorSignal& m, uint64_t epoch, int64_t now_ms
     return;
   }
   const internal::ReadBuffers::Buffer b = *buffer;
-  absl::Status read;
-  uint64_t read_ns = 0;
-  // Touches nothing of the store: it may end on a thread that lost the loop.
-  auto read_slot = [&] {
-    const int64_t start_ns = MonotonicNowNs();
-    read = ReadSlot(transfer_, transport::PeerRef{m.origin.lid, m.origin.addresses}, b.slot,
-                    b.check, m.remote_addr, m.corr, m.length);
-    read_ns = static_cast<uint64_t>(MonotonicNowNs() - start_ns);
+  // The read's answer and time, shared with the rest, which may run after this returns (on the
+  // thread that took the loop); the read itself touches nothing of the store.
+  struct Read {
+    absl::Status status;
+    uint64_t ns = 0;
   };
-  bool on_the_loop = true;
-  if (o_.handoff.enabled()) {
-    on_the_loop = o_.handoff.blocking(read_slot);
-  } else {
-    read_slot();
-  }
-  auto rest = [this, m, read, read_ns, b, now_ms] {
-    stats_.read_ns += read_ns;
-    OnMirrorRead(m, read, static_cast<const uint8_t*>(b.slot), now_ms);
-    buffers_.Give(b);
-  };
-  if (on_the_loop) {
-    rest();
-  } else {
-    // Another thread runs the loop now: the rest is the loop's (the buffer stays out of use).
-    (void)o_.handoff.post(std::move(rest), nullptr);
-  }
+  auto read = std::make_shared<Read>();
+  o_.handoff.ReadThen(
+      [&] {
+        const int64_t start_ns = MonotonicNowNs();
+        read->status = ReadSlot(transfer_, transport::PeerRef{m.origin.lid, m.origin.addresses},
+                                b.slot, b.check, m.remote_addr, m.corr, m.length);
+        read->ns = static_cast<uint64_t>(MonotonicNowNs() - start_ns);
+      },
+      [this, m, read, b, now_ms] {
+        stats_.read_ns += read->ns;
+        OnMirrorRead(m, read->status, static_cast<const uint8_t*>(b.slot), now_ms);
+        buffers_.Give(b);
+      });
 }
 
 void MirrorStore::OnMirrorRead(const MirrorSignal& m, const absl::Status& read, const uint8_t* slot,

@@ -48,7 +48,7 @@ absl::Status StageNode::Impl::Start() {
     ko.interval_ms = o_.kv_standby_interval_ms;
     ko.clock = clock_;
     ko.first_corr = (rng_() << 16) | 1;
-    if (o_.stage > 0) ko.handoff = Handoff();  // the follower thread runs on stages > 0
+    ko.handoff = Handoff();
     CONNEX_ASSIGN_OR_RETURN(kv_,
                             KvStandby::Create(
                                 ko, engine_, *transfer_, [this] { return Self(); },
@@ -63,7 +63,7 @@ absl::Status StageNode::Impl::Start() {
   recv.executed = &ledger_;
   recv.admit = [this](uint64_t epoch) { return Admit(epoch); };
   recv.standby = kv_.get();
-  if (o_.stage > 0) recv.handoff = Handoff();  // stage 0 reads no steps
+  recv.handoff = Handoff();
   CONNEX_ASSIGN_OR_RETURN(
       receiver_,
       StepReceiver::Create(

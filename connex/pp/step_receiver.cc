@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <vector>
 
@@ -161,35 +162,22 @@ void StepReceiver::OnStep(const StepSignal& s) {
     return;
   }
   const internal::ReadBuffers::Buffer b = *buffer;
-  absl::Status read;
+  // Shared with the rest, which may run after this returns (on the thread that took the loop).
+  auto read = std::make_shared<absl::Status>();
   auto read_slot = [&] {
-    read = ReadSlot(transfer_, PeerOf(s.origin), b.slot, b.check, s.remote_addr, s.corr, s.length);
+    *read = ReadSlot(transfer_, PeerOf(s.origin), b.slot, b.check, s.remote_addr, s.corr, s.length);
   };
-  if (!o_.handoff.enabled()) {
-    read_slot();
-    OnRead(s, read, static_cast<const uint8_t*>(b.slot), 0);
-    buffers_.Give(b);
-    return;
-  }
+  // Duplicates of the signal that arrive while it is read (the loop may have moved to the other
+  // thread) are counted here and acknowledged with it.
   reading_[s.corr] = 0;
-  if (o_.handoff.blocking(read_slot)) {
-    const int repeats = reading_[s.corr];
-    reading_.erase(s.corr);
-    OnRead(s, read, static_cast<const uint8_t*>(b.slot), repeats);
-    buffers_.Give(b);
-    return;
-  }
-  // Another thread runs the loop now: nothing of ours is touched here any more, the rest of the
-  // step is the loop's (the buffer stays out of use until it ran).
-  auto rest = [this, s, read, b] {
+  o_.handoff.ReadThen(read_slot, [this, s, read, b] {
     auto it = reading_.find(s.corr);
     CONNEX_CHECK(it != reading_.end());
     const int repeats = it->second;
     reading_.erase(it);
-    OnRead(s, read, static_cast<const uint8_t*>(b.slot), repeats);
+    OnRead(s, *read, static_cast<const uint8_t*>(b.slot), repeats);
     buffers_.Give(b);
-  };
-  (void)o_.handoff.post(std::move(rest), nullptr);
+  });
 }
 
 void StepReceiver::Acknowledge(const StepSignal& s, const AckSignal& ack, int repeats) {

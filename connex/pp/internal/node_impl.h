@@ -182,9 +182,11 @@ class StageNode::Impl final : private OwnerHost {
 
   // ---- the loop ----
 
-  // How a read on the loop hands the rest over when it hung and this thread lost the loop.
+  // How a read on the loop hands the rest over when it hung and this thread lost the loop; none
+  // on stage 0, which reads nothing and has no follower thread.
   internal::LoopHandoff Handoff() {
     internal::LoopHandoff h;
+    if (o_.stage == 0) return h;
     h.blocking = [this](const std::function<void()>& read) { return baton_.Blocking(read); };
     h.post = [this](std::function<void()> run, std::function<void()> cancel) {
       return queue_.Push(Command{std::move(run), std::move(cancel)});

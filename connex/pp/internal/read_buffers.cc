@@ -1,9 +1,22 @@
 #include "connex/pp/internal/read_buffers.h"
 
+#include <utility>
+
 #include "connex/base/status.h"
 #include "connex/pp/send_ring.h"
 
 namespace connex::pp::internal {
+
+void LoopHandoff::ReadThen(const std::function<void()>& read, std::function<void()> rest) const {
+  if (!enabled()) {
+    read();
+    rest();
+  } else if (blocking(read)) {
+    rest();
+  } else {
+    (void)post(std::move(rest), nullptr);  // the loop stopped: dropped with it
+  }
+}
 
 ReadBuffers::~ReadBuffers() {
   for (const Buffer& b : all_) {

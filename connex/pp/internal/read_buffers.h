@@ -22,6 +22,9 @@ struct LoopHandoff {
   std::function<bool(const std::function<void()>& read)> blocking;
   std::function<bool(std::function<void()> run, std::function<void()> cancel)> post;
   bool enabled() const { return blocking && post; }
+  // Runs `read` (blocking; it must touch no loop state), then `rest` on the loop: here when this
+  // thread still runs it (or no handoff is set), else posted to the thread that took it over.
+  void ReadThen(const std::function<void()>& read, std::function<void()> rest) const;
 };
 
 class ReadBuffers {
