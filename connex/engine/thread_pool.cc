@@ -1,10 +1,29 @@
 #include "connex/engine/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "connex/base/config.h"
 
 namespace connex::engine {
+namespace {
+
+// How long a worker waits for the next call, and the caller for the workers, before blocking.
+constexpr std::chrono::microseconds kSpin{50};
+
+// Spins until done() or kSpin has passed.
+template <typename Done>
+void SpinUntil(Done done) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  while (!done()) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    if (std::chrono::steady_clock::now() >= until) return;
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int threads) : threads_(std::max(1, threads)) {
   for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -30,10 +49,13 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)
     n_ = n;
     fn_ = &fn;
     pending_ = threads_ - 1;
+    running_.store(pending_, std::memory_order_relaxed);
     ++generation_;
+    posted_.store(generation_, std::memory_order_release);
   }
   int64_t end = n / threads_;
   if (end > 0) fn(0, end);
+  SpinUntil([this] { return running_.load(std::memory_order_acquire) == 0; });
   MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
   mu_.Await(absl::Condition(&done));
@@ -45,6 +67,7 @@ void ThreadPool::WorkerLoop(int index) {
   for (;;) {
     int64_t n;
     const absl::FunctionRef<void(int64_t, int64_t)>* fn;
+    SpinUntil([&] { return posted_.load(std::memory_order_acquire) != seen; });
     {
       MutexLock lock(&mu_);
       auto started = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -61,6 +84,7 @@ void ThreadPool::WorkerLoop(int index) {
     if (begin < end) (*fn)(begin, end);
     MutexLock lock(&mu_);  // the unlock wakes the caller
     --pending_;
+    running_.fetch_sub(1, std::memory_order_release);
   }
 }
 
