@@ -298,14 +298,18 @@ TEST(ChaosUnitTest, TokensAreComparedPositionByPosition) {
   EXPECT_EQ(c.mismatched, 2);  // one differs, one is missing
 }
 
-// A request's body carries its sampling as connex-generate is given it: temperature 0 alone when
-// greedy; temperature, seed and (below 1) top_p when sampled.
+// A request's body carries its sampling as connex-generate (--generation-config none) is given
+// it: every sampling field, so that no server default (a model's generation_config.json) applies;
+// a seed when sampled.
 TEST(ChaosUnitTest, RequestBodiesCarryTheirSampling) {
   const nlohmann::json greedy =
       nlohmann::json::parse(RequestSpec{.prompt = "p", .max_tokens = 4}.Body("tiny"));
   EXPECT_EQ(greedy["temperature"], 0);
   EXPECT_FALSE(greedy.contains("seed"));
-  EXPECT_FALSE(greedy.contains("top_p"));
+  EXPECT_EQ(greedy["top_p"], 1);
+  EXPECT_EQ(greedy["top_k"], -1);
+  EXPECT_EQ(greedy["min_p"], 0);
+  EXPECT_EQ(greedy["repetition_penalty"], 1);
   EXPECT_EQ(greedy["stream_options"]["include_usage"], true);
   const nlohmann::json nucleus = nlohmann::json::parse(
       RequestSpec{.prompt = "p", .max_tokens = 4, .temperature = 0.5f, .top_p = 0.5f, .seed = 9}

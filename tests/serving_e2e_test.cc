@@ -3,6 +3,8 @@
 // with connex-chaos's Cluster). Completions (greedy and sampled, whole and streamed) must be
 // exactly connex-generate's for the same prompt and seed (chaos::Check) — also when a stage is
 // killed with SIGKILL while the response streams.
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -262,6 +264,85 @@ TEST_F(ServingE2eTest, ConnexctlShowsTheServingDeployment) {
   EXPECT_THAT(*head, HasSubstr("3 stages, 2 replicas, ready"));
   EXPECT_EQ(table->Wait(20000), 0);
   EXPECT_THAT(table->transcript(), HasSubstr("missing"));
+}
+
+// A model directory's generation_config.json gives a request that omits its sampling fields the
+// model's defaults (--generation-config auto, vLLM's rule), on stage 0 and through the proxy (which
+// forwards only the fields a client gave), as connex-generate applies them; with
+// CONNEX_GENERATION_CONFIG=none such a request is greedy.
+TEST(GenerationConfigE2eTest, ARequestWithoutSamplingFieldsTakesTheModelsDefaults) {
+  const std::string dir =
+      ::testing::TempDir() + "/serving-e2e-generation-" + std::to_string(::getpid());
+  const std::string model = dir + "/qwen";
+  std::filesystem::create_directories(dir);
+  // Qwen 2.5's published defaults (connex-mkmodel's preset): temperature 0.7, top_p 0.8, top_k 20,
+  // repetition_penalty 1.1.
+  auto mk = Subprocess::Start(
+      {BinDir() + "/connex-mkmodel", "--hf", model, "--config", "qwen2.5-0.5b", "--layers", "2",
+       "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "96"},
+      {}, /*capture_stderr=*/true);
+  ASSERT_TRUE(mk.has_value());
+  ASSERT_EQ(mk->Wait(120'000), 0) << mk->transcript();
+  const std::string prompt = "151643,17,33,400,5";
+  auto generate = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {BinDir() + "/connex-generate",
+                                     "--model",
+                                     model,
+                                     "--prompt-tokens",
+                                     prompt,
+                                     "--max-tokens",
+                                     "16",
+                                     "--ignore-eos",
+                                     "--json"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto g = Subprocess::Start(argv, {}, /*capture_stderr=*/true);
+    EXPECT_TRUE(g.has_value());
+    if (!g) return std::vector<int32_t>{};
+    std::optional<std::string> line = g->WaitForLine("\"tokens\"", 60'000);
+    EXPECT_EQ(g->Wait(60'000), 0) << g->transcript();
+    if (!line) return std::vector<int32_t>{};
+    return nlohmann::json::parse(*line)["tokens"].get<std::vector<int32_t>>();
+  };
+  const std::vector<int32_t> sampled = generate({"--seed", "5"});
+  const std::vector<int32_t> greedy = generate({"--seed", "5", "--generation-config", "none"});
+  ASSERT_EQ(sampled.size(), 16u);
+  EXPECT_NE(sampled, greedy) << "the defaults sample";
+  EXPECT_EQ(generate({"--seed", "5", "--generation-config", "none", "--temperature", "0.7",
+                      "--top-p", "0.8", "--top-k", "20", "--repetition-penalty", "1.1"}),
+            sampled);
+  EXPECT_EQ(generate({"--seed", "5", "--temperature", "0"}), greedy) << "a flag given wins";
+
+  const std::string body = R"({"model": "qwen", "prompt": [151643, 17, 33, 400, 5],
+      "max_tokens": 16, "ignore_eos": true, "seed": 5})";
+  for (const std::string mode : {"auto", "none"}) {
+    SCOPED_TRACE("--generation-config " + mode);
+    const std::string work = dir + "/" + mode;
+    std::filesystem::create_directories(work);
+    chaos::ClusterOptions o;
+    o.bin_dir = BinDir();
+    o.work_dir = work;
+    o.model_path = model;
+    o.model_name = "qwen";
+    o.replicas = 1;
+    o.stages = 2;
+    o.backend = "auto";
+    o.proxy_idle_timeout_ms = 0;
+    o.stage_env = {"CONNEX_GENERATION_CONFIG=" + mode};
+    absl::StatusOr<std::unique_ptr<chaos::Cluster>> cluster = chaos::Cluster::Start(std::move(o));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    for (const uint16_t port : {(*cluster)->api(0).port, (*cluster)->proxy()->port}) {
+      TestConnection c(port, 60'000);
+      ASSERT_TRUE(c.Send("POST", "/v1/completions", body));
+      auto r = c.Read();
+      ASSERT_TRUE(r.has_value());
+      ASSERT_EQ(r->result_int(), 200) << r->body();
+      const nlohmann::json j = nlohmann::json::parse(r->body());
+      EXPECT_EQ(j["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+                mode == "auto" ? sampled : greedy)
+          << (port == (*cluster)->api(0).port ? "stage 0" : "the proxy");
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

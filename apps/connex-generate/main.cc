@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "connex/base/cli.h"
+#include "connex/base/status.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
 #include "connex/engine/tokenizer.h"
@@ -79,32 +80,42 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_flag("--ignore-eos", ignore_eos, "keep generating after an EOS token");
-  app.add_option("--temperature", sampling.temperature,
-                 "0: greedy; > 0: sample, the draw of each token keyed by (seed, position)")
-      ->check(CLI::Range(0.0f, 2.0f))
-      ->capture_default_str();
-  app.add_option("--top-p", sampling.top_p,
-                 "nucleus sampling: keep the most probable tokens "
-                 "whose mass reaches this (0, 1]")
-      ->check(CLI::Range(0.0f, 1.0f))
-      ->capture_default_str();
-  app.add_option("--top-k", sampling.top_k, "sample among the k most probable tokens (0: all)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  auto* temperature_opt =
+      app.add_option("--temperature", sampling.temperature,
+                     "0: greedy; > 0: sample, the draw of each token keyed by (seed, position)")
+          ->check(CLI::Range(0.0f, 2.0f))
+          ->capture_default_str();
+  auto* top_p_opt = app.add_option("--top-p", sampling.top_p,
+                                   "nucleus sampling: keep the most probable tokens "
+                                   "whose mass reaches this (0, 1]")
+                        ->check(CLI::Range(0.0f, 1.0f))
+                        ->capture_default_str();
+  auto* top_k_opt =
+      app.add_option("--top-k", sampling.top_k, "sample among the k most probable tokens (0: all)")
+          ->check(CLI::NonNegativeNumber)
+          ->capture_default_str();
   app.add_option("--seed", sampling.seed, "the sampling seed of every prompt")
       ->capture_default_str();
-  app.add_option("--min-p", sampling.min_p,
-                 "drop the tokens less probable than this times the most probable [0, 1]")
-      ->check(CLI::Range(0.0f, 1.0f))
-      ->capture_default_str();
-  app.add_option("--repetition-penalty", sampling.repetition_penalty,
-                 "> 0, 1: none; the logits of the prompt's and output's tokens are divided "
-                 "(positive) or multiplied by it, greedy or sampled")
-      ->capture_default_str();
+  auto* min_p_opt =
+      app.add_option("--min-p", sampling.min_p,
+                     "drop the tokens less probable than this times the most probable [0, 1]")
+          ->check(CLI::Range(0.0f, 1.0f))
+          ->capture_default_str();
+  auto* penalty_opt =
+      app.add_option("--repetition-penalty", sampling.repetition_penalty,
+                     "> 0, 1: none; the logits of the prompt's and output's tokens are divided "
+                     "(positive) or multiplied by it, greedy or sampled")
+          ->capture_default_str();
   app.add_option("--stop-token-ids", options.stop_token_ids,
                  "token ids that end a generation (\"10,33\"), kept in the tokens, left out of "
                  "the text")
       ->delimiter(',');
+  std::string generation_config = "auto";
+  app.add_option("--generation-config", generation_config,
+                 "auto: a sampling flag not given takes the model's generation_config.json "
+                 "value, as connex-stage's API does; none: the built-in defaults (greedy)")
+      ->check(CLI::IsMember({"auto", "none"}))
+      ->capture_default_str();
   connex::AddLogLevelFlag(app);
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
         if (prompt_opt->count() == 0 && file_opt->count() == 0 && ids_opt->count() == 0) {
@@ -119,6 +130,23 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Pipeline>> pipeline =
       Pipeline::Load(model, stages, std::make_shared<ThreadPool>(threads));
   if (!pipeline.ok()) return Fail(pipeline.status());
+  if (generation_config == "auto") {
+    // What the API gives a request without these fields (serving::SamplingDefaultsOf).
+    const GenerationDefaults& g = (*pipeline)->config().generation;
+    auto fill = [](CLI::Option* given, const auto& value, auto& out) {
+      if (given->count() == 0 && value) out = static_cast<std::decay_t<decltype(out)>>(*value);
+    };
+    fill(temperature_opt, g.temperature, sampling.temperature);
+    fill(top_p_opt, g.top_p, sampling.top_p);
+    if (top_k_opt->count() == 0 && g.top_k) {
+      sampling.top_k = *g.top_k > 0 ? static_cast<int32_t>(*g.top_k) : 0;
+    }
+    fill(min_p_opt, g.min_p, sampling.min_p);
+    fill(penalty_opt, g.repetition_penalty, sampling.repetition_penalty);
+    if (absl::Status ok = sampling.Validate(); !ok.ok()) {
+      return Fail(connex::Annotate(ok, "generation_config.json"));
+    }
+  }
   // The model's text side. --prompt-tokens needs no tokenizer: without one that loads, the run
   // prints no text and stops at the checkpoint's EOS ids alone (the engine's own stop).
   const ModelConfig& config = (*pipeline)->config();

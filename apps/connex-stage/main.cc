@@ -90,6 +90,14 @@ int main(int argc, char** argv) {
                  "with a chat_template field); default: the model's tokenizer_config.json")
       ->envname("CONNEX_CHAT_TEMPLATE")
       ->check(CLI::ExistingFile);
+  std::string generation_config = "auto";
+  app.add_option("--generation-config", generation_config,
+                 "stage 0: auto: a request that omits temperature, top_p, top_k, min_p or "
+                 "repetition_penalty gets the model's generation_config.json value (as vLLM); "
+                 "none: the built-in defaults (greedy)")
+      ->envname("CONNEX_GENERATION_CONFIG")
+      ->check(CLI::IsMember({"auto", "none"}))
+      ->capture_default_str();
   std::string kv_standby;
   app.add_option("--kv-standby", kv_standby,
                  "on: mirror this stage's KV state to the same stage of the next replica, which "
@@ -113,6 +121,7 @@ int main(int argc, char** argv) {
   api.kv_budget_bytes = static_cast<int64_t>(*connex::ParseSize(kv_budget));
   api.queue_max = queue_max;
   api.chat_template_path = chat_template;
+  api.generation_config = generation_config == "auto";
   if (!http.empty()) {
     auto http_options = connex::serving::HttpServerOptions::FromEnv();
     if (!http_options.ok()) {

@@ -462,8 +462,9 @@ absl::StatusOr<json> Demo::Run() {
         " --prompt ", ShellQuoted(s.prompt), " --max-tokens ", s.max_tokens,
         s.temperature > 0 ? StrCat(" --temperature ", Fixed(s.temperature, 1), " --seed ", s.seed)
                           : std::string(),
-        " --stages ", kStages, " --json; and the same POST /v1/completions ", s.Body(o_.model_name),
-        " to a stage 0 or the proxy"));
+        " --stages ", kStages,
+        " --generation-config none --json; and the same POST /v1/completions ",
+        s.Body(o_.model_name), " to a stage 0 or the proxy"));
   }
   json failures = json::array();
   for (size_t i = 0; i < failed.size(); ++i) {

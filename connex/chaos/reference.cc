@@ -17,15 +17,14 @@ std::string RequestSpec::Body(const std::string& model) const {
                       {"max_tokens", max_tokens},
                       {"stream", true},
                       {"stream_options", {{"include_usage", true}}}};
-  if (temperature > 0) {
-    j["temperature"] = temperature;
-    j["seed"] = seed;
-    if (top_p < 1) j["top_p"] = top_p;
-  } else {
-    j["temperature"] = 0;
-  }
-  if (min_p > 0) j["min_p"] = min_p;
-  if (repetition_penalty != 1) j["repetition_penalty"] = repetition_penalty;
+  // Every sampling field, so that the server's defaults (a model's generation_config.json,
+  // --generation-config auto) do not apply: the reference runs with --generation-config none.
+  j["temperature"] = temperature > 0 ? temperature : 0;
+  if (temperature > 0) j["seed"] = seed;
+  j["top_p"] = temperature > 0 ? top_p : 1;
+  j["top_k"] = -1;
+  j["min_p"] = min_p;
+  j["repetition_penalty"] = repetition_penalty;
   if (ignore_eos) j["ignore_eos"] = true;
   if (!stop_token_ids.empty()) j["stop_token_ids"] = stop_token_ids;
   return j.dump();
@@ -66,8 +65,8 @@ absl::Status References::Compute(const std::vector<RequestSpec>& specs) {
 absl::Status References::Generate(const RequestSpec& sampling,
                                   const std::vector<std::string>& prompts) {
   std::vector<std::string> argv = {
-      generate_, "--model",  model_path_,    "--max-tokens", StrCat(sampling.max_tokens),
-      "--json",  "--stages", StrCat(stages_)};
+      generate_, "--model",  model_path_,     "--max-tokens",        StrCat(sampling.max_tokens),
+      "--json",  "--stages", StrCat(stages_), "--generation-config", "none"};
   if (prompts.size() == 1 && prompts[0].find('\n') != std::string::npos) {
     argv.insert(argv.end(), {"--prompt", prompts[0]});
   } else {

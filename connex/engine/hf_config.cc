@@ -306,6 +306,8 @@ std::string ModelConfig::GenerationConfigJson() const {
   if (generation.temperature) j["temperature"] = *generation.temperature;
   if (generation.top_p) j["top_p"] = *generation.top_p;
   if (generation.top_k) j["top_k"] = *generation.top_k;
+  if (generation.min_p) j["min_p"] = *generation.min_p;
+  if (generation.repetition_penalty) j["repetition_penalty"] = *generation.repetition_penalty;
   return j.dump(2) + "\n";
 }
 
@@ -322,8 +324,11 @@ absl::Status ModelConfig::ApplyGenerationConfig(std::string_view json) {
     CONNEX_RETURN_IF_ERROR(Boolean(j, "do_sample", do_sample));
     c.generation.do_sample = do_sample;
   }
-  for (auto [key, field] : {std::pair{"temperature", &GenerationDefaults::temperature},
-                            std::pair{"top_p", &GenerationDefaults::top_p}}) {
+  for (auto [key, field] :
+       {std::pair{"temperature", &GenerationDefaults::temperature},
+        std::pair{"top_p", &GenerationDefaults::top_p},
+        std::pair{"min_p", &GenerationDefaults::min_p},
+        std::pair{"repetition_penalty", &GenerationDefaults::repetition_penalty}}) {
     double v = 0;
     if (!j.contains(key) || j[key].is_null()) continue;
     CONNEX_RETURN_IF_ERROR(Real(j, key, v));

@@ -113,6 +113,8 @@ TEST(HfConfigTest, GenerationConfigOverridesEndTokensAndGivesDefaults) {
   EXPECT_EQ(c.generation.temperature, 0.7);
   EXPECT_EQ(c.generation.top_k, 20);
   EXPECT_EQ(c.generation.top_p, 0.8);
+  EXPECT_EQ(c.generation.repetition_penalty, 1.1);
+  EXPECT_FALSE(c.generation.min_p.has_value());
   ModelConfig round = *ModelConfig::FromJson(c.ToJson());
   ASSERT_TRUE(round.ApplyGenerationConfig(c.GenerationConfigJson()).ok());
   EXPECT_EQ(round, c);
@@ -123,6 +125,18 @@ TEST(HfConfigTest, GenerationConfigOverridesEndTokensAndGivesDefaults) {
               HasSubstr("'eos_token_id' 200000 is outside [0, 'vocab_size' 151936)"));
   EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{151645, 151643}));  // unchanged on error
   EXPECT_THAT(c.ApplyGenerationConfig("[1]").message(), HasSubstr("not a JSON object"));
+  // Sampling defaults a request could not ask for are refused, naming the key and the value.
+  EXPECT_THAT(c.ApplyGenerationConfig(R"({"temperature": 3})").message(),
+              HasSubstr("generation_config.json: 'temperature' = 3 is outside [0, 2]"));
+  EXPECT_THAT(c.ApplyGenerationConfig(R"({"top_p": 0})").message(),
+              HasSubstr("'top_p' = 0 is outside (0, 1]"));
+  EXPECT_THAT(c.ApplyGenerationConfig(R"({"min_p": 1.5})").message(),
+              HasSubstr("'min_p' = 1.5 is outside [0, 1]"));
+  EXPECT_THAT(c.ApplyGenerationConfig(R"({"repetition_penalty": 0})").message(),
+              HasSubstr("'repetition_penalty' = 0 is outside"));
+  EXPECT_THAT(c.ApplyGenerationConfig(R"({"top_k": -5})").message(),
+              HasSubstr("'top_k' = -5 is outside"));
+  EXPECT_EQ(c.generation.temperature, 0.7);  // unchanged on error
 }
 
 // config.json `base` with `patch` merged in (null removes a key).

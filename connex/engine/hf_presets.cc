@@ -44,8 +44,12 @@ std::vector<HfPreset> HfPresets() {
   std::vector<HfPreset> out;
   // Llama 3.x Instruct: three end tokens (<|end_of_text|>, <|eom_id|>, <|eot_id|>).
   const std::vector<int64_t> llama3_eos = {128001, 128008, 128009};
-  GenerationDefaults llama3_sampling{
-      .do_sample = true, .temperature = 0.6, .top_p = 0.9, .top_k = std::nullopt};
+  GenerationDefaults llama3_sampling{.do_sample = true,
+                                     .temperature = 0.6,
+                                     .top_p = 0.9,
+                                     .top_k = std::nullopt,
+                                     .min_p = std::nullopt,
+                                     .repetition_penalty = std::nullopt};
   {
     ModelConfig c = Config("llama", {128256, 2048, 16, 32, 8, 8192, 131072}, 500000.0, 1e-5, 128000,
                            llama3_eos, /*tied=*/true);
@@ -64,7 +68,12 @@ std::vector<HfPreset> HfPresets() {
   {
     ModelConfig c = Config("qwen2", {151936, 896, 24, 14, 2, 4864, 32768}, 1000000.0, 1e-6, 151643,
                            {151645, 151643}, /*tied=*/true);
-    c.generation = {.do_sample = true, .temperature = 0.7, .top_p = 0.8, .top_k = 20};
+    c.generation = {.do_sample = true,
+                    .temperature = 0.7,
+                    .top_p = 0.8,
+                    .top_k = 20,
+                    .min_p = std::nullopt,
+                    .repetition_penalty = 1.1};
     out.push_back({"qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", c, "qwen2_5"});
   }
   {

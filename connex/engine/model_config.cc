@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "connex/base/check.h"
@@ -97,6 +98,30 @@ int64_t ModelConfig::max_positions() const {
   return static_cast<int64_t>(std::min(n, static_cast<double>(1 << 24)));
 }
 
+namespace {
+
+// generation_config.json's sampling defaults: what the API would accept in a request.
+absl::Status ValidateGenerationDefaults(const GenerationDefaults& g) {
+  auto bad = [](std::string_view key, double v, std::string_view range) {
+    return ConfigError(StrCat("generation_config.json: '", key, "' = ", v, " is outside ", range));
+  };
+  if (g.temperature && !(*g.temperature >= 0 && *g.temperature <= 2)) {
+    return bad("temperature", *g.temperature, "[0, 2]");
+  }
+  if (g.top_p && !(*g.top_p > 0 && *g.top_p <= 1)) return bad("top_p", *g.top_p, "(0, 1]");
+  if (g.top_k && !(*g.top_k >= -1 && *g.top_k <= std::numeric_limits<int32_t>::max())) {
+    return bad("top_k", static_cast<double>(*g.top_k), "-1 (none), 0 (none) or >= 1");
+  }
+  if (g.min_p && !(*g.min_p >= 0 && *g.min_p <= 1)) return bad("min_p", *g.min_p, "[0, 1]");
+  if (g.repetition_penalty &&
+      !(*g.repetition_penalty > 0 && *g.repetition_penalty <= std::numeric_limits<float>::max())) {
+    return bad("repetition_penalty", *g.repetition_penalty, "(0, FLT_MAX] (1: none)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ModelConfig::Validate() const {
   if (model_type != "llama" && model_type != "mistral" && model_type != "qwen2") {
     return ConfigError(
@@ -137,6 +162,7 @@ absl::Status ModelConfig::Validate() const {
     return ConfigError(StrCat("'rms_norm_eps' = ", rms_norm_eps, " must be in (0, 1)"));
   }
   CONNEX_RETURN_IF_ERROR(ValidateRopeScaling(rope_scaling));
+  CONNEX_RETURN_IF_ERROR(ValidateGenerationDefaults(generation));
   // What each architecture has: Qwen2 q/k/v biases always, Llama all four or none, Mistral none.
   if (model_type == "qwen2" ? (!qkv_bias || o_bias)
                             : (o_bias != qkv_bias || (model_type == "mistral" && qkv_bias))) {

@@ -32,12 +32,16 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
-// generation_config.json's sampling defaults (absent keys stay unset).
+// generation_config.json's sampling defaults (absent keys stay unset). A server started with
+// `--generation-config auto` gives a request that omits a sampling field the value here, as vLLM
+// does (do_sample is read but, as in vLLM, not applied: temperature says whether to sample).
 struct GenerationDefaults {
   std::optional<bool> do_sample;
   std::optional<double> temperature;
   std::optional<double> top_p;
   std::optional<int64_t> top_k;
+  std::optional<double> min_p;
+  std::optional<double> repetition_penalty;
 
   bool operator==(const GenerationDefaults&) const = default;
 };

@@ -44,6 +44,19 @@ struct RequestLimits {
   int max_json_depth = 32;
 };
 
+// What a request that omits a sampling field gets. The built-in values (greedy, unlike OpenAI's
+// temperature 1) unless the server applies the model's generation_config.json
+// (`--generation-config auto`, as vLLM does).
+struct SamplingDefaults {
+  double temperature = 0.0;
+  double top_p = 1.0;
+  int64_t top_k = -1;
+  double min_p = 0.0;
+  double repetition_penalty = 1.0;
+
+  bool operator==(const SamplingDefaults&) const = default;
+};
+
 // A validated request. Exactly one of `prompt_text`, `prompt_token_ids` (completions) or
 // `messages` (chat) is the input.
 struct CompletionRequest {
@@ -57,14 +70,16 @@ struct CompletionRequest {
   bool include_usage = false;  // stream_options.include_usage
   std::vector<std::string> stop;
   std::optional<uint64_t> seed;  // a negative seed is taken modulo 2^64
-  double temperature = 0.0;      // 0 (the default, unlike OpenAI's 1): greedy
-  double top_p = 1.0;            // (0, 1]
-  int64_t top_k = -1;            // -1 or 0: no top-k cut
+  // The sampling fields as the request gives them; absent ones take the server's defaults
+  // (SamplingDefaults) where the request is served, so that a proxy forwards only what was given.
+  std::optional<double> temperature;  // [0, 2]; 0: greedy
+  std::optional<double> top_p;        // (0, 1]
+  std::optional<int64_t> top_k;       // -1 or 0: no top-k cut
   // vLLM's extensions (docs/serving.md):
-  double min_p = 0.0;                   // [0, 1]: drop tokens below min_p x the top probability
-  double repetition_penalty = 1.0;      // > 0; 1: none
-  bool ignore_eos = false;              // EOS does not end the completion
-  std::vector<int32_t> stop_token_ids;  // each ends the completion (finish_reason "stop")
+  std::optional<double> min_p;  // [0, 1]: drop tokens below min_p x the top's probability
+  std::optional<double> repetition_penalty;  // > 0; 1: none
+  bool ignore_eos = false;                   // EOS does not end the completion
+  std::vector<int32_t> stop_token_ids;       // each ends the completion (finish_reason "stop")
 };
 
 // Parses `body` as a request to `endpoint`. Unknown fields are ignored, as OpenAI does; fields

@@ -43,9 +43,11 @@ TEST(OpenAiApiTest, CompletionDefaultsAndFields) {
   EXPECT_EQ(r->prompt_text, "Hello");
   EXPECT_EQ(r->max_tokens, 16);
   EXPECT_FALSE(r->stream);
-  EXPECT_EQ(r->temperature, 0.0);  // greedy unless asked
-  EXPECT_EQ(r->top_p, 1.0);
-  EXPECT_EQ(r->top_k, -1);
+  // Absent sampling fields stay absent: the server that runs the request gives them its defaults
+  // (SamplingDefaults: greedy, or the model's generation_config.json).
+  EXPECT_FALSE(r->temperature.has_value());
+  EXPECT_FALSE(r->top_p.has_value());
+  EXPECT_FALSE(r->top_k.has_value());
   EXPECT_FALSE(r->seed.has_value());
 
   r = Completions(R"({"model": "tiny", "prompt": "x", "max_tokens": 7, "stream": true,
@@ -59,8 +61,8 @@ TEST(OpenAiApiTest, CompletionDefaultsAndFields) {
   EXPECT_TRUE(r->include_usage);
   EXPECT_THAT(r->stop, ElementsAre("\n", "END"));
   EXPECT_EQ(r->seed, 42u);
-  EXPECT_DOUBLE_EQ(r->temperature, 0.7);
-  EXPECT_DOUBLE_EQ(r->top_p, 0.9);
+  EXPECT_DOUBLE_EQ(r->temperature.value_or(-1), 0.7);
+  EXPECT_DOUBLE_EQ(r->top_p.value_or(-1), 0.9);
   EXPECT_EQ(r->top_k, 40);
 
   r = Completions(R"({"model": "tiny", "prompt": "x", "stop": "###", "seed": -1})");
@@ -164,8 +166,8 @@ TEST(OpenAiApiTest, RangesAndTypes) {
 TEST(OpenAiApiTest, VllmSamplingAndStoppingFields) {
   absl::StatusOr<CompletionRequest> r = Completions(R"({"model": "tiny", "prompt": "x"})");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->min_p, 0.0);
-  EXPECT_EQ(r->repetition_penalty, 1.0);
+  EXPECT_FALSE(r->min_p.has_value());
+  EXPECT_FALSE(r->repetition_penalty.has_value());
   EXPECT_FALSE(r->ignore_eos);
   EXPECT_TRUE(r->stop_token_ids.empty());
   for (Endpoint e : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
@@ -176,15 +178,15 @@ TEST(OpenAiApiTest, VllmSamplingAndStoppingFields) {
         "repetition_penalty": 1.3, "ignore_eos": true, "stop_token_ids": [10, 257]})",
                                Limits());
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_DOUBLE_EQ(r->min_p, 0.05);
-    EXPECT_DOUBLE_EQ(r->repetition_penalty, 1.3);
+    EXPECT_DOUBLE_EQ(r->min_p.value_or(-1), 0.05);
+    EXPECT_DOUBLE_EQ(r->repetition_penalty.value_or(-1), 1.3);
     EXPECT_TRUE(r->ignore_eos);
     EXPECT_THAT(r->stop_token_ids, ElementsAre(10, 257));
   }
   r = Completions(R"({"model": "tiny", "prompt": "x", "min_p": null, "stop_token_ids": [],
                       "ignore_eos": null, "repetition_penalty": null})");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->repetition_penalty, 1.0);
+  EXPECT_FALSE(r->repetition_penalty.has_value());  // null is absent
   EXPECT_TRUE(r->stop_token_ids.empty());
 }
 

@@ -185,6 +185,17 @@ absl::Status OpenAiServer::Attach(StageProcess& stage) {
       stage.model_path(), stage.config().eos_token_ids, options_.chat_template_path);
   if (!text.ok()) return Annotate(text.status(), StrCat("--model ", stage.model_path()));
   text_ = *std::move(text);
+  if (options_.generation_config) {
+    sampling_defaults_ = SamplingDefaultsOf(stage.config().generation);
+    if (sampling_defaults_ != SamplingDefaults{}) {
+      const SamplingDefaults& d = sampling_defaults_;
+      CONNEX_LOG_INFO(
+          "serving {}: generation_config.json's defaults for requests that omit them "
+          "(--generation-config auto): temperature {}, top_p {}, top_k {}, min_p {}, "
+          "repetition_penalty {}",
+          stage.model_name(), d.temperature, d.top_p, d.top_k, d.min_p, d.repetition_penalty);
+    }
+  }
   CONNEX_LOG_INFO("serving {}: {} tokenizer, chat template {}", stage.model_name(),
                   text_->byte_level() ? "byte" : "tokenizer.json",
                   text_->chat_template_source().empty() ? "none (completions only)"
@@ -282,6 +293,16 @@ absl::Status ServerSide(const absl::Status& status) {
 
 }  // namespace
 
+SamplingDefaults SamplingDefaultsOf(const engine::GenerationDefaults& generation) {
+  SamplingDefaults d;
+  d.temperature = generation.temperature.value_or(d.temperature);
+  d.top_p = generation.top_p.value_or(d.top_p);
+  d.top_k = generation.top_k.value_or(d.top_k);
+  d.min_p = generation.min_p.value_or(d.min_p);
+  d.repetition_penalty = generation.repetition_penalty.value_or(d.repetition_penalty);
+  return d;
+}
+
 RequestLimits OpenAiServer::Limits(StageProcess& stage) const {
   RequestLimits limits;
   limits.models = {stage.model_name()};
@@ -334,11 +355,14 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
     return;
   }
   pp::SubmitOptions submit;
-  submit.sampling.temperature = static_cast<float>(req.temperature);
-  submit.sampling.top_p = static_cast<float>(req.top_p);
-  submit.sampling.top_k = req.top_k > 0 ? static_cast<int32_t>(req.top_k) : 0;
-  submit.sampling.min_p = static_cast<float>(req.min_p);
-  submit.sampling.repetition_penalty = static_cast<float>(req.repetition_penalty);
+  const SamplingDefaults& d = sampling_defaults_;
+  submit.sampling.temperature = static_cast<float>(req.temperature.value_or(d.temperature));
+  submit.sampling.top_p = static_cast<float>(req.top_p.value_or(d.top_p));
+  const int64_t top_k = req.top_k.value_or(d.top_k);
+  submit.sampling.top_k = top_k > 0 ? static_cast<int32_t>(top_k) : 0;
+  submit.sampling.min_p = static_cast<float>(req.min_p.value_or(d.min_p));
+  submit.sampling.repetition_penalty =
+      static_cast<float>(req.repetition_penalty.value_or(d.repetition_penalty));
   submit.ignore_eos = req.ignore_eos;
   submit.stop_token_ids = req.stop_token_ids;
   // The node stops on the model's first end token; the model's other stop tokens (its other

@@ -41,7 +41,16 @@ struct OpenAiServerOptions {
   // --chat-template (CONNEX_CHAT_TEMPLATE): a template file that overrides the model's own
   // (tokenizer_config.json's chat_template); empty: the model's.
   std::string chat_template_path;
+  // --generation-config (CONNEX_GENERATION_CONFIG): true ("auto", the default, as vLLM's): a
+  // request that omits a sampling field gets the model's generation_config.json value
+  // (temperature, top_p, top_k, min_p, repetition_penalty); false ("none"): the built-in
+  // SamplingDefaults (greedy).
+  bool generation_config = true;
 };
+
+// The sampling defaults a server applies: the built-in ones, overridden by the fields that the
+// model's generation_config.json sets.
+SamplingDefaults SamplingDefaultsOf(const engine::GenerationDefaults& generation);
 
 // The KV bytes one token costs on the pipeline's largest stage (its share of the layers, K and V
 // in f32): what admission charges each position of a request.
@@ -86,6 +95,7 @@ class OpenAiServer {
   std::string RenderMetrics();
 
   std::unique_ptr<const ModelText> text_;  // set by Attach, before stage_
+  SamplingDefaults sampling_defaults_;     // set by Attach, before stage_
   std::atomic<StageProcess*> stage_{nullptr};
   const OpenAiServerOptions options_;
   Router router_;

@@ -41,13 +41,15 @@ std::string UpstreamBody(const CompletionRequest& r, std::span<const int32_t> re
   body["stream_options"] = {{"include_usage", true}};
   if (!r.stop.empty()) body["stop"] = r.stop;
   if (r.seed) body["seed"] = *r.seed;
-  body["temperature"] = r.temperature;
-  body["top_p"] = r.top_p;
-  if (r.top_k > 0) body["top_k"] = r.top_k;
-  // vLLM's fields go with every attempt: a resume continues under the same rules (the penalty's
+  // The sampling fields the client gave, and only those: the replica fills the others with its
+  // defaults (the model's generation_config.json, --generation-config), as it would have for the
+  // client. They go with every attempt: a resume continues under the same rules (the penalty's
   // tokens, prompt + output, are the resumed prompt's).
-  if (r.min_p > 0) body["min_p"] = r.min_p;
-  if (r.repetition_penalty != 1) body["repetition_penalty"] = r.repetition_penalty;
+  if (r.temperature) body["temperature"] = *r.temperature;
+  if (r.top_p) body["top_p"] = *r.top_p;
+  if (r.top_k) body["top_k"] = *r.top_k;
+  if (r.min_p) body["min_p"] = *r.min_p;
+  if (r.repetition_penalty) body["repetition_penalty"] = *r.repetition_penalty;
   if (r.ignore_eos) body["ignore_eos"] = true;
   if (!r.stop_token_ids.empty()) body["stop_token_ids"] = r.stop_token_ids;
   return body.dump(-1, ' ', false, Json::error_handler_t::replace);

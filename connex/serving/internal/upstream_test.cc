@@ -47,20 +47,29 @@ TEST(UpstreamTest, EveryAttemptCarriesTheVllmFields) {
     absl::StatusOr<CompletionRequest> back =
         ParseCompletionRequest(Endpoint::kCompletions, u.body, limits);
     ASSERT_TRUE(back.ok()) << back.status() << " " << u.body;
-    EXPECT_DOUBLE_EQ(back->min_p, 0.1);
-    EXPECT_DOUBLE_EQ(back->repetition_penalty, 1.25);
+    EXPECT_DOUBLE_EQ(back->temperature.value_or(-1), 0.9);
+    EXPECT_DOUBLE_EQ(back->min_p.value_or(-1), 0.1);
+    EXPECT_DOUBLE_EQ(back->repetition_penalty.value_or(-1), 1.25);
     EXPECT_TRUE(back->ignore_eos);
     EXPECT_THAT(back->stop_token_ids, ::testing::ElementsAre(10, 33));
     EXPECT_EQ(back->seed, 7u);
   }
-  // Their defaults are not sent.
+  // What the client did not give is not sent: the replica applies its own defaults (the
+  // model's generation_config.json), as it would have to the client's request.
   CompletionRequest plain;
   plain.model = "tiny";
   plain.prompt_text = "x";
   nlohmann::json body = nlohmann::json::parse(UpstreamBody(plain, {}, 16));
-  for (const char* field : {"min_p", "repetition_penalty", "ignore_eos", "stop_token_ids"}) {
+  for (const char* field : {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                            "ignore_eos", "stop_token_ids"}) {
     EXPECT_FALSE(body.contains(field)) << field;
   }
+  // A value the client gave goes, even the built-in default's.
+  plain.temperature = 0;
+  plain.top_k = -1;
+  body = nlohmann::json::parse(UpstreamBody(plain, {}, 16));
+  EXPECT_EQ(body["temperature"], 0);
+  EXPECT_EQ(body["top_k"], -1);
 }
 
 TEST(UpstreamTest, AnErrorBodysMessageOrItsStart) {
