@@ -102,6 +102,37 @@ TEST_F(CliTest, BenchRefusesWhatUsedToCrashOrHang) {
   ExpectUsageError({"connex-bench"}, "subcommand");
 }
 
+// connexctl does not link gRPC: an etcd:// address loads the etcd plugin from beside the program
+// (or CONNEX_PLUGIN_DIR). A copy of connexctl in a folder without it says where it looked; told
+// where it is, the backend loads and only the absent etcd is an error.
+TEST_F(CliTest, EtcdAddressesLoadThePluginOrSayWhereItWasLookedFor) {
+  if (!CONNEX_HAVE_ETCD) GTEST_SKIP() << "built with -DCONNEX_ETCD=OFF";
+  const std::string copy = dir_ + "/connexctl";
+  std::filesystem::copy_file(BinDir() + "/connexctl", copy);
+  std::filesystem::permissions(copy, std::filesystem::perms::owner_all);
+  auto run = [&](std::vector<std::string> env) {
+    std::optional<Subprocess> p =
+        Subprocess::Start({copy, "--directory", "etcd://127.0.0.1:9", "status"}, env, true);
+    Outcome r;
+    if (!p) return r;
+    while (p->ReadLine(60000)) {
+    }
+    r.code = p->Wait(60000);
+    r.out = p->transcript();
+    return r;
+  };
+  Outcome missing = run({});
+  EXPECT_EQ(missing.code, 1) << missing.out;
+  EXPECT_THAT(missing.out,
+              HasSubstr("the etcd backend libconnex-etcd.so is not installed (tried " +
+                        std::filesystem::canonical(dir_).string() + "/libconnex-etcd.so (absent)"));
+  EXPECT_THAT(missing.out, HasSubstr("set CONNEX_PLUGIN_DIR"));
+  Outcome loaded = run({"CONNEX_PLUGIN_DIR=" + BinDir()});
+  EXPECT_EQ(loaded.code, 1) << loaded.out;
+  EXPECT_THAT(loaded.out, HasSubstr("etcd: Range: no member answered")) << "the plugin ran";
+  EXPECT_THAT(loaded.out, ::testing::Not(HasSubstr("not installed")));
+}
+
 TEST_F(CliTest, MkmodelRefusesACheckpointTooLargeToBuild) {
   ExpectUsageError({"connex-mkmodel", "--out", dir_ + "/huge.safetensors", "--layers", "1024",
                     "--dim", "65536", "--ffn", "262144"},

@@ -41,6 +41,9 @@ if(CONNEX_BUILD_TESTS)
                        PROPERTIES ENVIRONMENT "CONNEX_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
                                   LABELS hosts RUN_SERIAL TRUE)
   connex_test_needs(hosts multihost_test)
+  if(CONNEX_ETCD)
+    connex_test_needs(hosts connex_etcd_plugin)  # the stages' and the proxy's etcd://
+  endif()
 endif()
 # deploy/k8s: every container command's flags against the binary's --help.
 connex_test(deploy_k8s_test

@@ -12,12 +12,10 @@
 #include "connex/base/logging.h"
 #include "connex/base/signals.h"
 #include "connex/directory/client.h"
-#include "connex/directory/etcd/etcd_backend.h"
 #include "connex/serving/listen_address.h"
 #include "connex/serving/proxy.h"
 
 int main(int argc, char** argv) {
-  connex::directory::RegisterEtcdBackend();  // etcd:// addresses too
   CLI::App app{
       "connex-proxy: the OpenAI-compatible front door of a served model; resumes "
       "responses on another stage-0 replica when one dies"};

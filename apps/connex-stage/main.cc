@@ -14,14 +14,12 @@
 #include "connex/base/config.h"
 #include "connex/base/logging.h"
 #include "connex/base/signals.h"
-#include "connex/directory/etcd/etcd_backend.h"
 #include "connex/serving/listen_address.h"
 #include "connex/serving/node_metrics.h"
 #include "connex/serving/openai_server.h"
 #include "connex/serving/stage.h"
 
 int main(int argc, char** argv) {
-  connex::directory::RegisterEtcdBackend();  // etcd:// addresses too
   connex::serving::StageProcessOptions options;
   CLI::App app{"connex-stage: one pipeline stage of a served model"};
   app.add_option("--directory", options.directory, "the directory's request endpoint")

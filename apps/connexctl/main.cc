@@ -21,7 +21,6 @@
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/directory/client.h"
-#include "connex/directory/etcd/etcd_backend.h"
 #include "connex/directory/secret.h"
 #include "connex/serving/deployment.h"
 #include "nlohmann/json.hpp"
@@ -98,7 +97,6 @@ absl::StatusOr<Lid> ParseLid(const std::string& text) { return Lid::Parse(text);
 }  // namespace
 
 int main(int argc, char** argv) {
-  connex::directory::RegisterEtcdBackend();  // etcd:// addresses too
   CLI::App app{"connexctl: inspect and drive a Connex directory"};
   app.require_subcommand(1);
   DirectoryClientOptions options;

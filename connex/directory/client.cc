@@ -73,10 +73,20 @@ absl::StatusOr<std::unique_ptr<DirectoryStore>> OpenStore(const DirectoryClientO
   }
   if (factory) return factory(options, sink);
   if (scheme == "etcd") {
+    // Not linked in: the etcd plugin (libconnex-etcd.so), which registers the backend.
+    if (absl::Status loaded = LoadStorePlugin(scheme); !loaded.ok()) {
+      return Annotate(loaded, StrCat("directory ", address));
+    }
+    {
+      MutexLock lock(&StoresMutex());
+      auto it = Stores().find(scheme);
+      if (it != Stores().end()) factory = it->second;
+    }
+    if (factory) return factory(options, sink);
     return absl::FailedPreconditionError(
         StrCat("directory ", address,
-               ": this program was built without the etcd backend (it links "
-               "connex_directory_etcd and calls RegisterEtcdBackend() where it accepts etcd://)"));
+               ": the etcd plugin loaded but registered no backend (was this program linked with "
+               "ENABLE_EXPORTS?)"));
   }
   return absl::InvalidArgumentError(StrCat("directory '", address,
                                            "' must look like tcp://HOST:PORT (connex-directory) or "

@@ -113,6 +113,12 @@ absl::StatusOr<std::unique_ptr<DirectoryStore>> OpenZmqStore(const DirectoryClie
 // it (etcd/etcd_backend.h: RegisterEtcdBackend), so that only binaries that link it pay for it.
 void RegisterStore(const std::string& scheme, StoreFactory factory);
 
+// Loads the backend of `scheme` built as a plugin, libconnex-SCHEME.so, which registers itself:
+// from CONNEX_PLUGIN_DIR, else the running program's folder, else its ../lib/connex. NotFound
+// names every path tried; FailedPrecondition says why a plugin found did not load. Only a program
+// linked with ENABLE_EXPORTS can load one (store_plugin.cc). Thread-safe.
+absl::Status LoadStorePlugin(const std::string& scheme);
+
 }  // namespace internal
 }  // namespace connex::directory
 
