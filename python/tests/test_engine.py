@@ -35,9 +35,11 @@ def model_dir(tmp_path_factory):
 
 
 def reference(model_dir, prompt, max_tokens):
+    # Greedy, as the steps below: not the sampling defaults of the model's generation_config.json.
     out = subprocess.run([_bin("connex-generate"), "--model", model_dir, "--prompt-tokens",
                           ",".join(map(str, prompt)), "--max-tokens", str(max_tokens),
-                          "--ignore-eos", "--json", "--log-level", "warn"],
+                          "--ignore-eos", "--json", "--log-level", "warn",
+                          "--generation-config", "none"],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.splitlines()[0])["tokens"]
 
