@@ -27,10 +27,21 @@ namespace {
 constexpr char kTokenKey[] = "token";
 constexpr char kRequireLeaderKey[] = "hasleader";
 
+// A member answers a call whose deadline (ours, which gRPC sends along) ran out on its side —
+// waiting for a leader or a quorum — with UNKNOWN "context deadline exceeded" (etcd passes the
+// context's error through): that is our deadline, not a refusal.
+grpc::StatusCode EffectiveCode(const grpc::Status& status) {
+  if (status.error_code() == grpc::StatusCode::UNKNOWN &&
+      status.error_message().find("context deadline exceeded") != std::string::npos) {
+    return grpc::StatusCode::DEADLINE_EXCEEDED;
+  }
+  return status.error_code();
+}
+
 }  // namespace
 
 absl::StatusCode CodeOf(const grpc::Status& status) {
-  return static_cast<absl::StatusCode>(status.error_code());
+  return static_cast<absl::StatusCode>(EffectiveCode(status));
 }
 
 std::string Describe(const grpc::Status& status) {
@@ -40,8 +51,8 @@ std::string Describe(const grpc::Status& status) {
 }
 
 bool MovesOn(const grpc::Status& status) {
-  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+  const grpc::StatusCode code = EffectiveCode(status);
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
 EtcdClientImpl::EtcdClientImpl(const EtcdClientOptions& options,

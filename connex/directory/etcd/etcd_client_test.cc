@@ -13,6 +13,7 @@
 #include "connex/base/strings.h"
 #include "connex/base/wait.h"
 #include "connex/directory/etcd/etcd_client_test_util.h"
+#include "connex/directory/etcd/internal/etcd_client_impl.h"
 #include "connex/directory/etcd/testing/etcd_cluster.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -54,6 +55,21 @@ TEST(EtcdClientOptionsTest, ConnectRefusesBadOptionsSayingWhichOne) {
   options.attempt_timeout = absl::Seconds(10);
   client = EtcdClient::Connect(options);
   EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A member whose side of our deadline ran out (no leader, no quorum: a host cut off) answers
+// UNKNOWN "context deadline exceeded": the client moves on and, if no member answers, reports a
+// deadline — which the lease keeper rides out — never a refusal that would give a LID up (the
+// hosts test AHostCutOffAndBackIsFenced lost its stage 1 to that once).
+TEST(EtcdClientStatusTest, AMembersOwnDeadlineIsADeadlineNotARefusal) {
+  const grpc::Status server_side(grpc::StatusCode::UNKNOWN, "context deadline exceeded");
+  EXPECT_EQ(client_internal::CodeOf(server_side), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(client_internal::MovesOn(server_side));
+  const grpc::Status other(grpc::StatusCode::UNKNOWN, "etcdserver: something else");
+  EXPECT_EQ(client_internal::CodeOf(other), absl::StatusCode::kUnknown);
+  EXPECT_FALSE(client_internal::MovesOn(other));
+  EXPECT_TRUE(client_internal::MovesOn(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no leader")));
+  EXPECT_FALSE(client_internal::MovesOn(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "")));
 }
 
 TEST(EtcdClientOptionsTest, PrefixEndCoversExactlyThePrefix) {

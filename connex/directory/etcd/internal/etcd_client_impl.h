@@ -32,6 +32,7 @@ namespace connex::directory::etcd::client_internal {
 
 namespace pb = ::etcdserverpb;
 
+// The status's code; a member's UNKNOWN "context deadline exceeded" is DEADLINE_EXCEEDED.
 absl::StatusCode CodeOf(const grpc::Status& status);
 // The member's message and code, for an error of ours that names the member.
 std::string Describe(const grpc::Status& status);
