@@ -25,6 +25,7 @@
 #include "connex/base/subprocess.h"
 #include "connex/chaos/campaigns.h"
 #include "connex/chaos/cluster.h"
+#include "connex/serving/model_name.h"
 
 namespace {
 
@@ -302,6 +303,11 @@ int main(int argc, char** argv) {
     }
   }
   common.work_dir = work_dir;
+  // A deployment of its own serves --model under the name connex-stage would give it (the model
+  // directory's name, say), as a user's deployment would; "tiny" for the model it makes itself.
+  if (common.directory.empty() && !common.model_path.empty()) {
+    common.model_name = connex::serving::ServedModelName(common.model_path);
+  }
 
   // The campaign runs on its own thread; this one takes SIGINT/SIGTERM and, on one, removes what
   // the campaign made (its children die with it: PR_SET_PDEATHSIG).

@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const CommonOptions& o, bo
   c.bin_dir = o.bin_dir;
   c.work_dir = o.work_dir;
   c.model_path = o.model_path;
+  c.model_name = o.model_name;
   c.replicas = o.replicas;
   c.stages = o.stages;
   c.backend = o.backend;

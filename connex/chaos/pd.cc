@@ -193,6 +193,7 @@ absl::StatusOr<json> RunPd(const PdOptions& pd) {
   co.work_dir = o.work_dir + "/pd";
   std::filesystem::create_directories(co.work_dir);
   co.model_path = o.model_path;
+  co.model_name = o.model_name;
   co.replicas = o.replicas;
   co.stages = 2;
   co.pd_prefill = pd.prefill;

@@ -17,6 +17,7 @@
 #include "connex/engine/model_config.h"
 #include "connex/engine/stage_engine.h"
 #include "connex/pp/node.h"
+#include "connex/serving/model_name.h"  // ServedModelName: the default of model_name
 
 namespace connex::serving {
 
@@ -42,12 +43,6 @@ struct StageProcessOptions {
   // Stage, stages and names checked together; InvalidArgument names what is wrong.
   absl::Status Validate() const;
 };
-
-// The name a checkpoint is served under by default: the directory's name for a directory, the
-// file's stem otherwise, or the parent directory's name for a file called model.safetensors
-// ("/models/tiny-llama/model.safetensors" -> "tiny-llama"). Made a valid LID model name
-// (characters outside [A-Za-z0-9._-] become '-').
-std::string ServedModelName(const std::string& model_path);
 
 class StageProcess {
  public:
