@@ -65,24 +65,18 @@ absl::StatusOr<std::unique_ptr<DirectoryStore>> OpenStore(const DirectoryClientO
   const size_t colon = address.find("://");
   const std::string scheme = colon == std::string::npos ? "" : address.substr(0, colon);
   if (scheme == "tcp") return OpenZmqStore(options, sink);
-  StoreFactory factory;
-  {
+  auto registered = [&scheme]() -> StoreFactory {
     MutexLock lock(&StoresMutex());
     auto it = Stores().find(scheme);
-    if (it != Stores().end()) factory = it->second;
-  }
-  if (factory) return factory(options, sink);
+    return it == Stores().end() ? StoreFactory() : it->second;
+  };
+  if (StoreFactory factory = registered()) return factory(options, sink);
   if (scheme == "etcd") {
     // Not linked in: the etcd plugin (libconnex-etcd.so), which registers the backend.
     if (absl::Status loaded = LoadStorePlugin(scheme); !loaded.ok()) {
       return Annotate(loaded, StrCat("directory ", address));
     }
-    {
-      MutexLock lock(&StoresMutex());
-      auto it = Stores().find(scheme);
-      if (it != Stores().end()) factory = it->second;
-    }
-    if (factory) return factory(options, sink);
+    if (StoreFactory factory = registered()) return factory(options, sink);
     return absl::FailedPreconditionError(
         StrCat("directory ", address,
                ": the etcd plugin loaded but registered no backend (was this program linked with "

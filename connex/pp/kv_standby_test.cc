@@ -206,12 +206,6 @@ TEST(NextReplicaAfterTest, TheNextLiveReplicaWrappingAroundNeverItself) {
   EXPECT_FALSE(NextReplicaAfter({}, 0).has_value());
 }
 
-}  // namespace
-}  // namespace connex::pp
-
-namespace connex::pp {
-namespace {
-
 // A MIRROR whose read hung long enough for the node's follower to take the loop over
 // (MirrorStoreOptions::handoff answers false): the store is left alone by the reading thread,
 // and the update is applied and answered once the loop ran the rest.
