@@ -4,6 +4,7 @@
 connex_test(chaos_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/chaos_test.cc
   LIBS connex_chaos connex_subprocess nlohmann_json::nlohmann_json
-  LABELS chaos)
+  LABELS chaos
+  COST 20)
 add_dependencies(chaos_test connex-chaos connex-stage connex-proxy connex-directory
                  connex-mkmodel connex-generate)

@@ -1,7 +1,9 @@
 #include "connex/chaos/reference.h"
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
+#include <thread>
 
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
@@ -45,32 +47,58 @@ absl::Status References::Compute(const std::vector<RequestSpec>& specs) {
     any.prompt.clear();
     return any.Key();
   };
-  std::map<Key, std::pair<RequestSpec, std::vector<std::string>>> batches;
+  std::map<Key, Run> batches;
+  std::vector<Run> runs;
   for (const RequestSpec& s : specs) {
     if (known_.count(s.Key())) continue;
     if (s.prompt.find('\n') != std::string::npos) {
-      CONNEX_RETURN_IF_ERROR(Generate(s, {s.prompt}));
+      runs.push_back({s, {s.prompt}});
       continue;
     }
-    auto& [sampling, batch] = batches[setting(s)];
-    sampling = s;
-    if (std::find(batch.begin(), batch.end(), s.prompt) == batch.end()) batch.push_back(s.prompt);
+    Run& batch = batches[setting(s)];
+    batch.sampling = s;
+    if (std::find(batch.prompts.begin(), batch.prompts.end(), s.prompt) == batch.prompts.end()) {
+      batch.prompts.push_back(s.prompt);
+    }
   }
-  for (const auto& [key, batch] : batches) {
-    CONNEX_RETURN_IF_ERROR(Generate(batch.first, batch.second));
+  for (auto& [key, batch] : batches) runs.push_back(std::move(batch));
+  // Workers take the runs in order; each run's result lands in its own slot.
+  std::vector<absl::StatusOr<std::vector<Reference>>> results(runs.size());
+  std::atomic<size_t> next{0};
+  const int first_id = runs_;
+  runs_ += static_cast<int>(runs.size());
+  auto work = [&] {
+    for (size_t i = next++; i < runs.size(); i = next++) {
+      results[i] = Generate(runs[i], first_id + static_cast<int>(i));
+    }
+  };
+  const size_t workers =
+      std::min<size_t>(runs.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> threads;
+  for (size_t w = 1; w < workers; ++w) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (!results[i].ok()) return results[i].status();
+    for (size_t p = 0; p < runs[i].prompts.size(); ++p) {
+      RequestSpec spec = runs[i].sampling;
+      spec.prompt = runs[i].prompts[p];
+      known_[spec.Key()] = std::move((*results[i])[p]);
+    }
   }
   return absl::OkStatus();
 }
 
-absl::Status References::Generate(const RequestSpec& sampling,
-                                  const std::vector<std::string>& prompts) {
+absl::StatusOr<std::vector<Reference>> References::Generate(const Run& run, int id) const {
+  const RequestSpec& sampling = run.sampling;
+  const std::vector<std::string>& prompts = run.prompts;
   std::vector<std::string> argv = {
       generate_, "--model",  model_path_,     "--max-tokens",        StrCat(sampling.max_tokens),
       "--json",  "--stages", StrCat(stages_), "--generation-config", "none"};
   if (prompts.size() == 1 && prompts[0].find('\n') != std::string::npos) {
     argv.insert(argv.end(), {"--prompt", prompts[0]});
   } else {
-    const std::string file = StrCat(work_dir_, "/reference-prompts-", runs_++, ".txt");
+    const std::string file = StrCat(work_dir_, "/reference-prompts-", id, ".txt");
     std::ofstream out(file, std::ios::binary | std::ios::trunc);
     for (const std::string& p : prompts) out << p << "\n";
     if (!out) return absl::InternalError(StrCat("reference: cannot write ", file));
@@ -93,7 +121,7 @@ absl::Status References::Generate(const RequestSpec& sampling,
   }
   SubprocessOptions options;
   options.env = {"CONNEX_ENGINE_THREADS=1"};
-  options.stderr_path = work_dir_ + "/connex-generate.log";
+  options.stderr_path = StrCat(work_dir_, "/connex-generate-", id, ".log");
   std::string error;
   std::optional<Subprocess> g = Subprocess::Start(argv, options, &error);
   if (!g) return absl::InternalError("reference: " + error);
@@ -113,12 +141,7 @@ absl::Status References::Generate(const RequestSpec& sampling,
         "reference: connex-generate exited ", code ? StrCat(*code) : std::string("(hung)"),
         " with ", lines.size(), " of ", prompts.size(), " lines (see ", options.stderr_path, ")"));
   }
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestSpec spec = sampling;
-    spec.prompt = prompts[i];
-    known_[spec.Key()] = std::move(lines[i]);
-  }
-  return absl::OkStatus();
+  return lines;
 }
 
 const Reference* References::Find(const RequestSpec& spec) const {

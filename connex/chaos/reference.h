@@ -53,7 +53,8 @@ class References {
         model_path_(std::move(model_path)),
         stages_(stages),
         work_dir_(std::move(work_dir)) {}
-  // Computes the references of every spec not known yet.
+  // Computes the references of every spec not known yet: one connex-generate per sampling
+  // setting (a single-threaded engine each), as many at once as the machine has cores.
   absl::Status Compute(const std::vector<RequestSpec>& specs);
   // The reference of `spec` (Compute first); nullptr if unknown.
   const Reference* Find(const RequestSpec& spec) const;
@@ -61,13 +62,19 @@ class References {
  private:
   using Key = std::tuple<std::string, int, float, float, uint64_t, float, float, bool,
                          std::vector<int32_t>>;
-  // One connex-generate run of `prompts` with the sampling of `sampling`.
-  absl::Status Generate(const RequestSpec& sampling, const std::vector<std::string>& prompts);
+  // One connex-generate run: `prompts` with the sampling of `sampling`.
+  struct Run {
+    RequestSpec sampling;
+    std::vector<std::string> prompts;
+  };
+  // Runs `run` (the `id`th connex-generate of this object, for its files' names): its lines, one
+  // per prompt. Touches no member but the constant ones: runs go on side by side.
+  absl::StatusOr<std::vector<Reference>> Generate(const Run& run, int id) const;
   std::string generate_, model_path_;
   uint32_t stages_;
   std::string work_dir_;
   std::map<Key, Reference> known_;
-  int runs_ = 0;  // connex-generate runs of a prompts file, for its name
+  int runs_ = 0;  // connex-generate runs so far, for their files' names
 };
 
 // How `got` compares with `want`: tokens compared (the longer of the two lengths) and how many

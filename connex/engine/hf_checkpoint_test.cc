@@ -21,16 +21,9 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing_hf::PromptTokens;
+using testing_hf::StageAt;
 using testing_hf::TempDir;
 using testing_hf::TinyHfConfig;
-
-StageOptions StageAt(int stage, int stages) {
-  StageOptions o;
-  o.stage = stage;
-  o.stages = stages;
-  o.pool = std::make_shared<ThreadPool>(1);
-  return o;
-}
 
 HfModelOptions Options(DType dtype, uint64_t shard_size) {
   HfModelOptions o;

@@ -7,10 +7,13 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "connex/engine/model_config.h"
+#include "connex/engine/stage_engine.h"
+#include "connex/engine/thread_pool.h"
 #include "gtest/gtest.h"
 
 namespace connex::engine::testing_hf {
@@ -43,6 +46,15 @@ inline std::vector<int32_t> PromptTokens(int n, int64_t vocab, uint32_t seed = 7
     out.push_back(static_cast<int32_t>(4 + (x >> 8) % static_cast<uint32_t>(vocab - 4)));
   }
   return out;
+}
+
+// Stage `stage` of `stages`, on a pool of one thread.
+inline StageOptions StageAt(int stage, int stages) {
+  StageOptions o;
+  o.stage = stage;
+  o.stages = stages;
+  o.pool = std::make_shared<ThreadPool>(1);
+  return o;
 }
 
 // A fresh directory under the test's temporary directory, removed with the object.

@@ -28,8 +28,8 @@ constexpr int kRowBlock = 2;
 // Rows per register block when only NT < 4 tokens share a pass (decode): the weights stream from
 // memory once. 8 rows (4 with AVX2's 16 registers), i.e. 8 streams for the hardware prefetcher,
 // streamed a BF16 decode step 1.3x as fast as 4 rows and a little faster than 16 (one core's CPU
-// time, bench_engine --vs-bound --cpu-time); a software prefetch of the next block only slowed it
-// (by 15-25 %), so there is none.
+// time, bench_engine --vs-bound --cpu-time). A software prefetch of the next block's rows only
+// slowed it (by 15-25 %); each row's own look-ahead (kPrefetchAhead) is what pays.
 template <int NT>
 constexpr int StreamBlockRows() {
 #if defined(__AVX512F__)
@@ -39,7 +39,8 @@ constexpr int StreamBlockRows() {
 #endif
 }
 
-// How far ahead of its loads a decode block prefetches each of its rows (see SimdChunks).
+// How far ahead of its loads a decode block prefetches each of its rows (see SimdChunks). 512
+// bytes measured best of 256, 512, 1024 and 2048 (docs/results.md, "Decode against the bound").
 constexpr int64_t kPrefetchAhead = 512;
 
 template <DType kType>

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "connex/engine/half.h"
+#include "connex/engine/hf_test_util.h"
 #include "connex/engine/model_config.h"
 #include "connex/engine/random_model.h"
 #include "connex/engine/stage_engine.h"
@@ -19,6 +20,7 @@ namespace connex::engine {
 namespace {
 
 using ::testing::HasSubstr;
+using testing_hf::StageAt;
 using Metadata = std::map<std::string, std::string, std::less<>>;
 
 std::string TempPath(const std::string& name) {
@@ -298,14 +300,6 @@ TEST(SafetensorsTest, OpenReportsMissingFileAndNonFile) {
   EXPECT_THAT(missing.status().message(), HasSubstr("does-not-exist"));
   auto dir = SafetensorsFile::Open(testing::TempDir());
   EXPECT_THAT(dir.status().message(), HasSubstr("not a regular file"));
-}
-
-StageOptions StageAt(int stage, int stages) {
-  StageOptions o;
-  o.stage = stage;
-  o.stages = stages;
-  o.pool = std::make_shared<ThreadPool>(1);
-  return o;
 }
 
 ModelConfig TinyConfig() {

@@ -38,7 +38,8 @@ class LoopBaton {
   // (it hands its results over through the loop's queue) and then follows (Follow).
   bool Blocking(const std::function<void()>& call);
   // A follower's wait: until the leader has been in Blocking longer than take_over_ms (true:
-  // the caller leads now) or `stop` is set (false). Polls every take_over_ms / 2.
+  // the caller leads now) or `stop` is set (false). Polls every take_over_ms / 2, at most every
+  // 25 ms.
   bool Follow(const std::atomic<bool>& stop);
 
   // How often the loop moved to the other thread.
