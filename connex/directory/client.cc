@@ -98,8 +98,9 @@ void RegisterStore(const std::string& scheme, StoreFactory factory) {
 
 // The client, written once: the store of the address's backend, the lease keeper above it and
 // the watched view it feeds. The keeper uses the store (renewals) and the store's threads use
-// the keeper (through the view: an epoch of ours that ended), so they stop in three steps: the
-// keeper's thread, then the store's threads, then the keeper goes, then the view.
+// the keeper (through the view: an epoch of ours that ended), so they stop in steps: the
+// keeper's thread, then the store's threads, then the view's delivery (its delay thread, a test
+// hook's), then the keeper goes, then the view.
 class DirectoryClient::Impl {
  public:
   explicit Impl(DirectoryClientOptions options)
@@ -110,6 +111,7 @@ class DirectoryClient::Impl {
   ~Impl() {
     if (keeper_) keeper_->Stop();
     store_.reset();
+    view_.StopDelivery();
     keeper_.reset();
   }
 

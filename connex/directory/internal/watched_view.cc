@@ -15,10 +15,12 @@ thread_local bool delivering = false;
 
 WatchedView::WatchedView(Clock* clock) : clock_(clock) {}
 
-WatchedView::~WatchedView() {
+WatchedView::~WatchedView() { StopDelivery(); }
+
+void WatchedView::StopDelivery() {
   {
     std::lock_guard<std::mutex> lock(delay_mu_);
-    stop_ = true;
+    stop_ = true;  // what is still held back is never delivered
   }
   delay_cv_.notify_all();
   if (delay_thread_.joinable()) delay_thread_.join();
@@ -131,6 +133,7 @@ void WatchedView::Deliver(std::vector<Event> events) {
   if (events.empty()) return;
   {
     std::lock_guard<std::mutex> lock(delay_mu_);
+    if (stop_) return;  // StopDelivery: shutting down
     if (int delay = delay_ms_.load(); delay > 0 || !delayed_.empty()) {
       // Held back, in order, for the delay thread; the view and the leases carry on.
       CONNEX_CHECK(delay_thread_.joinable());

@@ -59,6 +59,10 @@ class WatchedView final : public WatchSink {
   uint64_t resnapshots() const;
   // Holds every event `ms` before subscribers see it, in order; the view is not delayed.
   void DelayEventsForTest(int ms);
+  // Delivers nothing more: events held back are dropped, and once it returns no callback runs
+  // on the delay thread. For the owner's shutdown, once the store's threads (which deliver) are
+  // gone and before what the callbacks reach (the lease keeper) goes.
+  void StopDelivery();
 
  private:
   std::vector<Record> FilterView(std::string_view model, std::optional<uint32_t> group) const
