@@ -24,6 +24,7 @@
 #include "connex/engine/kernels.h"
 #include "connex/engine/pipeline.h"
 #include "connex/engine/random_model.h"
+#include "connex/engine/sampler.h"
 #include "connex/engine/tokenizer.h"
 
 namespace connex::engine {
@@ -179,6 +180,34 @@ BENCHMARK(BM_GemvBF16)
     ->ArgNames({"threads", "n"})
     ->ArgsProduct({{1, 2}, {1024, 8192}})
     ->UseRealTime();
+
+// Arg: vocabulary. One sampled token (temperature 0.7, top_p 0.9) from the logits of a random
+// model's last stage, after the kernel of a 2048 x 2048 BF16 product on the same thread, as in a
+// step (the vector state the kernel leaves is part of what sampling pays).
+void BM_SampleToken(benchmark::State& state) {
+  const int64_t vocab = state.range(0), n = 2048;
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  uint32_t x = 1;
+  for (float& l : logits) {
+    x = x * 1664525u + 1013904223u;
+    l = static_cast<float>(x >> 8) / static_cast<float>(1 << 24) * 16.0f - 8.0f;
+  }
+  std::vector<uint16_t> w(n * n, 0x3f00);
+  std::vector<float> in(n, 0.25f), y(n);
+  const WeightMatrix matrix{w.data(), DType::kBF16, n, n};
+  pp::Sampling sampling;
+  sampling.temperature = 0.7f;
+  sampling.top_p = 0.9f;
+  sampling.seed = 5;
+  uint64_t position = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    MatMulRows(matrix, in.data(), 1, y.data(), n, 0, n);
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(SampleToken(logits, sampling, position++));
+  }
+}
+BENCHMARK(BM_SampleToken)->ArgName("vocab")->Arg(32000)->Arg(128256)->Unit(benchmark::kMillisecond);
 
 // Arg: threads. One ParallelFor of two trivial ranges: the fork-join cost that every matrix
 // product of a decode step pays (a layer has five).

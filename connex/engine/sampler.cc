@@ -1,6 +1,10 @@
 #include "connex/engine/sampler.h"
 
 #include <algorithm>
+#include <bit>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -19,6 +23,14 @@ constexpr uint32_t kW0 = 0x9E3779B9u;  // the golden ratio
 constexpr uint32_t kW1 = 0xBB67AE85u;  // sqrt(3) - 1
 // The stream of token draws (counter word 2), so that other uses of a seed can take others.
 constexpr uint32_t kTokenStream = 0x746f6b65u;  // "toke"
+
+// A logit's bits as an unsigned key that orders the larger logit first (-0 as +0: equal logits
+// tie, and the id decides).
+uint32_t DescendingKey(float logit) {
+  const uint32_t bits = std::bit_cast<uint32_t>(logit == 0 ? 0.0f : logit);
+  const uint32_t ascending = (bits & 0x80000000u) != 0 ? ~bits : (bits | 0x80000000u);
+  return ~ascending;
+}
 
 }  // namespace
 
@@ -67,27 +79,38 @@ int32_t SampleToken(std::span<const float> raw, const pp::Sampling& sampling, ui
   const int64_t vocab = static_cast<int64_t>(logits.size());
   if (sampling.greedy()) return static_cast<int32_t>(ArgMax(logits.data(), vocab));
   // Candidates, most probable first; ties by the lower id: a total order, so the same logits
-  // always give the same list.
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  auto before = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
+  // always give the same list. Sorted as one 64-bit key per candidate (the logit's bits made to
+  // order as unsigned, most probable first, above its id), not by an indirect comparison: the
+  // same order, several times faster on a vocabulary of 128K (the order and the sums below are
+  // the sampler's definition; SampleTokenTest compares with it written plainly).
+  std::vector<uint64_t> order(static_cast<size_t>(vocab));
+  for (int64_t id = 0; id < vocab; ++id) {
+    order[static_cast<size_t>(id)] =
+        (uint64_t{DescendingKey(logits[id])} << 32) | static_cast<uint32_t>(id);
+  }
   size_t keep = order.size();
   if (sampling.top_k > 0 && static_cast<size_t>(sampling.top_k) < keep) {
     keep = static_cast<size_t>(sampling.top_k);
-    std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(keep), order.end(),
-                      before);
+    std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(keep), order.end());
   } else {
-    std::sort(order.begin(), order.end(), before);
+    std::sort(order.begin(), order.end());
   }
+  auto id_at = [&order](size_t i) { return static_cast<int32_t>(order[i] & 0xFFFFFFFFu); };
   // Unnormalised probabilities in double, in that order.
-  const double max_logit = logits[order[0]];
+  const double max_logit = logits[id_at(0)];
   const double temperature = sampling.temperature;
   std::vector<double> mass(keep);
+#if defined(__AVX__)
+  // The vector code above (and the kernels before it) leave the upper halves of the vector
+  // registers dirty, and g++ 12 puts no vzeroupper before the calls to exp: glibc's exp entry
+  // point starts with legacy-SSE instructions, which then pay the SSE/AVX transition on every
+  // call (150 ns instead of 5 per exp, measured with perf: a 128K vocabulary's masses took 20 ms
+  // a token). Cleared once here; nothing computed changes.
+  _mm256_zeroupper();
+#endif
   double total = 0;
   for (size_t i = 0; i < keep; ++i) {
-    mass[i] = std::exp((static_cast<double>(logits[order[i]]) - max_logit) / temperature);
+    mass[i] = std::exp((static_cast<double>(logits[id_at(i)]) - max_logit) / temperature);
     // min_p: a token's probability over the most probable one's is mass[i] / mass[0] = mass[i];
     // masses fall along the order, so the survivors are a prefix (vLLM applies min_p before
     // top_k and top_p: top_p's mass is of the survivors).
@@ -113,9 +136,9 @@ int32_t SampleToken(std::span<const float> raw, const pp::Sampling& sampling, ui
   double sum = 0;
   for (size_t i = 0; i < keep; ++i) {
     sum += mass[i];
-    if (u < sum) return order[i];
+    if (u < sum) return id_at(i);
   }
-  return order[keep - 1];  // u rounded up to the total
+  return id_at(keep - 1);  // u rounded up to the total
 }
 
 absl::Status TokenHistory::Check(const pp::TensorDict& in, std::span<const uint64_t> ids,

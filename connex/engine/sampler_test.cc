@@ -2,8 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
+#include <span>
+#include <vector>
 
 #include "connex/engine/generator.h"
 #include "connex/engine/random_model.h"
@@ -50,6 +54,84 @@ pp::Sampling Sampled(float temperature, float top_p = 1, int32_t top_k = 0, uint
   s.top_k = top_k;
   s.seed = seed;
   return s;
+}
+
+// The sampler's definition written plainly: candidates by an indirect comparison (most probable
+// first, ties by the lower id), masses exp((l - max) / T) in double summed in that order, min_p
+// then top_k then top_p, one uniform draw per position. SampleToken sorts 64-bit keys instead.
+int32_t PlainSample(std::vector<float> logits, const pp::Sampling& sampling, uint64_t position,
+                    std::span<const int32_t> history) {
+  if (sampling.penalized()) ApplyRepetitionPenalty(logits, sampling.repetition_penalty, history);
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  auto before = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  size_t keep = order.size();
+  if (sampling.top_k > 0 && static_cast<size_t>(sampling.top_k) < keep) {
+    keep = static_cast<size_t>(sampling.top_k);
+    std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(keep), order.end(),
+                      before);
+  } else {
+    std::sort(order.begin(), order.end(), before);
+  }
+  const double max_logit = logits[order[0]];
+  std::vector<double> mass(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    mass[i] = std::exp((static_cast<double>(logits[order[i]]) - max_logit) / sampling.temperature);
+    if (mass[i] < sampling.min_p) {
+      keep = i;
+      break;
+    }
+    total += mass[i];
+  }
+  if (sampling.top_p < 1) {
+    const double target = static_cast<double>(sampling.top_p) * total;
+    double sum = 0;
+    size_t cut = 0;
+    while (cut < keep) {
+      sum += mass[cut++];
+      if (sum >= target) break;
+    }
+    keep = cut;
+    total = sum;
+  }
+  const double u = UniformAt(sampling.seed, position) * total;
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    sum += mass[i];
+    if (u < sum) return order[i];
+  }
+  return order[keep - 1];
+}
+
+TEST(SampleTokenTest, DrawsWhatThePlainDefinitionDraws) {
+  // Logits with many ties (a coarse grid), zeros of both signs, negatives and a large range.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> grid(-400, 400);
+  std::vector<float> logits(5000);
+  for (float& l : logits) l = static_cast<float>(grid(rng)) / 16.0f;
+  for (size_t i = 0; i < logits.size(); i += 97) logits[i] = (i % 2 != 0) ? -0.0f : 0.0f;
+  logits[4321] = 40.0f;  // one far ahead: masses that underflow to 0 in double
+  std::vector<int32_t> history = {3, 4321, 17, 17, 2500};
+  std::vector<pp::Sampling> settings = {Sampled(0.7f, 0.9f), Sampled(1.0f, 1, 50),
+                                        Sampled(1.3f, 0.5f, 100, 9), Sampled(0.05f),
+                                        Sampled(2.0f, 0.95f, 0, 5)};
+  settings.push_back(Sampled(0.8f, 1, 0, 3));
+  settings.back().min_p = 0.05f;
+  settings.push_back(Sampled(1.0f, 0.8f, 0, 4));
+  settings.back().repetition_penalty = 1.3f;
+  for (bool far : {true, false}) {
+    if (!far) logits[4321] = 1.0f;
+    for (const pp::Sampling& s : settings) {
+      for (uint64_t p = 0; p < 300; ++p) {
+        ASSERT_EQ(SampleToken(logits, s, p, history), PlainSample(logits, s, p, history))
+            << "T " << s.temperature << " top_p " << s.top_p << " top_k " << s.top_k << " min_p "
+            << s.min_p << " position " << p;
+      }
+    }
+  }
 }
 
 TEST(SampleTokenTest, GreedyIsTheFirstMaximumAndSoIsTopKOne) {
