@@ -6,11 +6,17 @@ target_link_libraries(serving_e2e_fixture PUBLIC connex_chaos connex_subprocess 
                       nlohmann_json::nlohmann_json GTest::gtest)
 foreach(test serving_e2e_test serving_e2e_proxy_test serving_e2e_hostile_test
              serving_e2e_tokenizer_test)
+  # The real-tokenizer kill tests are the longest of the label (about 3 min each under ASan):
+  # started first by `ctest -j`, not last.
+  set(cost "")
+  if(test STREQUAL "serving_e2e_tokenizer_test")
+    set(cost COST 60)
+  endif()
   connex_test(${test}
     SRCS ${CMAKE_CURRENT_LIST_DIR}/${test}.cc
     LIBS serving_e2e_fixture connex_serving connex_directory connex_tokenizer
          connex_chat_template nlohmann_json::nlohmann_json
-    LABELS e2e)
+    LABELS e2e ${cost})
   add_dependencies(${test} connex-stage connex-proxy connex-directory connex-mkmodel
                    connex-generate connexctl)
 endforeach()
