@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "absl/strings/numbers.h"
+#include "connex/base/check.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/base/wait.h"
@@ -166,7 +167,10 @@ absl::Status Cluster::StartAll() {
   if (!admin_token_.empty()) dco.admin_token = admin_token_;
   CONNEX_ASSIGN_OR_RETURN(watcher_, directory::DirectoryClient::Connect(dco));
   CONNEX_RETURN_IF_ERROR(watcher_->Watch(o.model_name));
-  // Stages, last first, so that a chain is whole as soon as its stage 0 is up.
+  // Every stage (and the proxy) starts at once: each loads its model (stage 0 its tokenizer too)
+  // while the others do; then each is awaited. Last stages first, so that a chain is whole as
+  // soon as its stage 0 is up.
+  std::vector<std::pair<uint32_t, uint32_t>> started;  // (stage, replica)
   if (o.pd()) {
     if (o.stages != 2 || o.pd_decode == 0) {
       return absl::InvalidArgumentError(
@@ -174,54 +178,66 @@ absl::Status Cluster::StartAll() {
                  ", prefill ", o.pd_prefill, ", decode ", o.pd_decode, ")"));
     }
     for (uint32_t g = o.groups(); g-- > 0;) {
-      for (uint32_t r = 0; r < o.members(g); ++r) CONNEX_RETURN_IF_ERROR(StartStage(g, r));
+      for (uint32_t r = 0; r < o.members(g); ++r) started.emplace_back(g, r);
     }
   } else {
     for (uint32_t r = 0; r < o.replicas; ++r) {
-      for (uint32_t s = o.stages; s-- > 0;) CONNEX_RETURN_IF_ERROR(StartStage(s, r));
+      for (uint32_t s = o.stages; s-- > 0;) started.emplace_back(s, r);
     }
   }
+  for (auto [stage, replica] : started) CONNEX_RETURN_IF_ERROR(LaunchStage(stage, replica));
+  if (o.proxy) CONNEX_RETURN_IF_ERROR(LaunchProxy());
+  for (auto [stage, replica] : started) CONNEX_RETURN_IF_ERROR(AwaitStage(stage, replica));
   CONNEX_RETURN_IF_ERROR(WaitAllHealthy(o.start_timeout_ms));
-  if (o.proxy) {
-    SubprocessOptions so;
-    so.stderr_path = o.work_dir + "/proxy.log";
-    if (o.netns) so.env.push_back("CONNEX_INSECURE=1");
-    std::string error;
-    so.env.insert(so.env.end(), o.proxy_env.begin(), o.proxy_env.end());
-    std::vector<std::string> argv = {o.bin_dir + "/connex-proxy",
-                                     "--directory",
-                                     directory_,
-                                     "--model",
-                                     o.model_name,
-                                     "--listen",
-                                     host_ + ":0",
-                                     "--log-level",
-                                     "warn"};
-    if (o.proxy_idle_timeout_ms > 0) {
-      argv.insert(argv.end(), {"--idle-timeout-ms", StrCat(o.proxy_idle_timeout_ms)});
-    }
-    proxy_process_ = Subprocess::Start(argv, so, &error);
-    if (!proxy_process_) return absl::InternalError("connex-proxy: " + error);
-    CONNEX_ASSIGN_OR_RETURN(std::string at,
-                            WaitForMatch(*proxy_process_, "connex-proxy",
-                                         "listening http=", std::regex("http=([0-9.]+:[0-9]+)"),
-                                         o.start_timeout_ms, so.stderr_path));
-    CONNEX_ASSIGN_OR_RETURN(proxy_, ParseHostPort("proxy", at));
-    // Ready once it has found every replica.
-    const uint32_t want = o.replicas;
-    bool ready = WaitUntil(
-        [&] {
-          absl::StatusOr<HttpReply> r = HttpGet(*proxy_, "/metrics", 2000);
-          if (!r.ok() || r->status != 200) return false;
-          auto m = ParseMetrics(r->body);
-          auto it = m.find("connex_proxy_replicas");
-          return it != m.end() && it->second >= want;
-        },
-        o.start_timeout_ms, 20);
-    if (!ready) {
-      return absl::UnavailableError(
-          StrCat("connex-proxy never saw the ", want, " replicas; see ", so.stderr_path));
-    }
+  if (o.proxy) CONNEX_RETURN_IF_ERROR(AwaitProxy());
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::LaunchProxy() {
+  const ClusterOptions& o = options_;
+  SubprocessOptions so;
+  so.stderr_path = o.work_dir + "/proxy.log";
+  if (o.netns) so.env.push_back("CONNEX_INSECURE=1");
+  std::string error;
+  so.env.insert(so.env.end(), o.proxy_env.begin(), o.proxy_env.end());
+  std::vector<std::string> argv = {o.bin_dir + "/connex-proxy",
+                                   "--directory",
+                                   directory_,
+                                   "--model",
+                                   o.model_name,
+                                   "--listen",
+                                   host_ + ":0",
+                                   "--log-level",
+                                   "warn"};
+  if (o.proxy_idle_timeout_ms > 0) {
+    argv.insert(argv.end(), {"--idle-timeout-ms", StrCat(o.proxy_idle_timeout_ms)});
+  }
+  proxy_process_ = Subprocess::Start(argv, so, &error);
+  if (!proxy_process_) return absl::InternalError("connex-proxy: " + error);
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::AwaitProxy() {
+  const ClusterOptions& o = options_;
+  const std::string log = o.work_dir + "/proxy.log";
+  CONNEX_ASSIGN_OR_RETURN(
+      std::string at, WaitForMatch(*proxy_process_, "connex-proxy", "listening http=",
+                                   std::regex("http=([0-9.]+:[0-9]+)"), o.start_timeout_ms, log));
+  CONNEX_ASSIGN_OR_RETURN(proxy_, ParseHostPort("proxy", at));
+  // Ready once it has found every replica.
+  const uint32_t want = o.replicas;
+  bool ready = WaitUntil(
+      [&] {
+        absl::StatusOr<HttpReply> r = HttpGet(*proxy_, "/metrics", 2000);
+        if (!r.ok() || r->status != 200) return false;
+        auto m = ParseMetrics(r->body);
+        auto it = m.find("connex_proxy_replicas");
+        return it != m.end() && it->second >= want;
+      },
+      o.start_timeout_ms, 20);
+  if (!ready) {
+    return absl::UnavailableError(
+        StrCat("connex-proxy never saw the ", want, " replicas; see ", log));
   }
   return absl::OkStatus();
 }
@@ -250,6 +266,12 @@ std::string Cluster::log_path(uint32_t stage, uint32_t replica) const {
 
 absl::Status Cluster::StartStage(uint32_t stage, uint32_t replica,
                                  const std::vector<std::string>& extra_env) {
+  CONNEX_RETURN_IF_ERROR(LaunchStage(stage, replica, extra_env));
+  return AwaitStage(stage, replica);
+}
+
+absl::Status Cluster::LaunchStage(uint32_t stage, uint32_t replica,
+                                  const std::vector<std::string>& extra_env) {
   const ClusterOptions& o = options_;
   const std::string host = StageHost(stage, replica);
   std::vector<std::string> argv = {o.bin_dir + "/connex-stage",
@@ -292,17 +314,26 @@ absl::Status Cluster::StartStage(uint32_t stage, uint32_t replica,
   std::optional<Subprocess> p = Subprocess::Start(argv, so, &error);
   if (!p) return absl::InternalError(what + ": " + error);
   StageProc& sp = at(stage, replica);
+  sp = StageProc();
+  sp.process = std::move(p);
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::AwaitStage(uint32_t stage, uint32_t replica) {
+  const ClusterOptions& o = options_;
+  const std::string what = StrCat("connex-stage ", stage, " of replica ", replica);
+  StageProc& sp = at(stage, replica);
+  CONNEX_CHECK(sp.process.has_value());  // LaunchStage came first
   const std::string needle = stage == 0 ? "listening http=" : "listening metrics=";
   CONNEX_ASSIGN_OR_RETURN(std::string addr,
-                          WaitForMatch(*p, what, needle, std::regex("=([0-9.]+:[0-9]+)"),
-                                       o.start_timeout_ms, so.stderr_path));
+                          WaitForMatch(*sp.process, what, needle, std::regex("=([0-9.]+:[0-9]+)"),
+                                       o.start_timeout_ms, log_path(stage, replica)));
   CONNEX_ASSIGN_OR_RETURN(sp.metrics, ParseHostPort(what, addr));
   if (stage == 0) sp.api = sp.metrics;
   CONNEX_ASSIGN_OR_RETURN(std::string epoch,
-                          WaitForMatch(*p, what, "ready ", std::regex("epoch=([0-9]+)"),
-                                       o.start_timeout_ms, so.stderr_path));
+                          WaitForMatch(*sp.process, what, "ready ", std::regex("epoch=([0-9]+)"),
+                                       o.start_timeout_ms, log_path(stage, replica)));
   sp.epoch = std::stoull(epoch);
-  sp.process = std::move(*p);
   return absl::OkStatus();
 }
 

@@ -156,6 +156,12 @@ class Cluster {
   absl::Status StartAll();
   absl::Status StartStage(uint32_t stage, uint32_t replica,
                           const std::vector<std::string>& extra_env = {});
+  // StartStage in two halves: start the process; then wait for its address and its "ready".
+  absl::Status LaunchStage(uint32_t stage, uint32_t replica,
+                           const std::vector<std::string>& extra_env = {});
+  absl::Status AwaitStage(uint32_t stage, uint32_t replica);
+  absl::Status LaunchProxy();
+  absl::Status AwaitProxy();  // its address, then every replica seen
   absl::Status MakeNetwork();
   void RemoveNetwork();
   std::string host() const { return host_; }
