@@ -44,7 +44,7 @@ test: build
 # in `make test`; under ASan they would only repeat the e2e label's processes at several times
 # the cost (and the hosts' timing under ASan is not a deployment's).
 test-asan: build-asan
-	cd build-asan && CONNEX_TEST_SEEDS=50 ctest --output-on-failure -j$(JOBS) -LE '^(chaos|hosts)$$' -E '^chaos_test_NOT_BUILT$$' $(CTEST_ARGS)
+	cd build-asan && CONNEX_TEST_SEEDS=50 ctest --output-on-failure -j$(JOBS) -LE '^(chaos|hosts)$$' -E '^(chaos_test|hosts_test|deploy_systemd_test|multihost_test|deploy_k8s_test)_NOT_BUILT$$' $(CTEST_ARGS)
 
 # TSan covers the concurrent layers: directory, elastic, transport and pp.
 test-tsan: build-tsan
