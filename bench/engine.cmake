@@ -6,6 +6,8 @@ add_executable(bench_engine ${CMAKE_CURRENT_LIST_DIR}/engine_bench.cc
                             ${CMAKE_CURRENT_LIST_DIR}/engine_vs_bound.cc)
 target_link_libraries(bench_engine PRIVATE connex_engine connex_cli benchmark::benchmark)
 target_compile_options(bench_engine PRIVATE -O3)
+# BM_LoadTokenizer reads tests/hf-tokenizers' packages.
+target_compile_definitions(bench_engine PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 if(CONNEX_MARCH)
   target_compile_options(bench_engine PRIVATE -march=${CONNEX_MARCH})
 endif()

