@@ -103,8 +103,8 @@ TEST_F(RobustnessTest, ARequestEndsAtItsDeadline) {
   StageNodeOptions o = Fast();
   o.clock = &clock;
   o.attempt_max = 1000;
+  std::atomic<bool> dropping{true};  // before the nodes: their threads call the filter until gone
   auto c = Make(2, 1, o);
-  std::atomic<bool> dropping{true};
   c->signals().SetFilter([&](const std::string&, const std::string& frame) {
     auto s = Decode(frame);
     return !(dropping.load() && s.ok() && std::holds_alternative<ResultSignal>(*s));
@@ -171,9 +171,9 @@ TEST_F(RobustnessTest, ReleaseIsAcknowledgedAndRetriedUnderSignalLoss) {
 // stage grew from 12 MB to 321 MB with vocabulary 32000). It keeps the sampled tokens only, and
 // still answers a re-sent attempt from them.
 TEST_F(RobustnessTest, TheLastStageKeepsNoLogitsToReplay) {
+  std::atomic<int> dropped{0};  // the first RESULT is lost: its step is re-sent
   auto c = Make(2, 1);
   c->engine(1, 0)->SetEmitLogits(32000);  // 128 KB of logits per step
-  std::atomic<int> dropped{0};            // the first RESULT is lost: its step is re-sent
   c->signals().SetFilter([&](const std::string&, const std::string& frame) {
     auto s = Decode(frame);
     bool result = s.ok() && std::holds_alternative<ResultSignal>(*s);
@@ -239,7 +239,7 @@ TEST_F(RobustnessTest, ForgedResultsAndReleasesAreDropped) {
   auto c = Make(3, 1);
   std::shared_ptr<SignalTransport> stranger = c->signals().NewEndpoint();
   stranger->SetReceiver([](std::string) {});
-  c->signals().SetFilter([&](const std::string& to, const std::string& frame) {
+  c->signals().SetFilter([stranger](const std::string& to, const std::string& frame) {
     auto s = Decode(frame);
     if (!s.ok()) return true;
     if (auto* step = std::get_if<StepSignal>(&*s)) {
@@ -271,12 +271,12 @@ TEST_F(RobustnessTest, ForgedResultsAndReleasesAreDropped) {
 // fill its released table. Only a member watched by the node, at its own signal address, is
 // answered; the requests run on untouched.
 TEST_F(RobustnessTest, PingsAndReleasesAreAnsweredOnlyAtAMembersOwnAddress) {
+  std::atomic<int> answers{0};  // before the nodes: their threads use these until gone
+  std::atomic<int> forged{0};
   auto c = Make(3, 1);
   std::shared_ptr<SignalTransport> stranger = c->signals().NewEndpoint();
-  std::atomic<int> answers{0};
   stranger->SetReceiver([&](std::string) { answers.fetch_add(1); });
-  std::atomic<int> forged{0};
-  c->signals().SetFilter([&](const std::string& to, const std::string& frame) {
+  c->signals().SetFilter([&, stranger](const std::string& to, const std::string& frame) {
     auto s = Decode(frame);
     if (!s.ok()) return true;
     auto* step = std::get_if<StepSignal>(&*s);
@@ -305,9 +305,9 @@ TEST_F(RobustnessTest, PingsAndReleasesAreAnsweredOnlyAtAMembersOwnAddress) {
 // requests are in flight (StageNodeStats::stalled_ms, which /health reads), and 0 once they do.
 TEST_F(RobustnessTest, AnOwnerReportsHowLongItsRequestsMadeNoProgress) {
   StageNodeOptions o = Fast();
-  o.step_timeout_ms = 5000;  // no re-send while the steps are held back
+  o.step_timeout_ms = 5000;      // no re-send while the steps are held back
+  std::atomic<bool> hold{true};  // before the nodes: their threads call the filter until gone
   auto c = Make(2, 1, o);
-  std::atomic<bool> hold{true};
   c->signals().SetFilter([&](const std::string&, const std::string& frame) {
     auto s = Decode(frame);
     return !(hold.load() && s.ok() && std::holds_alternative<StepSignal>(*s));
