@@ -433,13 +433,9 @@ TEST_F(LimitedDirectoryTest, AFloodOfSnapshotsExpiresNoLease) {
 // Issue 23: the directory kept the memory of a connection storm for good (8.6 -> 164 MB). After a
 // storm it gives the freed heap back to the system within a few seconds.
 TEST_F(LimitedDirectoryTest, AConnectionStormsMemoryIsGivenBack) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "a sanitizer's allocator keeps freed memory its own way (not glibc's heap)";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-  GTEST_SKIP() << "a sanitizer's allocator keeps freed memory its own way (not glibc's heap)";
-#endif
-#endif
+  if (kSanitized) {
+    GTEST_SKIP() << "a sanitizer's allocator keeps freed memory its own way (not glibc's heap)";
+  }
   auto rss_mb = [&] {
     std::ifstream status("/proc/" + std::to_string(directory_->pid()) + "/status");
     std::string line;

@@ -96,7 +96,7 @@ TEST_F(PpEtcdProcessTest, StepsFlowWhileEveryEtcdMemberIsStopped) {
     for (int s = 1; s < kStages; ++s) stages_.emplace(std::make_pair(s, r), Node(s, r, {}, env));
   }
   constexpr int kRequests = 4;
-  constexpr int kMaxNew = 6000;
+  constexpr int kMaxNew = kOutageMaxNewTokens;  // they outlast the outage
   Subprocess owner = Node(0, 0,
                           {"--requests", std::to_string(kRequests), "--max-new-tokens",
                            std::to_string(kMaxNew), "--stream"},

@@ -408,9 +408,8 @@ TEST_P(PpProcessTest, StepsFlowWhileTheDirectoryIsDown) {
   restart_lease_ttl_ms_ = 6000;
   ASSERT_TRUE(StartRestartableDirectory(dir));
   StartStages();
-  // Long enough to outlast the outage on a fast machine (about 2,000 tokens a second here).
   constexpr int kRequests = 4;
-  constexpr int kMaxNew = 6000;
+  constexpr int kMaxNew = kOutageMaxNewTokens;  // they outlast the outage
   Subprocess owner = Node(0, 0,
                           {"--requests", std::to_string(kRequests), "--max-new-tokens",
                            std::to_string(kMaxNew), "--stream"});
