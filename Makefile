@@ -1,10 +1,11 @@
 # Connex top-level targets. `make test` and `make demo` work on a fresh Debian 12 machine: they
 # install what is missing (scripts/install-deps.sh), configure, build, then test / run.
 JOBS ?= $(shell nproc)
-# `make test`'s ctest jobs: twice the cores. Most of its tests wait (leases, timeouts, processes
-# starting), so two at a time left the CPU idle half of the time; the sanitizer runs keep JOBS
-# (their tests compute, and their timing suffers first).
-TEST_JOBS ?= $(shell echo $$((2 * $$(nproc))))
+# `make test`'s ctest jobs. Most of its tests wait (leases, timeouts, processes starting): at
+# twice the cores it took 363 s instead of 529 here, but one cold run of it lost a test that
+# measures the directory's memory after a storm (docs/development.md); one job per core until
+# that is understood.
+TEST_JOBS ?= $(JOBS)
 CTEST_ARGS ?=
 DEMO_ARGS ?=
 # The test labels `make test-tsan` builds and runs (TSan covers the concurrent layers), and of
