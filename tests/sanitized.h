@@ -4,26 +4,20 @@
 #ifndef CONNEX_TESTS_SANITIZED_H_
 #define CONNEX_TESTS_SANITIZED_H_
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitized = true;
+#if defined(__has_feature)
+#define CONNEX_TESTS_HAS_FEATURE(x) __has_feature(x)
 #else
-constexpr bool kAddressSanitized = false;
+#define CONNEX_TESTS_HAS_FEATURE(x) 0
 #endif
+
+#if defined(__SANITIZE_ADDRESS__) || CONNEX_TESTS_HAS_FEATURE(address_sanitizer)
+constexpr bool kAddressSanitized = true;
 #else
 constexpr bool kAddressSanitized = false;
 #endif
 
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || CONNEX_TESTS_HAS_FEATURE(thread_sanitizer)
 constexpr bool kThreadSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kThreadSanitized = true;
-#else
-constexpr bool kThreadSanitized = false;
-#endif
 #else
 constexpr bool kThreadSanitized = false;
 #endif
