@@ -65,8 +65,9 @@ class DirectoryProcessTest : public ::testing::Test {
     return {"CONNEX_DIRECTORY_ADMIN_TOKEN_FILE=" + admin_file_};
   }
 
-  // Starts connex-directory; a restart reuses the ports of the first start.
-  void StartDirectory(std::vector<std::string> extra) {
+  // Starts connex-directory (with `env` added to its environment); a restart reuses the ports of
+  // the first start.
+  void StartDirectory(std::vector<std::string> extra, std::vector<std::string> env = {}) {
     std::vector<std::string> argv = {BinDir() + "/connex-directory",
                                      "--bind",
                                      bind_.empty() ? "tcp://127.0.0.1:0" : bind_,
@@ -77,7 +78,7 @@ class DirectoryProcessTest : public ::testing::Test {
                                      "--heartbeat-ms",
                                      "200"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    auto p = Subprocess::Start(argv);
+    auto p = Subprocess::Start(argv, std::move(env));
     ASSERT_TRUE(p.has_value());
     directory_.emplace(std::move(*p));
     std::optional<std::string> line = directory_->ReadLine(10000);
