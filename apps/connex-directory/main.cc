@@ -18,12 +18,12 @@
 int main(int argc, char** argv) {
   // Fixed malloc thresholds. By default glibc raises its trim threshold to twice the largest
   // mapped block freed so far (up to 64 MB), and malloc_trim, which the server calls after a
-  // storm, never shrinks a thread arena's top: a directory whose loop once freed a queue of a few
-  // MB kept the next storm's memory for good (14 MB instead of 8 in a loaded `make test`; with
-  // GLIBC_TUNABLES=glibc.malloc.trim_threshold=8000000, LimitedDirectoryTest.
-  // AConnectionStormsMemoryIsGivenBack kept 1.5-8 MB more than before its storm, 9.1-9.4 MB
-  // with these). Now blocks of 1 MB and more are mapped, and an arena's top is given back as it
-  // grows past 1 MB free.
+  // storm, never shrinks a thread arena's top: a directory that had once freed a block of a few
+  // MB kept the next storm's memory for good (14 MB instead of 8 in a loaded `make test`). With
+  // GLIBC_TUNABLES=glibc.malloc.trim_threshold=8000000 the directory kept 1.6-8.1 MB more than
+  // before LimitedDirectoryTest.AConnectionStormsMemoryIsGivenBack's storm (6 runs), 0.7-1.6 MB
+  // with these: blocks of 1 MB and more are mapped, and an arena's top is given back as it grows
+  // past 1 MB free.
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 20);
   absl::StatusOr<connex::directory::DirectoryServerOptions> defaults =
