@@ -108,8 +108,12 @@ absl::StatusOr<Registry::JoinResult> Registry::Join(
   }
   const int64_t now = clock_->NowMs();
   auto it = records_.find(lid);
-  // A lease that ran out since the last sweep is over: the LID is free.
-  if (it != records_.end() && it->second.deadline_ms <= now) it = Expire(it);
+  // A lease that ran out since the last sweep is over: the LID is free. (Expire returns the
+  // record after it, another LID's.)
+  if (it != records_.end() && it->second.deadline_ms <= now) {
+    Expire(it);
+    it = records_.end();
+  }
   if (it != records_.end() && SecretsEqual(auth.credential, it->second.credential)) {
     Entry& entry = it->second;
     if (entry.record.addresses == addresses && entry.record.metadata == metadata) {

@@ -178,6 +178,49 @@ TEST_F(RegistryTest, JoinOfAnExpiredLeaseTakesTheLid) {
   EXPECT_EQ(events[1].kind, EventKind::kJoined);
 }
 
+// Found by the pp campaign under load: the expired record's neighbour in the table (the next LID)
+// was taken for the holder, so a JOIN of a free LID was refused as "held by" the neighbour's
+// epoch with a negative lease left.
+TEST_F(RegistryTest, JoinOfAnExpiredLeaseIsNotJudgedByTheNextLidsRecord) {
+  auto ja = registry_.Join(a_, {"tcp://h:1"}, {});
+  clock_.AdvanceMs(1000);
+  auto jb = registry_.Join(b_, {"tcp://h:2"}, {});  // the LID after a_ in the table
+  ASSERT_TRUE(ja.ok() && jb.ok());
+  Events();
+  clock_.AdvanceMs(2000);  // a_'s lease ran out (no sweep yet), b_'s has 1000 ms left
+  auto stranger = registry_.Join(a_, {"tcp://h:3"}, {});
+  ASSERT_TRUE(stranger.ok()) << stranger.status();
+  EXPECT_GT(stranger->epoch, jb->epoch);
+  // The old holder of a_, back (a migration after its eviction), is now the stranger's rival;
+  // the one refused is it, about a_'s live record, not b_'s.
+  auto back = registry_.Join(a_, {"tcp://h:4"}, {}, As(ja));
+  EXPECT_EQ(back.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(back.status().message()),
+              HasSubstr("held by epoch " + std::to_string(stranger->epoch) + " (lease live, 3000"));
+  // b_ was left alone: its holder renews it.
+  EXPECT_TRUE(registry_.Heartbeat(b_, jb->epoch, jb->credential).ok());
+  auto events = Events();
+  ASSERT_THAT(events, SizeIs(2));
+  EXPECT_EQ(events[0].kind, EventKind::kFailed);
+  EXPECT_EQ(events[0].record.lid, a_);
+  EXPECT_EQ(events[1].kind, EventKind::kJoined);
+  EXPECT_EQ(events[1].record.lid, a_);
+}
+
+// The old holder's own JOIN after its lease ran out (unswept), the LID's neighbour live: a new
+// incarnation for it, as after an eviction.
+TEST_F(RegistryTest, TheHoldersJoinAfterItsLeaseRanOutIsANewIncarnation) {
+  auto ja = registry_.Join(a_, {"tcp://h:1"}, {});
+  clock_.AdvanceMs(1000);
+  auto jb = registry_.Join(b_, {"tcp://h:2"}, {});
+  ASSERT_TRUE(ja.ok() && jb.ok());
+  clock_.AdvanceMs(2000);
+  auto back = registry_.Join(a_, {"tcp://h:9"}, {}, As(ja));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_GT(back->epoch, jb->epoch);
+  EXPECT_TRUE(back->changed);
+}
+
 TEST_F(RegistryTest, HeartbeatOfAnUnknownLaterEpochIsRefused) {
   auto j1 = registry_.Join(a_, {"tcp://h:1"}, {});
   ASSERT_TRUE(j1.ok());
