@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   connex::directory::DirectoryServerOptions options = *defaults;
+  options.trim_heap = true;  // a process of its own (with the thresholds above)
   CLI::App app{"Connex directory: resolves LIDs to addresses, with leases and events"};
   app.add_option("--bind", options.bind, "request endpoint (ROUTER), tcp://HOST:PORT, port 0 = any")
       ->envname("CONNEX_DIRECTORY_BIND")

@@ -146,7 +146,7 @@ void DirectoryServer::Loop::Run() {
     // free, give them back (a storm of 500 connections kept 14 MB without it). malloc_trim does
     // not shrink a thread arena's top past glibc's trim threshold, which glibc raises by itself:
     // the connex-directory binary fixes the thresholds at start (apps/connex-directory/main.cc).
-    if (now - last_trim_check_ms_ >= kTrimCheckEveryMs) {
+    if (options_.trim_heap && now - last_trim_check_ms_ >= kTrimCheckEveryMs) {
       last_trim_check_ms_ = now;
       if (mallinfo2().fordblks > kTrimFreeBytes) malloc_trim(0);
     }

@@ -43,6 +43,13 @@ struct DirectoryServerOptions {
   // CONNEX_CURVE_AUTHORIZED_KEYS_FILE.
   CurveSettings curve;
   Clock* clock = RealClock::Get();
+  // Give the process's free heap back to the system (malloc_trim) once a second when more than
+  // 4 MB of it are free: after a storm of connections, glibc keeps their buffers otherwise. A
+  // process-wide act (it locks and walks every malloc arena), so off unless the process is a
+  // directory alone: connex-directory turns it on, with fixed malloc thresholds
+  // (apps/connex-directory/main.cc); a process that embeds servers among other work (tests, the
+  // pp campaign's four, the Python module) leaves its heap to its owner.
+  bool trim_heap = false;
 
   // Defaults overridden by CONNEX_DIRECTORY_BIND, CONNEX_DIRECTORY_PUB, CONNEX_LEASE_TTL_MS,
   // CONNEX_HEARTBEAT_MS, CONNEX_DIRECTORY_TOKEN, CONNEX_DIRECTORY_TICK_MS,
