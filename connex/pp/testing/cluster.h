@@ -50,8 +50,11 @@ class Cluster {
   StageNode* Start(uint32_t stage, uint32_t replica);
   const absl::Status& last_start_error() const { return last_start_error_; }
   // Starts every stage of replicas 0..replicas-1 and waits until the directory shows `members`
-  // records of the model (default: all of them). Internal names what did not come up.
+  // records of the model (default: all of them), within `timeout_ms` in all. A start that the
+  // directory did not answer in time (or refused for a lease its late reply left) is tried again
+  // until then, and counted (start_retries). Internal names what did not come up.
   absl::Status StartAll(uint32_t replicas, int64_t timeout_ms = 5000);
+  int64_t start_retries() const { return start_retries_; }
   // Waits until the directory shows exactly `members` records of the model.
   absl::Status AwaitMembers(size_t members, int64_t timeout_ms = 5000);
   // As SIGKILL would: transport and signals die, no LEAVE.
@@ -120,6 +123,7 @@ class Cluster {
   std::vector<StageNodeStats> dead_stats_;
   int event_delay_ms_ = 0;
   absl::Status last_start_error_;
+  int64_t start_retries_ = 0;
   mutable connex::Mutex mu_;
   std::map<uint64_t, Outcome> outcomes_ ABSL_GUARDED_BY(mu_);
   bool pd_ = false;
