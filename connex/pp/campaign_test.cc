@@ -251,7 +251,9 @@ std::string RunSeed(CampaignDirectory& directory, uint64_t seed, std::string* su
   c.SetPd(pd);
   // A loaded machine (CI runs the sanitizer builds beside other tests) may take a while.
   // StartAll tries a start again when the directory did not answer in time; how often is
-  // counted (start-retries in the summary), as the stalls of a loaded machine.
+  // counted (start-retries in the summary). Seen in loaded `make test` runs while the process
+  // was scheduled on time: a slow reader of stderr stops every thread that logs, the
+  // directories' too (docs/development.md).
   absl::Status up = c.StartAll(2, 20000);
   if (c.start_retries() > 0) (*tally)["start-retries"] += static_cast<int>(c.start_retries());
   if (!up.ok()) return "the cluster did not start: " + up.ToString();
