@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 
 #include "connex/base/logging.h"
 #include "connex/base/wait.h"
@@ -100,29 +99,38 @@ absl::StatusOr<StageNode*> Cluster::TryStart(uint32_t stage, uint32_t replica) {
 absl::Status Cluster::StartAll(uint32_t replicas, int64_t timeout_ms) {
   const uint32_t groups = pd_ ? kPdGroups : stages_;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto ms_left = [&] {
+    return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    deadline - std::chrono::steady_clock::now())
+                                    .count());
+  };
   for (uint32_t r = 0; r < replicas; ++r) {
     for (uint32_t s = 0; s < groups; ++s) {
       // A directory that did not answer in time (a loaded machine), or still holds the lease of
       // a JOIN whose reply came too late: tried again until the deadline, and counted.
-      while (Start(s, r) == nullptr) {
-        const absl::StatusCode code = last_start_error_.code();
-        const bool again = code == absl::StatusCode::kDeadlineExceeded ||
-                           code == absl::StatusCode::kUnavailable ||
-                           code == absl::StatusCode::kAlreadyExists;
-        if (!again || std::chrono::steady_clock::now() >= deadline) {
-          return absl::InternalError("stage " + std::to_string(s) + " of replica " +
-                                     std::to_string(r) +
-                                     " did not start: " + last_start_error_.ToString());
-        }
-        ++start_retries_;
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      StageNode* node = nullptr;
+      WaitUntil(
+          [&] {
+            node = Start(s, r);
+            if (node != nullptr) return true;
+            const absl::StatusCode code = last_start_error_.code();
+            if (code != absl::StatusCode::kDeadlineExceeded &&
+                code != absl::StatusCode::kUnavailable &&
+                code != absl::StatusCode::kAlreadyExists) {
+              return true;  // not worth another try
+            }
+            ++start_retries_;
+            return false;
+          },
+          ms_left(), 100);
+      if (node == nullptr) {
+        return absl::InternalError("stage " + std::to_string(s) + " of replica " +
+                                   std::to_string(r) +
+                                   " did not start: " + last_start_error_.ToString());
       }
     }
   }
-  const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                           deadline - std::chrono::steady_clock::now())
-                           .count();
-  return AwaitMembers(static_cast<size_t>(replicas) * groups, std::max<int64_t>(left, 1000));
+  return AwaitMembers(static_cast<size_t>(replicas) * groups, std::max<int64_t>(ms_left(), 1000));
 }
 
 absl::Status Cluster::AwaitMembers(size_t members, int64_t timeout_ms) {
