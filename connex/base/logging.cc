@@ -9,15 +9,21 @@
 
 #include "connex/base/access_log.h"
 #include "connex/base/config.h"
+#include "connex/base/log_sink.h"
 #include "connex/base/logging_spdlog.h"
 #include "connex/base/strings.h"
+#include "spdlog/details/os.h"
 #include "spdlog/pattern_formatter.h"
-#include "spdlog/sinks/stdout_color_sinks.h"
 
 namespace connex {
 namespace {
 
 constexpr std::string_view kAccessLogger = "access";
+
+// Bytes of log lines queued for stderr at most (connex/base/log_sink.h): about 7,000 lines.
+constexpr size_t kLogQueueBytes = size_t{1} << 20;
+
+internal::NonBlockingSink* process_sink = nullptr;
 
 void AppendJsonString(std::string* out, std::string_view text) {
   *out += '"';
@@ -119,10 +125,17 @@ absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(std::string_view text) {
 
 spdlog::logger& Log() {
   static spdlog::logger* logger = [] {
-    auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+    // Never blocks the thread that logs (a slow reader of stderr would stall it); written out
+    // at exit, and before an abort (flush_on critical: CONNEX_CHECK, CONNEX_LOG_FATAL).
+    const bool color =
+        spdlog::details::os::in_terminal(stderr) && spdlog::details::os::is_color_terminal();
+    auto sink = std::make_shared<internal::NonBlockingSink>(STDERR_FILENO, kLogQueueBytes, color);
+    sink->HandleForks();
+    process_sink = sink.get();
     auto* l = new spdlog::logger("connex", std::move(sink));
     Configure(*l);
-    l->flush_on(spdlog::level::warn);
+    l->flush_on(spdlog::level::critical);
+    std::atexit([] { process_sink->flush(); });
     const std::string format = EnvString("CONNEX_LOG_FORMAT", "text");
     absl::StatusOr<spdlog::level::level_enum> level =
         ParseLogLevel(EnvString("CONNEX_LOG_LEVEL", "info"));
@@ -152,7 +165,18 @@ void LogLine(LogLevel level, std::string_view message) {
   Log().log(static_cast<spdlog::level::level_enum>(level), "{}", message);
 }
 
+void LogFatal(std::string_view message) {
+  Log().critical("{}", message);
+  Log().flush();
+  std::abort();
+}
+
 }  // namespace internal
+
+uint64_t LogLinesDropped() {
+  Log();
+  return process_sink->dropped();
+}
 
 LogField::LogField(std::string_view key, double number) : key(key), number(true) {
   value = std::isfinite(number) ? fmt::format("{:.6g}", number) : "null";

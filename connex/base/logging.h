@@ -8,6 +8,7 @@
 #ifndef CONNEX_BASE_LOGGING_H_
 #define CONNEX_BASE_LOGGING_H_
 
+#include <cstdint>
 #include <string_view>
 
 #include "fmt/format.h"
@@ -25,7 +26,13 @@ namespace internal {
 bool LogEnabled(LogLevel level);
 // Writes one line at `level`.
 void LogLine(LogLevel level, std::string_view message);
+// Writes `message` at the critical level, waits until the log is written out, and aborts.
+[[noreturn]] void LogFatal(std::string_view message);
 }  // namespace internal
+
+// Lines the process's log dropped because stderr was not read as fast as it logged (logging
+// never waits for the reader; each loss is also reported by a warning line in the log).
+uint64_t LogLinesDropped();
 
 }  // namespace connex
 
@@ -40,5 +47,8 @@ void LogLine(LogLevel level, std::string_view message);
 #define CONNEX_LOG_INFO(...) CONNEX_LOG_AT_(::connex::LogLevel::kInfo, __VA_ARGS__)
 #define CONNEX_LOG_WARN(...) CONNEX_LOG_AT_(::connex::LogLevel::kWarn, __VA_ARGS__)
 #define CONNEX_LOG_ERROR(...) CONNEX_LOG_AT_(::connex::LogLevel::kError, __VA_ARGS__)
+// For a state the process cannot go on from (not for bad input): logs at the critical level,
+// waits until the log is written out, and aborts.
+#define CONNEX_LOG_FATAL(...) ::connex::internal::LogFatal(::fmt::format(__VA_ARGS__))
 
 #endif  // CONNEX_BASE_LOGGING_H_

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -28,8 +27,7 @@ std::string NewCredential() {
     if (n <= 0) {
       // getrandom only fails for bad arguments or a kernel older than 3.17: a broken host, and
       // no credential may be made from anything weaker.
-      CONNEX_LOG_ERROR("directory: getrandom failed: {}", std::strerror(errno));
-      std::abort();
+      CONNEX_LOG_FATAL("directory: getrandom failed: {}", std::strerror(errno));
     }
     got += static_cast<size_t>(n);
   }

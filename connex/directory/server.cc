@@ -130,8 +130,7 @@ void DirectoryServer::Loop::Run() {
     if (absl::Status saved = Persist(); !saved.ok()) {
       // Replying now could hand out an epoch that a restart hands out again. Stop: a restart
       // resumes from the last state written, and clients retry what got no reply.
-      CONNEX_LOG_ERROR("directory: {}; stopping", AsStd(saved.message()));
-      std::abort();
+      CONNEX_LOG_FATAL("directory: {}; stopping", AsStd(saved.message()));
     }
     SendReplies();
     Publish();

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -16,8 +15,7 @@ namespace {
 // A misuse of the registry by our own code: log it and abort.
 void CheckOrDie(bool condition, std::string_view what) {
   if (condition) return;
-  CONNEX_LOG_ERROR("metrics: {}", what);
-  std::abort();
+  CONNEX_LOG_FATAL("metrics: {}", what);
 }
 
 bool ValidName(std::string_view name, bool allow_colon) {
