@@ -1,31 +1,15 @@
 #include "connex/chaos/http_client.h"
 
 #include <algorithm>
-#include <chrono>
-#include <limits>
+#include <memory>
 
 #include "absl/strings/numbers.h"
-#include "boost/asio.hpp"
-#include "boost/beast/core.hpp"
-#include "boost/beast/http.hpp"
 #include "connex/base/strings.h"
+#include "connex/serving/http_client.h"
 #include "connex/serving/openai_stream.h"
 
 namespace connex::chaos {
 namespace {
-
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = boost::asio::ip::tcp;
-
-// Connects `stream` to `at` (a numeric host: every address here is one).
-beast::error_code Connect(beast::tcp_stream& stream, const HostPort& at) {
-  beast::error_code ec;
-  boost::asio::ip::address address = boost::asio::ip::make_address(at.host, ec);
-  if (ec) return ec;
-  stream.connect(tcp::endpoint(address, at.port), ec);
-  return ec;
-}
 
 // Takes the events `reader` has whole (fed the body as it arrives); appends what they carry.
 // Returns false once [DONE] has been read.
@@ -66,11 +50,7 @@ bool TakeEvents(serving::OpenAiStreamReader& reader, int64_t now, StreamResult* 
 
 }  // namespace
 
-int64_t MonotonicNowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t MonotonicNowNs() { return serving::SteadyNowNs(); }
 
 absl::StatusOr<HostPort> ParseHostPort(std::string_view what, std::string_view text) {
   size_t colon = text.rfind(':');
@@ -86,23 +66,7 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view what, std::string_view t
 
 absl::StatusOr<HttpReply> HttpGet(const HostPort& at, const std::string& target,
                                   int64_t timeout_ms) {
-  boost::asio::io_context io;
-  beast::tcp_stream stream(io);
-  stream.expires_after(std::chrono::milliseconds(timeout_ms));
-  if (beast::error_code ec = Connect(stream, at)) {
-    return absl::UnavailableError(StrCat("GET ", at.ToString(), target, ": ", ec.message()));
-  }
-  http::request<http::empty_body> request{http::verb::get, target, 11};
-  request.set(http::field::host, at.host);
-  beast::error_code ec;
-  http::write(stream, request, ec);
-  beast::flat_buffer buffer;
-  http::response<http::string_body> response;
-  if (!ec) http::read(stream, buffer, response, ec);
-  if (ec) return absl::UnavailableError(StrCat("GET ", at.ToString(), target, ": ", ec.message()));
-  beast::error_code ignored;
-  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-  return HttpReply{static_cast<int>(response.result_int()), response.body()};
+  return serving::HttpGet(at.host, at.port, target, timeout_ms);
 }
 
 StreamResult StreamCompletion(const HostPort& at, const std::string& body, int64_t idle_timeout_ms,
@@ -116,61 +80,53 @@ StreamResult StreamCompletion(const HostPort& at, const std::string& body, int64
     out.end_ns = MonotonicNowNs();
     return out;
   };
-  boost::asio::io_context io;
-  beast::tcp_stream stream(io);
-  auto arm = [&] {
-    int64_t left_ms = (deadline_ns - MonotonicNowNs()) / 1'000'000;
-    stream.expires_after(
-        std::chrono::milliseconds(std::max<int64_t>(1, std::min(idle_timeout_ms, left_ms))));
+  // Each step must make progress within the idle timeout, and the whole end by the deadline.
+  auto step_deadline = [&] {
+    return std::min(MonotonicNowNs() + idle_timeout_ms * 1'000'000, deadline_ns);
   };
-  arm();
-  if (beast::error_code ec = Connect(stream, at)) return finish("connect: " + ec.message());
-  http::request<http::string_body> request{http::verb::post, "/v1/completions", 11};
-  request.set(http::field::host, at.host);
-  request.set(http::field::content_type, "application/json");
-  request.body() = body;
-  request.prepare_payload();
-  beast::error_code ec;
-  http::write(stream, request, ec);
-  if (ec) return finish("send: " + ec.message());
-  beast::flat_buffer buffer;
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(std::numeric_limits<uint64_t>::max());
-  arm();
-  http::read_header(stream, buffer, parser, ec);
-  if (ec) return finish("response head: " + ec.message());
-  out.http_status = static_cast<int>(parser.get().result_int());
-  if (auto replica = parser.get().find("X-Connex-Replica"); replica != parser.get().end()) {
-    out.began_on = std::string(replica->value());
+  auto failed = [&](std::string_view doing, const absl::Status& status) {
+    if (status.code() != absl::StatusCode::kDeadlineExceeded) {
+      return finish(StrCat(doing, ": ", status.message()));
+    }
+    if (MonotonicNowNs() >= deadline_ns) return finish("no end within the request timeout");
+    return finish(StrCat(doing, ": nothing received for ", idle_timeout_ms, " ms"));
+  };
+  absl::StatusOr<std::unique_ptr<serving::HttpClientConnection>> connection =
+      serving::HttpClientConnection::Connect(at.host, at.port, step_deadline());
+  if (!connection.ok()) return failed("connect", connection.status());
+  serving::HttpClientConnection& http = **connection;
+  if (absl::Status sent = http.Send("POST", "/v1/completions", {StrCat("Host: ", at.host)}, body,
+                                    "application/json", step_deadline());
+      !sent.ok()) {
+    return failed("send", sent);
   }
-  if (auto retry = parser.get().find(http::field::retry_after); retry != parser.get().end()) {
-    out.retry_after = std::string(retry->value());
-  }
+  absl::StatusOr<serving::HttpResponseHead> head = http.ReadHead(step_deadline());
+  if (!head.ok()) return failed("response head", head.status());
+  out.http_status = head->status;
+  out.began_on = head->Header("X-Connex-Replica").value_or("");
+  out.retry_after = head->Header("Retry-After").value_or("");
   serving::OpenAiStreamReader reader;
+  std::string bytes;
   while (true) {
+    absl::StatusOr<bool> more = http.ReadSome(&bytes, step_deadline());
+    if (!more.ok()) {
+      if (more.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        return failed("read", more.status());
+      }
+      break;  // the connection ended or broke: judged below by what the stream carried
+    }
     if (out.http_status == 200) {
-      std::string& bytes = parser.get().body();
       reader.Feed(bytes);
       bytes.clear();
       if (!TakeEvents(reader, MonotonicNowNs(), &out, on_token)) break;
     }
-    if (parser.is_done()) break;
-    if (MonotonicNowNs() >= deadline_ns) return finish("no end within the request timeout");
-    arm();
-    http::read_some(stream, buffer, parser, ec);
-    if (ec == http::error::end_of_stream || ec == boost::asio::error::eof) break;
-    if (ec == beast::error::timeout) {
-      return finish(StrCat("nothing received for ", idle_timeout_ms, " ms"));
-    }
-    if (ec) return finish("read: " + ec.message());
+    if (!*more) break;
   }
   if (out.http_status != 200) {
-    return finish(StrCat("HTTP ", out.http_status, ": ", parser.get().body().substr(0, 300)));
+    return finish(StrCat("HTTP ", out.http_status, ": ", bytes.substr(0, 300)));
   }
   if (!reader.done()) return finish("the stream ended without [DONE]");
   if (out.finish_reason.empty()) return finish("the stream ended without a finish_reason");
-  beast::error_code ignored;
-  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
   return finish("");
 }
 

@@ -1,6 +1,6 @@
-// The HTTP side of connex-chaos: a blocking client for the serving stack's API (GET, and
-// streamed /v1/completions with the arrival time of every token), on Beast over plain sockets.
-// Every call is bounded in time. Thread-safe (each call has its own connection).
+// The HTTP side of connex-chaos: the serving stack's API asked over serving's blocking client
+// (connex/serving/http_client.h): GET, and streamed /v1/completions with the arrival time of
+// every token. Every call ends by its deadline. Thread-safe (each call has its own connection).
 #ifndef CONNEX_CHAOS_HTTP_CLIENT_H_
 #define CONNEX_CHAOS_HTTP_CLIENT_H_
 
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "connex/serving/http_client.h"
 
 namespace connex::chaos {
 
@@ -22,10 +23,7 @@ struct HostPort {
 // "HOST:PORT"; InvalidArgument naming `what` otherwise.
 absl::StatusOr<HostPort> ParseHostPort(std::string_view what, std::string_view text);
 
-struct HttpReply {
-  int status = 0;
-  std::string body;
-};
+using serving::HttpReply;
 absl::StatusOr<HttpReply> HttpGet(const HostPort& at, const std::string& target,
                                   int64_t timeout_ms);
 

@@ -1,21 +1,14 @@
 #include "connex/serving/deployment.h"
 
 #include <algorithm>
-#include <chrono>
 
-#include "boost/asio.hpp"
-#include "boost/beast/core.hpp"
-#include "boost/beast/http.hpp"
 #include "connex/base/strings.h"
+#include "connex/serving/http_client.h"
 #include "connex/serving/http_server.h"
 #include "connex/serving/listen_address.h"
 
 namespace connex::serving {
 namespace {
-
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
 
 std::optional<uint32_t> DeclaredStages(const directory::Record& r) {
   auto it = r.metadata.find("stages");
@@ -67,35 +60,15 @@ HealthProbe ProbeHealth(const std::string& http_address, int64_t timeout_ms) {
   if (absl::Status ok = ParseListenAddress("http", http_address, &parsed); !ok.ok()) {
     return {0, "not HOST:PORT"};
   }
-  asio::io_context io;
-  beast::tcp_stream stream(io);
-  beast::flat_buffer buffer;
-  http::request<http::empty_body> request(http::verb::get, "/health", 11);
-  request.set(http::field::host, http_address);
-  http::response<http::string_body> response;
-  beast::error_code result = asio::error::timed_out;
-  boost::system::error_code bad;
-  asio::ip::address ip = asio::ip::make_address(parsed.host, bad);
-  if (bad) return {0, "not a numeric address"};
-  stream.expires_after(std::chrono::milliseconds(timeout_ms));
-  stream.async_connect(asio::ip::tcp::endpoint(ip, parsed.port), [&](beast::error_code ec) {
-    if (ec) {
-      result = ec;
-      return;
+  absl::StatusOr<HttpReply> reply = HttpGet(parsed.host, parsed.port, "/health", timeout_ms);
+  if (!reply.ok()) {
+    if (reply.status().code() == absl::StatusCode::kInvalidArgument) {
+      return {0, "not a numeric address"};
     }
-    http::async_write(stream, request, [&](beast::error_code ec, size_t) {
-      if (ec) {
-        result = ec;
-        return;
-      }
-      http::async_read(stream, buffer, response,
-                       [&](beast::error_code ec, size_t) { result = ec; });
-    });
-  });
-  io.run();  // the stream's deadline bounds every step
-  if (result) return {0, result.message()};
-  HealthProbe probe{static_cast<int>(response.result_int()), ""};
-  nlohmann::json body = nlohmann::json::parse(response.body(), nullptr, false);
+    return {0, std::string(reply.status().message())};
+  }
+  HealthProbe probe{reply->status, ""};
+  nlohmann::json body = nlohmann::json::parse(reply->body, nullptr, false);
   if (body.is_object() && body.contains("reason") && body["reason"].is_string()) {
     probe.detail = body["reason"].get<std::string>();
   }

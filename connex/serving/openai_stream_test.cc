@@ -24,7 +24,7 @@ Json EventJson(const std::string& event) {
   return Json::parse(payload);
 }
 
-ResponseHeader Header(Endpoint endpoint) {
+ResponseHeader StreamHeader(Endpoint endpoint) {
   return ResponseHeader{endpoint, MakeResponseId(endpoint, 0xabc), 1700000000, "tiny"};
 }
 
@@ -40,7 +40,7 @@ std::vector<std::string> Drain(SseReader& reader) {
 }
 
 TEST(ChunkBuilderTest, ChatStreamChunks) {
-  ChunkBuilder chunks(Header(Endpoint::kChatCompletions), /*include_usage=*/true);
+  ChunkBuilder chunks(StreamHeader(Endpoint::kChatCompletions), /*include_usage=*/true);
   std::vector<int32_t> prompt = {256, 72};
   Json first = EventJson(chunks.Delta("He", std::vector<int32_t>{72, 101}, prompt));
   EXPECT_EQ(first["object"], "chat.completion.chunk");
@@ -68,7 +68,7 @@ TEST(ChunkBuilderTest, ChatStreamChunks) {
 }
 
 TEST(ChunkBuilderTest, CompletionStreamChunksWithoutUsage) {
-  ChunkBuilder chunks(Header(Endpoint::kCompletions), /*include_usage=*/false);
+  ChunkBuilder chunks(StreamHeader(Endpoint::kCompletions), /*include_usage=*/false);
   Json first = EventJson(chunks.Delta("a", std::vector<int32_t>{97}, std::vector<int32_t>{256},
                                       FinishReason::kLength));
   EXPECT_EQ(first["object"], "text_completion");
@@ -79,12 +79,12 @@ TEST(ChunkBuilderTest, CompletionStreamChunksWithoutUsage) {
 }
 
 TEST(ChunkBuilderTest, TheEndsOfAStream) {
-  ChunkBuilder with_usage(Header(Endpoint::kCompletions), /*include_usage=*/true);
+  ChunkBuilder with_usage(StreamHeader(Endpoint::kCompletions), /*include_usage=*/true);
   EXPECT_FALSE(with_usage.started());
   with_usage.Delta("a", std::vector<int32_t>{97}, std::vector<int32_t>{256});
   EXPECT_TRUE(with_usage.started());
   EXPECT_EQ(with_usage.End({1, 1}), with_usage.UsageChunk({1, 1}) + std::string(kSseDone));
-  ChunkBuilder without(Header(Endpoint::kCompletions), /*include_usage=*/false);
+  ChunkBuilder without(StreamHeader(Endpoint::kCompletions), /*include_usage=*/false);
   EXPECT_EQ(without.End({1, 1}), kSseDone);
 
   Json error = EventJson(ChunkBuilder::ErrorEvent(absl::UnavailableError("stage 2 is gone")));
@@ -191,7 +191,7 @@ TEST(ParseStreamEventTest, ABrokenEventIsDataLossNamingWhatIsWrong) {
 }
 
 TEST(OpenAiStreamReaderTest, WhatTheWriterWritesIsReadBack) {
-  ChunkBuilder chunks(Header(Endpoint::kChatCompletions), /*include_usage=*/true);
+  ChunkBuilder chunks(StreamHeader(Endpoint::kChatCompletions), /*include_usage=*/true);
   const std::vector<int32_t> prompt = {256, 72};
   std::string stream = chunks.Delta("He", std::vector<int32_t>{72, 101}, prompt);
   stream += chunks.Delta("y", std::vector<int32_t>{121}, prompt, FinishReason::kLength);
