@@ -23,7 +23,7 @@ if(CONNEX_BUILD_TESTS)
   target_link_libraries(deploy_systemd_test PRIVATE connex_chaos connex_subprocess
                         nlohmann_json::nlohmann_json GTest::gmock GTest::gtest_main)
   target_compile_definitions(deploy_systemd_test PRIVATE CONNEX_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
-  connex_test_code(deploy_systemd_test)
+  connex_cold_code(deploy_systemd_test)
   gtest_discover_tests(deploy_systemd_test DISCOVERY_TIMEOUT 60
                        PROPERTIES ENVIRONMENT "CONNEX_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
                                   LABELS hosts RESOURCE_LOCK connex-hosts-subnet-0)
@@ -38,7 +38,7 @@ if(CONNEX_BUILD_TESTS)
                  ${CMAKE_CURRENT_LIST_DIR}/multihost_deployment.cc)
   target_link_libraries(multihost_test PRIVATE connex_chaos connex_subprocess
                         nlohmann_json::nlohmann_json GTest::gmock GTest::gtest_main)
-  connex_test_code(multihost_test)
+  connex_cold_code(multihost_test)
   gtest_discover_tests(multihost_test DISCOVERY_TIMEOUT 60
                        PROPERTIES ENVIRONMENT "CONNEX_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
                                   LABELS hosts RUN_SERIAL TRUE)

@@ -1,7 +1,7 @@
 add_executable(pp_test_node ${CMAKE_CURRENT_LIST_DIR}/pp_node_main.cc)
 target_link_libraries(pp_test_node PRIVATE connex_pp_testing connex_directory_etcd connex_engine connex_cli
                       nlohmann_json::nlohmann_json)
-connex_test_code(pp_test_node)
+connex_cold_code(pp_test_node)
 
 connex_test(pp_process_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/pp_process_test.cc

@@ -4,7 +4,7 @@
 add_library(serving_e2e_fixture STATIC ${CMAKE_CURRENT_LIST_DIR}/serving_e2e_fixture.cc)
 target_link_libraries(serving_e2e_fixture PUBLIC connex_chaos connex_subprocess connex_base
                       nlohmann_json::nlohmann_json GTest::gtest)
-connex_test_code(serving_e2e_fixture)
+connex_cold_code(serving_e2e_fixture)
 foreach(test serving_e2e_test serving_e2e_proxy_test serving_e2e_hostile_test
              serving_e2e_tokenizer_test)
   # The real-tokenizer kill tests are the longest of the label (about 3 min each under ASan):
