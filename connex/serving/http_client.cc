@@ -201,10 +201,13 @@ absl::StatusOr<bool> HttpClientConnection::ReadSome(std::string* out, int64_t de
   }
 }
 
-absl::StatusOr<std::string> HttpClientConnection::ReadBody(int64_t deadline_ns) {
+absl::StatusOr<std::string> HttpClientConnection::ReadBody(int64_t deadline_ns, size_t max_bytes) {
   std::string body;
   for (;;) {
     CONNEX_ASSIGN_OR_RETURN(bool more, ReadSome(&body, deadline_ns));
+    if (body.size() > max_bytes) {
+      return absl::ResourceExhaustedError(StrCat("a body over ", max_bytes, " bytes"));
+    }
     if (!more) return body;
   }
 }

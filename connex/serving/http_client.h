@@ -9,7 +9,9 @@
 #ifndef CONNEX_SERVING_HTTP_CLIENT_H_
 #define CONNEX_SERVING_HTTP_CLIENT_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,8 +58,9 @@ class HttpClientConnection {
   // After ReadHead: appends the body bytes that arrive next (at least one, unless the body is
   // over) to `*out`; false once the body is over. Errors as ReadHead's.
   absl::StatusOr<bool> ReadSome(std::string* out, int64_t deadline_ns);
-  // After ReadHead: the rest of the body.
-  absl::StatusOr<std::string> ReadBody(int64_t deadline_ns);
+  // After ReadHead: the rest of the body; ResourceExhausted once it is over `max_bytes`.
+  absl::StatusOr<std::string> ReadBody(int64_t deadline_ns,
+                                       size_t max_bytes = std::numeric_limits<size_t>::max());
 
  private:
   struct Parser;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "connex/serving/testing/fake_replica.h"
+#include "connex/serving/testing/scripted_server.h"
 #include "nlohmann/json.hpp"
 
 namespace connex::serving {
@@ -150,6 +151,22 @@ TEST_F(ResumeProxyTest, HealthAndModelsFollowTheReplicaSet) {
 
 // The proxy's /health used to say 200 while a stage of the model had no live replica (every
 // request then waited and failed): it is 503 naming the missing stage.
+TEST_F(ResumeProxyTest, ATokenizeForwardedToASilentReplicaEndsByTheIdleTimeout) {
+  // It accepts the forwarded request and never answers; the next replica serves.
+  testing::ScriptedServer silent("");
+  FakeReplica b;
+  b.Then({FakeReplica::Act::kStatus, 0, 400});  // an answer of its own, passed on as is
+  StartProxy(/*retry_budget_ms=*/5'000, /*max_attempts=*/20, /*idle_timeout_ms=*/300);
+  proxy_->SetReplicas(
+      {Replica{"silent", "127.0.0.1:" + std::to_string(silent.port())}, b.replica("b")});
+  // The client's bound is 20 s: a proxy that waited on the silent replica answers nothing.
+  auto r = Post("/tokenize", Json{{"model", "tiny"}, {"prompt", "hi"}});
+  ASSERT_TRUE(r) << "the forward waited on the silent replica past its timeout";
+  EXPECT_EQ(r->result_int(), 400);
+  ASSERT_EQ(b.requests().size(), 1u) << "the next replica was asked";
+  EXPECT_EQ(b.requests()[0].first, "/tokenize");
+}
+
 TEST_F(ResumeProxyTest, HealthIs503NamingAMissingStage) {
   FakeReplica a;
   StartProxy();

@@ -1,54 +1,49 @@
 #include "connex/serving/internal/forward.h"
 
-#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
 
-#include "boost/asio.hpp"
-#include "boost/beast/core.hpp"
-#include "boost/beast/http.hpp"
+#include "connex/base/status.h"
 #include "connex/base/strings.h"
+#include "connex/serving/http_client.h"
 #include "connex/serving/http_server.h"
 #include "connex/serving/listen_address.h"
 
 namespace connex::serving::internal {
 namespace {
 
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
+// A forwarded answer larger than this is a broken replica.
+constexpr size_t kMaxForwardedBytes = size_t{8} << 20;
 
-// One POST to one replica; the failure says what broke.
+// One POST to one replica within `timeout_ms`, the whole exchange; the failure says what broke.
 absl::StatusOr<ForwardedAnswer> PostTo(const Replica& replica, const std::string& target,
                                        const std::string& body, int64_t timeout_ms) {
   HttpServerOptions parsed;
   absl::Status address = ParseListenAddress("http", replica.http_address, &parsed);
-  boost::system::error_code ec;
-  asio::ip::address ip = asio::ip::make_address(parsed.host, ec);
-  if (!address.ok() || ec || parsed.port == 0) {
+  if (!address.ok() || parsed.port == 0) {
     return absl::UnavailableError(
         StrCat(replica.name, ": its API address ", replica.http_address, " is not HOST:PORT"));
   }
-  asio::io_context io;
-  beast::tcp_stream stream(io);
-  stream.expires_after(std::chrono::milliseconds(timeout_ms));
-  stream.connect(asio::ip::tcp::endpoint(ip, parsed.port), ec);
-  if (ec) return absl::UnavailableError(StrCat(replica.name, ": connect: ", ec.message()));
-  http::request<http::string_body> request(http::verb::post, target, 11);
-  request.set(http::field::host, replica.http_address);
-  request.set(http::field::content_type, "application/json");
-  request.body() = body;
-  request.prepare_payload();
-  http::write(stream, request, ec);
-  if (ec) return absl::UnavailableError(StrCat(replica.name, ": send: ", ec.message()));
-  beast::flat_buffer buffer;
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(8u << 20);
-  http::read(stream, buffer, parser, ec);
-  if (ec) return absl::UnavailableError(StrCat(replica.name, ": read: ", ec.message()));
-  beast::error_code ignored;
-  stream.socket().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-  const auto& response = parser.get();
-  return ForwardedAnswer{static_cast<int>(response.result_int()),
-                         std::string(response[http::field::content_type]), response.body()};
+  const int64_t deadline_ns = SteadyNowNs() + timeout_ms * 1'000'000;
+  auto post = [&]() -> absl::StatusOr<ForwardedAnswer> {
+    CONNEX_ASSIGN_OR_RETURN(std::unique_ptr<HttpClientConnection> connection,
+                            HttpClientConnection::Connect(parsed.host, parsed.port, deadline_ns));
+    CONNEX_RETURN_IF_ERROR(connection->Send("POST", target,
+                                            {StrCat("Host: ", replica.http_address)}, body,
+                                            "application/json", deadline_ns));
+    CONNEX_ASSIGN_OR_RETURN(HttpResponseHead head, connection->ReadHead(deadline_ns));
+    CONNEX_ASSIGN_OR_RETURN(std::string answer,
+                            connection->ReadBody(deadline_ns, kMaxForwardedBytes));
+    return ForwardedAnswer{head.status, head.Header("Content-Type").value_or(""),
+                           std::move(answer)};
+  };
+  absl::StatusOr<ForwardedAnswer> answer = post();
+  if (!answer.ok()) {
+    // Whatever broke, this replica did not answer: the next may.
+    return absl::UnavailableError(StrCat(replica.name, ": ", answer.status().message()));
+  }
+  return answer;
 }
 
 }  // namespace
