@@ -1,7 +1,8 @@
 // A blocking HTTP/1.1 client whose every call ends by a deadline: a plain socket waited on with
-// poll, and Beast's parser (sans I/O) reading the responses. For the tools that ask the serving
-// stack over HTTP and must never hang on a server that accepts and then says nothing:
-// `connexctl status`'s health probes (deployment.h) and connex-chaos's load and checks.
+// poll, and Beast's parser (sans I/O) reading the responses. For the blocking callers that must
+// never hang on a server that accepts and then says nothing: `connexctl status`'s health probes
+// (deployment.h), the proxy's /tokenize and /detokenize forwards (internal/forward.h) and
+// connex-chaos's load and checks.
 //
 // (Beast's own blocking calls cannot be bounded — "timeouts are not available when performing
 // blocking calls" — and its asynchronous ones cost a loop per call and much compile time.)
