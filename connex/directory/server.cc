@@ -84,7 +84,20 @@ absl::Status DirectoryServer::Loop::Persist() {
       registry_.revision() == saved_revision_) {
     return absl::OkStatus();  // heartbeats and idempotent JOINs change neither
   }
+  const auto start = std::chrono::steady_clock::now();
   CONNEX_RETURN_IF_ERROR(state_->Save(registry_.Export()));
+  const int64_t took_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now() - start)
+                              .count();
+  if (took_ms > server_->longest_state_write_ms_.load()) {
+    server_->longest_state_write_ms_.store(took_ms);  // this loop is its only writer
+  }
+  if (took_ms >= kSlowStateWriteMs) {
+    CONNEX_LOG_WARN(
+        "directory: writing the state to {} took {} ms; no request was answered meanwhile (a "
+        "slow disk: its fsync)",
+        state_->path(), took_ms);
+  }
   saved_ = true;
   saved_next_epoch_ = registry_.next_epoch();
   saved_revision_ = registry_.revision();

@@ -95,6 +95,9 @@ class DirectoryServer {
   uint64_t snapshots_refused() const { return snapshots_refused_.load(); }
   // Connections refused by CURVE (a wrong or missing client key).
   uint64_t connections_refused() const { return zap_ ? zap_->refused() : 0; }
+  // The longest one write of the state dir took so far (ms; 0 without a state dir). The loop
+  // answers nobody while it writes, so a slow disk (fsync) delays every answer by as much.
+  int64_t longest_state_write_ms() const { return longest_state_write_ms_.load(); }
 
  private:
   class Loop;
@@ -116,6 +119,7 @@ class DirectoryServer {
   std::atomic<uint64_t> requests_rejected_{0};
   std::atomic<uint64_t> requests_dropped_{0};
   std::atomic<uint64_t> snapshots_refused_{0};
+  std::atomic<int64_t> longest_state_write_ms_{0};
 };
 
 }  // namespace connex::directory

@@ -122,6 +122,8 @@ class DirectoryServer::Loop {
   bool saved_ = false;
   uint64_t saved_next_epoch_ = 0;
   uint64_t saved_revision_ = 0;
+  // A state write that takes this long is logged (a warning: every answer waited for it).
+  static constexpr int64_t kSlowStateWriteMs = 200;
   std::vector<Reply> replies_;             // answers of one batch, sent once its state is durable
   std::deque<PendingSnapshot> snapshots_;  // checked, waiting for ServeSnapshots
   static constexpr int64_t kSnapshotBudgetMs = 20;
