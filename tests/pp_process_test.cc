@@ -14,6 +14,7 @@
 #include "connex/base/subprocess.h"
 #include "connex/base/wait.h"
 #include "connex/directory/client.h"
+#include "connex/directory/testing/reserved_ports.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
 #include "connex/pp/testing/test_engine.h"
@@ -87,15 +88,16 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
                             [&](uint64_t id) { return reference(id, max_new); });
   }
 
-  // Replaces the directory with one at ports below the ephemeral range (so that they are still
-  // free when it restarts there) and a state dir; true when it is up.
+  // Replaces the directory with one at reserved ports (so that they are still
+  // free when it restarts there: directory/testing/reserved_ports.h) and a state dir; true when
+  // it is up.
   bool StartRestartableDirectory(const std::string& state_dir) {
     directory_.reset();
-    std::mt19937 rng(static_cast<uint32_t>(getpid()));
     for (int attempt = 0; attempt < 20; ++attempt) {
-      int port = 20000 + static_cast<int>(rng() % 12000);
-      bind_ = "tcp://127.0.0.1:" + std::to_string(port);
-      pub_ = "tcp://127.0.0.1:" + std::to_string(port + 1);
+      ports_ = directory::testing::ReservedPorts::Take(2);
+      if (!ports_) return false;
+      bind_ = "tcp://127.0.0.1:" + std::to_string(ports_->first());
+      pub_ = "tcp://127.0.0.1:" + std::to_string(ports_->first() + 1);
       if (RestartDirectory(state_dir)) return true;
     }
     return false;
@@ -188,7 +190,8 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
   int64_t restart_lease_ttl_ms_ = 3000;  // of the directory StartRestartableDirectory starts
   std::string bind_;
   std::string pub_;
-  std::vector<std::string> node_env_;  // added to every node's environment
+  std::optional<directory::testing::ReservedPorts> ports_;  // bind_ and pub_, while held
+  std::vector<std::string> node_env_;                       // added to every node's environment
   std::map<std::pair<int, int>, Subprocess> stages_;
 };
 

@@ -22,6 +22,7 @@
 
 #include "connex/base/config.h"
 #include "connex/base/wait.h"
+#include "connex/directory/testing/reserved_ports.h"
 #include "connex/directory/testing/test_directory.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/random_model.h"
@@ -112,10 +113,10 @@ class LlamaModel {
 };
 
 // A worker's directory: one server for every seed the worker runs, with a state dir as in
-// production, at ports outside the ephemeral range (so that no outgoing connection of another test
-// takes them while it is down). A seed restarts it as kill -9 and a restart would: with its state
-// (the restart is invisible to holders and watchers) or without (a fresh machine: every endpoint
-// registers again under a new epoch, every watcher sees the old ones fail).
+// production, at reserved ports (directory/testing/reserved_ports.h: no other test nor outgoing
+// connection takes them while it is down). A seed restarts it as kill -9 and a restart would: with
+// its state (the restart is invisible to holders and watchers) or without (a fresh machine: every
+// endpoint registers again under a new epoch, every watcher sees the old ones fail).
 class CampaignDirectory {
  public:
   explicit CampaignDirectory(int worker) : worker_(worker) {
@@ -144,12 +145,12 @@ class CampaignDirectory {
   }
 
   absl::Status Start() {
-    std::mt19937_64 rng(static_cast<uint64_t>(::getpid()) * 64 + static_cast<uint64_t>(worker_));
     absl::Status last = absl::UnavailableError("no port tried");
     for (int attempt = 0; attempt < 50; ++attempt) {
-      int port = 20000 + static_cast<int>(rng() % 12000);  // below 32768, the ephemeral range
-      options_.bind = "tcp://127.0.0.1:" + std::to_string(port);
-      options_.pub = "tcp://127.0.0.1:" + std::to_string(port + 1);
+      ports_ = directory::testing::ReservedPorts::Take(2);
+      if (!ports_) return absl::UnavailableError("no two ports to reserve");
+      options_.bind = "tcp://127.0.0.1:" + std::to_string(ports_->first());
+      options_.pub = "tcp://127.0.0.1:" + std::to_string(ports_->first() + 1);
       auto server = directory::DirectoryServer::Start(options_);
       if (server.ok()) {
         server_ = *std::move(server);
@@ -199,6 +200,7 @@ class CampaignDirectory {
 
   int worker_ = 0;
   int64_t longest_state_write_ms_ = 0;
+  std::optional<directory::testing::ReservedPorts> ports_;  // options_'s, while held
   std::string state_dir_;
   directory::DirectoryServerOptions options_;
   std::unique_ptr<directory::DirectoryServer> server_;
