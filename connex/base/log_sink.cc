@@ -42,6 +42,9 @@ std::string_view LevelColor(spdlog::level::level_enum level) {
 }
 constexpr std::string_view kColorReset = "\033[m";
 
+// A buffer larger than this is given back once written.
+constexpr size_t kKeptBufferBytes = 64 << 10;
+
 }  // namespace
 
 NonBlockingSink::NonBlockingSink(int fd, size_t capacity, bool color)
@@ -142,7 +145,13 @@ void NonBlockingSink::WriteQueued() {
     out_.swap(queue_);
   }
   WriteAll(out_);
-  out_.clear();
+  // A burst's buffer is not kept: the two buffers trade places, so both would stay at the size
+  // of the largest burst (up to the capacity) for the process's life.
+  if (out_.capacity() > kKeptBufferBytes) {
+    std::string().swap(out_);
+  } else {
+    out_.clear();
+  }
 }
 
 void NonBlockingSink::WriteAll(const std::string& bytes) {
