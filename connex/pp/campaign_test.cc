@@ -119,7 +119,7 @@ class LlamaModel {
 // endpoint registers again under a new epoch, every watcher sees the old ones fail).
 class CampaignDirectory {
  public:
-  explicit CampaignDirectory(int worker) : worker_(worker) {
+  explicit CampaignDirectory(int worker) {
     // In memory (tmpfs) where there is one: a restart here is a process's, which a state in
     // /dev/shm survives as well as one on disk, and the campaign checks the protocol, not the
     // disk. On a disk the directory answers nobody while it writes (fdatasync): with the disk
@@ -198,7 +198,6 @@ class CampaignDirectory {
     }
   }
 
-  int worker_ = 0;
   int64_t longest_state_write_ms_ = 0;
   std::optional<directory::testing::ReservedPorts> ports_;  // options_'s, while held
   std::string state_dir_;
