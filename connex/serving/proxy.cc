@@ -288,8 +288,9 @@ class ResumeProxy::Impl {
   void StartAttempt(const ProxiedPtr& p) {
     if (p->ended) return;
     const int64_t left = p->request.max_tokens - static_cast<int64_t>(p->tokens.size());
-    if (left <= 0) {  // the replica died between the last token and the end of its stream
-      p->finish = p->finish.value_or(FinishReason::kLength);
+    if (left <= 0) {
+      // The replica died after the last token, before the chunk with finish_reason (with one,
+      // AttemptFailed completes): p->finish stays unset, so Complete sends that chunk ("length").
       return Complete(p);
     }
     std::optional<Replica> replica = PickReplica(*p);

@@ -95,6 +95,44 @@ TEST_F(ResumeProxyTest, AStreamThatBreaksAfterItsLastChunkIsCompletedNotResumed)
   }
 }
 
+// Every token of max_tokens reached the client, then the replica died before the chunk with
+// finish_reason: nothing is left to resume, and the client still gets finish_reason "length"
+// before [DONE] (once, a stream without one ended "[DONE]" with no finish_reason at all).
+TEST_F(ResumeProxyTest, AReplicaLostBeforeItsFinishChunkStillEndsTheStreamWithOne) {
+  for (bool stream : {true, false}) {
+    SCOPED_TRACE(stream ? "streaming" : "non-streaming");
+    FakeReplica a, b;
+    a.Then({FakeReplica::Act::kDieBeforeFinish, 0});
+    StartProxy();
+    proxy_->SetReplicas({a.replica("a"), b.replica("b")});
+    Json request = kStreamRequest;
+    request["stream"] = stream;
+    if (!stream) request.erase("stream_options");
+    auto r = Post("/v1/completions", request);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->result_int(), 200) << r->body();
+    std::vector<int32_t> tokens;
+    std::string finish;
+    if (stream) {
+      Streamed s = Collect(Events(r->body()));
+      tokens = s.tokens;
+      finish = s.finish;
+      EXPECT_EQ(s.done, 1);
+      EXPECT_EQ(s.usage["completion_tokens"], 12);
+      EXPECT_TRUE(s.error.is_null()) << s.error.dump();
+    } else {
+      Json body = Json::parse(r->body());
+      tokens = body["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+      finish = body["choices"][0]["finish_reason"].get<std::string>();
+    }
+    EXPECT_EQ(tokens, Expected(6, 12, 5));
+    EXPECT_EQ(finish, "length");
+    EXPECT_EQ(a.requests().size() + b.requests().size(), 1u) << "nothing left to resume";
+    EXPECT_EQ(proxy_->stats().completed, 1);
+    proxy_.reset();
+  }
+}
+
 TEST_F(ResumeProxyTest, ANonStreamingRequestIsResumedIntoOneWholeAnswer) {
   FakeReplica a, b;
   a.Then({FakeReplica::Act::kErrorEventAfter, 5});  // an in-stream server error is retried

@@ -63,6 +63,8 @@ class FakeReplica {
     kSilentAfter,      // `n` tokens, then nothing (until the test ends)
     kStopThenDie,      // `n` tokens, the n-th with finish_reason "stop", then the connection
                        // is closed before the usage chunk and [DONE]
+    kDieBeforeFinish,  // every token of max_tokens, none with a finish_reason, then the
+                       // connection is closed (the finish chunk lost with the replica)
   };
   struct Script {
     Act act = Act::kServe;
@@ -175,7 +177,7 @@ class FakeReplica {
       return;
     }
     for (int64_t i = 0; i < max_tokens; ++i) {
-      if (script.act != Act::kServe && i == script.n) {
+      if (script.act != Act::kServe && script.act != Act::kDieBeforeFinish && i == script.n) {
         if (script.act == Act::kDieAfter) return;  // the socket closes mid-stream
         if (script.act == Act::kErrorEventAfter) {
           Chunk(s, ChunkBuilder::ErrorEnd(absl::UnavailableError("the pipeline broke")));
@@ -191,7 +193,9 @@ class FakeReplica {
       const int32_t token = FakeToken(prompt.size() + i, seed);
       const bool stop = script.act == Act::kStopThenDie && i + 1 == script.n;
       std::optional<FinishReason> finish;
-      if (i + 1 == max_tokens) finish = FinishReason::kLength;
+      if (i + 1 == max_tokens && script.act != Act::kDieBeforeFinish) {
+        finish = FinishReason::kLength;
+      }
       if (stop) finish = FinishReason::kStop;
       const std::vector<int32_t> ids = {token};
       if (!Chunk(s, chunks.Delta(std::string(1, static_cast<char>(token)), ids, prompt, finish))) {
@@ -199,6 +203,7 @@ class FakeReplica {
       }
       if (stop) return;  // the socket closes after the last chunk, before [DONE]
     }
+    if (script.act == Act::kDieBeforeFinish) return;
     Chunk(s, chunks.End(Usage{static_cast<int64_t>(prompt.size()), max_tokens}));
     Write(s, "0\r\n\r\n");
   }
