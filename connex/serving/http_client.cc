@@ -14,11 +14,9 @@
 #include <limits>
 
 #include "absl/strings/match.h"
-#include "boost/beast/http/error.hpp"
-#include "boost/beast/http/parser.hpp"
-#include "boost/beast/http/string_body.hpp"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
+#include "connex/serving/internal/response_parser.h"
 
 namespace connex::serving {
 namespace {
@@ -57,7 +55,7 @@ std::optional<std::string> HttpResponseHead::Header(std::string_view name) const
 
 struct HttpClientConnection::Parser {
   Parser() { parser.body_limit(std::numeric_limits<uint64_t>::max()); }
-  http::response_parser<http::string_body> parser;
+  internal::ResponseParser parser;
 };
 
 HttpClientConnection::HttpClientConnection(int fd) : fd_(fd), parser_(std::make_unique<Parser>()) {}
@@ -147,34 +145,14 @@ absl::Status HttpClientConnection::Fill(int64_t deadline_ns) {
   }
 }
 
-absl::StatusOr<bool> HttpClientConnection::Parse() {
-  auto& parser = parser_->parser;
-  bool took = false;
-  // Beast's parser stops after each element (the head, a chunk): feed it until it wants more.
-  while (!input_.empty() && !parser.is_done()) {
-    boost::system::error_code ec;
-    const size_t used = parser.put(boost::asio::buffer(input_.data(), input_.size()), ec);
-    input_.erase(0, used);
-    took = took || used > 0;
-    if (ec == http::error::need_more) break;
-    if (ec) return absl::UnavailableError(StrCat("not an HTTP response: ", ec.message()));
-    if (used == 0) break;
-  }
-  if (input_.empty() && eof_ && !parser.is_done()) {
-    if (!parser.is_header_done()) {
-      return absl::UnavailableError("the connection ended before the response's head");
-    }
-    boost::system::error_code ec;
-    parser.put_eof(ec);  // ends a body delimited by the connection's end
-    if (ec) return absl::UnavailableError("the connection ended in the middle of the body");
-  }
-  return took;
+absl::Status HttpClientConnection::Parse() {
+  return internal::FeedResponseParser(parser_->parser, input_, eof_);
 }
 
 absl::StatusOr<HttpResponseHead> HttpClientConnection::ReadHead(int64_t deadline_ns) {
   auto& parser = parser_->parser;
   for (;;) {
-    CONNEX_RETURN_IF_ERROR(Parse().status());
+    CONNEX_RETURN_IF_ERROR(Parse());
     if (parser.is_header_done()) break;
     CONNEX_RETURN_IF_ERROR(Fill(deadline_ns));
   }
@@ -189,7 +167,7 @@ absl::StatusOr<HttpResponseHead> HttpClientConnection::ReadHead(int64_t deadline
 absl::StatusOr<bool> HttpClientConnection::ReadSome(std::string* out, int64_t deadline_ns) {
   auto& parser = parser_->parser;
   for (;;) {
-    CONNEX_RETURN_IF_ERROR(Parse().status());
+    CONNEX_RETURN_IF_ERROR(Parse());
     std::string& body = parser.get().body();
     if (!body.empty()) {
       out->append(body);

@@ -68,8 +68,8 @@ class HttpClientConnection {
   explicit HttpClientConnection(int fd);
   // Reads what the socket has (waiting until it has something) into the parser's input.
   absl::Status Fill(int64_t deadline_ns);
-  // Feeds buffered input to the parser; true when it took some.
-  absl::StatusOr<bool> Parse();
+  // Feeds buffered input to the parser (internal::FeedResponseParser).
+  absl::Status Parse();
 
   int fd_;
   std::unique_ptr<Parser> parser_;

@@ -10,10 +10,8 @@
 #include "boost/asio/ip/tcp.hpp"
 #include "boost/asio/steady_timer.hpp"
 #include "boost/asio/write.hpp"
-#include "boost/beast/http/error.hpp"
-#include "boost/beast/http/parser.hpp"
-#include "boost/beast/http/string_body.hpp"
 #include "connex/base/strings.h"
+#include "connex/serving/internal/response_parser.h"
 #include "connex/serving/listen_address.h"
 #include "nlohmann/json.hpp"
 
@@ -21,7 +19,6 @@ namespace connex::serving::internal {
 
 using Json = nlohmann::json;
 namespace asio = boost::asio;
-namespace http = boost::beast::http;
 using tcp = asio::ip::tcp;
 
 std::string UpstreamBody(const CompletionRequest& r, std::span<const int32_t> resume_prompt,
@@ -188,20 +185,9 @@ class AsioUpstreamCall final : public UpstreamCall {
   // Feeds what came to the parser and hands on what it makes whole. False when the call is over
   // (ended, failed or closed).
   bool Parse(bool eof) {
-    while (!input_.empty() && !parser_.is_done()) {
-      boost::system::error_code ec;
-      const size_t used = parser_.put(asio::buffer(input_.data(), input_.size()), ec);
-      input_.erase(0, used);
-      if (ec == http::error::need_more) break;
-      if (ec) {
-        Fail(StrCat("reading the answer: ", ec.message()));
-        return false;
-      }
-      if (used == 0) break;
-    }
-    if (eof && input_.empty() && parser_.is_header_done() && !parser_.is_done()) {
-      boost::system::error_code ec;
-      parser_.put_eof(ec);  // ends a body delimited by the connection's end
+    if (absl::Status fed = FeedResponseParser(parser_, input_, eof); !fed.ok()) {
+      Fail(StrCat(head_ ? "the stream broke: " : "reading the answer: ", fed.message()));
+      return false;
     }
     if (!head_ && parser_.is_header_done()) {
       head_ = true;
@@ -262,7 +248,7 @@ class AsioUpstreamCall final : public UpstreamCall {
   std::string request_;
   std::array<char, 16384> buffer_;
   std::string input_;  // received, not yet parsed
-  http::response_parser<http::string_body> parser_;
+  ResponseParser parser_;
   OpenAiStreamReader events_;  // a 200 answer's
   Timeouts timeouts_;
   Callbacks callbacks_;
