@@ -1,10 +1,38 @@
 // The directory's state dir across kill -9, and its bounds under floods: table limits, memory of
 // unread replies and closed connections, expensive JOINs and snapshots (the fixture:
 // directory_process_fixture.h).
+#include <algorithm>
+#include <cctype>
+#include <functional>
+#include <string>
+#include <vector>
+
 #include "tests/directory_process_fixture.h"
 
 namespace connex::testing {
 namespace {
+
+// The `n` mappings of process `pid` with the most resident memory, one per line ("KB range
+// path"): where a process's memory is, when a test finds it kept too much.
+std::string LargestMappings(int pid, size_t n) {
+  std::ifstream smaps("/proc/" + std::to_string(pid) + "/smaps");
+  std::vector<std::pair<int64_t, std::string>> mappings;
+  std::string line, mapping;
+  while (std::getline(smaps, line)) {
+    if (line.rfind("Rss:", 0) == 0) {
+      mappings.emplace_back(std::stoll(line.substr(4)), mapping);
+    } else if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+               line.find('-') != std::string::npos && line.find(':') > line.find(' ')) {
+      mapping = line;  // a mapping's first line: range, permissions, offset, device, inode, path
+    }
+  }
+  std::sort(mappings.begin(), mappings.end(), std::greater<>());
+  std::string out;
+  for (size_t i = 0; i < mappings.size() && i < n; ++i) {
+    out += std::to_string(mappings[i].first) + " KB " + mappings[i].second + "\n";
+  }
+  return out;
+}
 
 // Finding 3 of issue 12: epochs were seeded from the wall clock in milliseconds, so a restart
 // after more migrations than milliseconds handed out epochs a second time (397 178 of 400 000).
@@ -469,7 +497,9 @@ TEST_F(LimitedDirectoryTest, AConnectionStormsMemoryIsGivenBack) {
   }
   const double peak = rss_mb();
   ASSERT_TRUE(WaitUntil([&] { return rss_mb() < before + 4; }, 20'000))
-      << "kept " << rss_mb() << " MB after the storm (" << before << " MB before)";
+      << "kept " << rss_mb() << " MB after the storm (" << before
+      << " MB before); its largest mappings:\n"
+      << LargestMappings(directory_->pid(), 12);
   std::printf(
       "a storm of 500 connections x 20 junk requests of 16 KB: RSS %.1f -> %.1f MB, "
       "%.1f MB after\n",
