@@ -6,9 +6,11 @@
 #include "connex/directory/server.h"
 
 #include <malloc.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <random>
@@ -32,6 +34,16 @@ uint64_t WallClockMillis() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
+}
+
+// The process's resident memory (/proc/self/statm), 0 when it cannot be read.
+int64_t ResidentBytes() {
+  std::FILE* statm = std::fopen("/proc/self/statm", "r");
+  if (statm == nullptr) return 0;
+  long long size = 0, resident = 0;
+  const bool read = std::fscanf(statm, "%lld %lld", &size, &resident) == 2;
+  std::fclose(statm);
+  return read ? resident * ::sysconf(_SC_PAGESIZE) : 0;
 }
 
 }  // namespace
@@ -154,13 +166,21 @@ void DirectoryServer::Loop::Run() {
       next_tick = now + options_.tick_ms;
     }
     // After a storm of requests (connections come and go, each with ZeroMQ's buffers), glibc
-    // keeps the freed memory: once a second, when more than kTrimFreeBytes of the heap are
-    // free, give them back (a storm of 500 connections kept 14 MB without it). malloc_trim does
-    // not shrink a thread arena's top past glibc's trim threshold, which glibc raises by itself:
-    // the connex-directory binary fixes the thresholds at start (apps/connex-directory/main.cc).
+    // keeps the freed memory: once a second, when the process grew by kTrimGrowthBytes since
+    // the last trim and more than kTrimFreeBytes of the heap are free, give them back (a storm of
+    // 500 connections kept 14 MB without it). Free bytes alone do not tell: a trimmed heap
+    // counts its given-back chunks as free still, and a storm that re-used them made them
+    // resident again without adding to the count; and under the old bar (4 MB free) up to 4 MB
+    // stayed resident for good. malloc_trim does not shrink a thread arena's top past glibc's trim
+    // threshold, which glibc raises by itself: the connex-directory binary fixes the thresholds
+    // at start (apps/connex-directory/main.cc).
     if (options_.trim_heap && now - last_trim_check_ms_ >= kTrimCheckEveryMs) {
       last_trim_check_ms_ = now;
-      if (mallinfo2().fordblks > kTrimFreeBytes) malloc_trim(0);
+      if (ResidentBytes() > resident_after_trim_ + kTrimGrowthBytes &&
+          mallinfo2().fordblks > kTrimFreeBytes) {
+        malloc_trim(0);
+        resident_after_trim_ = ResidentBytes();
+      }
     }
   }
 }

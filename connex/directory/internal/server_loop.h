@@ -128,8 +128,10 @@ class DirectoryServer::Loop {
   std::deque<PendingSnapshot> snapshots_;  // checked, waiting for ServeSnapshots
   static constexpr int64_t kSnapshotBudgetMs = 20;
   static constexpr int64_t kTrimCheckEveryMs = 1'000;
-  static constexpr size_t kTrimFreeBytes = 4 << 20;
+  static constexpr size_t kTrimFreeBytes = 1 << 20;
+  static constexpr int64_t kTrimGrowthBytes = 1 << 20;
   int64_t last_trim_check_ms_ = 0;
+  int64_t resident_after_trim_ = 0;  // the process's RSS after the last trim
   static constexpr int64_t kSnapshotCacheMs = 100;
   static constexpr size_t kMaxCachedSnapshots = 64;
   std::map<std::pair<std::optional<std::string>, std::optional<uint32_t>>,
