@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "connex/base/cli.h"
 #include "connex/base/config.h"
+#include "connex/base/json_text.h"
 #include "connex/base/strings.h"
 #include "connex/transport/testing/transport_bench.h"
 #include "fmt/format.h"
@@ -175,7 +176,7 @@ int main(int argc, char** argv) {
                                  r.gbps, r.p50_us);
       }
     }
-    if (json) std::cout << j.dump() << "\n";
+    if (json) std::cout << DumpJson(j) << "\n";
     return 0;
   }
   if (transport->parsed()) {
@@ -197,7 +198,7 @@ int main(int argc, char** argv) {
         j["results"].push_back(
             {{"size", r.size}, {"gbps", r.gbps}, {"p50_us", r.p50_us}, {"p99_us", r.p99_us}});
       }
-      std::cout << j.dump() << "\n";
+      std::cout << DumpJson(j) << "\n";
     } else {
       std::cout << fmt::format("backend {} inflight {} seconds {}\n", backend_text, inflight,
                                seconds);
@@ -221,7 +222,7 @@ int main(int argc, char** argv) {
     nlohmann::json j{
         {"backend", backend_text},  {"signal", stop ? "STOP" : "KILL"}, {"runs", runs},
         {"p50_ms", result->p50_ms}, {"p99_ms", result->p99_ms},         {"max_ms", result->max_ms}};
-    std::cout << j.dump() << "\n";
+    std::cout << DumpJson(j) << "\n";
   } else {
     std::cout << fmt::format(
         "backend {} signal {} runs {}: p50 {:.2f} ms, p99 {:.2f} ms, max "

@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "connex/base/cli.h"
+#include "connex/base/json_text.h"
 #include "connex/base/signals.h"
 #include "connex/base/subprocess.h"
 #include "connex/chaos/campaigns.h"
@@ -358,7 +359,7 @@ int main(int argc, char** argv) {
       std::cout.flush();
       if (!json_path.empty()) {
         std::ofstream out(json_path, std::ios::trunc);
-        out << record->dump(2) << "\n";
+        out << connex::DumpJson(*record, 2) << "\n";
         if (!out) std::cerr << "connex-chaos: cannot write " << json_path << "\n";
       }
       exit_code = record->value("ok", false) ? 0 : 1;

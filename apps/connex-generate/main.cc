@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "connex/base/cli.h"
+#include "connex/base/json_text.h"
 #include "connex/base/status.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
@@ -227,8 +228,7 @@ int main(int argc, char** argv) {
                                      {"prompt_tokens", prompts[i].size()},
                                      {"finish_reason", stopped ? "stop" : "length"}};
       // Invalid UTF-8 (a random model emits any byte) is replaced in "text"; "tokens" is exact.
-      std::cout << line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
-                << "\n";
+      std::cout << connex::DumpJson(line) << "\n";
     } else {
       std::cout << out << "\n";
     }

@@ -16,6 +16,7 @@
 #include "connex/base/cli.h"
 #include "connex/base/config.h"
 #include "connex/base/curve.h"
+#include "connex/base/json_text.h"
 #include "connex/base/logging.h"
 #include "connex/base/signals.h"
 #include "connex/base/status.h"
@@ -263,7 +264,7 @@ int main(int argc, char** argv) {
                             {"incarnation", snapshot->incarnation},
                             {"records", nlohmann::json::array()}};
       for (const Record& r : snapshot->records) out["records"].push_back(ToJson(r));
-      std::printf("%s\n", out.dump().c_str());
+      std::printf("%s\n", connex::DumpJson(out).c_str());
     } else {
       PrintTable(snapshot->records);
     }
@@ -292,7 +293,8 @@ int main(int argc, char** argv) {
       }
     }
     if (json) {
-      std::printf("%s\n", connex::serving::ServedModelsJson(models, health).dump().c_str());
+      std::printf("%s\n",
+                  connex::DumpJson(connex::serving::ServedModelsJson(models, health)).c_str());
     } else {
       std::printf("%s", connex::serving::RenderServedModels(models, health).c_str());
     }
@@ -306,7 +308,7 @@ int main(int argc, char** argv) {
     if (json) {
       nlohmann::json out = nlohmann::json::array();
       for (const Record& r : snapshot->records) out.push_back(ToJson(r));
-      std::printf("%s\n", out.dump().c_str());
+      std::printf("%s\n", connex::DumpJson(out).c_str());
     } else {
       for (const Record& r : snapshot->records) {
         std::printf("%s epoch=%llu addresses=%s\n", r.lid.ToString().c_str(),

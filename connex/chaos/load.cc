@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <ctime>
 
+#include "connex/base/json_text.h"
 #include "connex/base/stats.h"
 #include "connex/base/strings.h"
 
@@ -232,7 +233,7 @@ namespace {
 
 std::string Quoted(const std::string& text, size_t n) {
   json j = text.substr(0, n);
-  return j.dump(-1, ' ', false, json::error_handler_t::replace) + (text.size() > n ? "..." : "");
+  return DumpJson(j) + (text.size() > n ? "..." : "");
 }
 
 // What differs between a completed request and connex-generate's answer, but its token ids.

@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "connex/base/json_text.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/chaos/campaigns.h"
@@ -326,7 +327,7 @@ std::string PdReport(const json& r) {
     }
     line(StrCat("  failovers ", s["failovers"].get<double>(), ", re-prefills ",
                 s["reprefills"].get<double>()));
-    for (const auto& lost : s["lost"]) line("  lost: " + lost.dump());
+    for (const auto& lost : s["lost"]) line("  lost: " + DumpJson(lost));
   };
   side("pd",
        StrCat("disaggregated (", op["frontends"].get<int>(), " frontend, ",

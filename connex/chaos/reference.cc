@@ -5,6 +5,7 @@
 #include <fstream>
 #include <thread>
 
+#include "connex/base/json_text.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/base/subprocess.h"
@@ -29,7 +30,7 @@ std::string RequestSpec::Body(const std::string& model) const {
   j["repetition_penalty"] = repetition_penalty;
   if (ignore_eos) j["ignore_eos"] = true;
   if (!stop_token_ids.empty()) j["stop_token_ids"] = stop_token_ids;
-  return j.dump();
+  return DumpJson(j);
 }
 
 bool RequestSpec::Stops(int32_t token) const {
@@ -127,7 +128,7 @@ absl::StatusOr<std::vector<Reference>> References::Generate(const Run& run, int 
   if (!g) return absl::InternalError("reference: " + error);
   std::vector<Reference> lines;
   while (std::optional<std::string> line = g->ReadLine(600'000)) {
-    nlohmann::json j = nlohmann::json::parse(*line, nullptr, false);
+    nlohmann::json j = ParseJson(*line);
     if (j.is_discarded() || !j.contains("tokens") || !j.contains("text") ||
         !j.contains("prompt_tokens") || !j.contains("finish_reason")) {
       return absl::InternalError("reference: connex-generate printed " + line->substr(0, 200));

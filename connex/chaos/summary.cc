@@ -1,6 +1,7 @@
 // Summary(): a campaign's record for people.
 #include <cstdio>
 
+#include "connex/base/json_text.h"
 #include "connex/base/strings.h"
 #include "connex/chaos/campaigns.h"
 #include "connex/chaos/load.h"
@@ -45,7 +46,7 @@ std::string Summary(const json& r) {
                 r["options"]["proxy"].get<bool>() ? "with the proxy" : "without the proxy",
                 r["options"]["soft"].get<bool>() ? ", soft" : "", "); e2e mean ", f1(l["mean"]),
                 " ms, p99 ", f1(l["p99"]), " ms"));
-    for (const auto& lost : r["lost"]) line("  lost: " + lost.dump());
+    for (const auto& lost : r["lost"]) line("  lost: " + DumpJson(lost));
   } else if (campaign == "steady") {
     for (const auto& row : r["open_loop"]) {
       line(StrCat("  K=", row["inflight"].get<int>(), " QPS ", f1(row["qps"]), ": e2e mean ",

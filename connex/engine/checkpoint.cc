@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "connex/base/json_text.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "nlohmann/json.hpp"
@@ -33,7 +34,7 @@ absl::StatusOr<std::map<std::string, std::string, std::less<>>> ReadIndex(const 
   std::stringstream text;
   text << in.rdbuf();
   const std::string s = text.str();
-  Json j = Json::parse(s, nullptr, /*allow_exceptions=*/false);
+  Json j = ParseJson(s);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(StrCat(path, ": not a JSON object"));
   }

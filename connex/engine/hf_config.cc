@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "connex/base/json_text.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/engine/internal/errors.h"
@@ -37,7 +38,7 @@ constexpr std::pair<const char*, int64_t ModelConfig::*> kRequiredInts[] = {
 using internal::Bad;
 
 std::string Show(const Json& j) {
-  std::string s = j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  std::string s = DumpJson(j);
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
 
@@ -239,7 +240,7 @@ Json TokenListJson(const std::vector<int64_t>& ids) {
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view json) {
-  Json j = Json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
+  Json j = ParseJson(json);
   if (j.is_discarded()) return Bad("config.json is not valid JSON");
   try {
     return ParseConfig(j);
@@ -295,7 +296,7 @@ std::string ModelConfig::ToJson() const {
     j["sliding_window"] = sliding_window > 0 ? Json(sliding_window) : Json(nullptr);
   }
   if (!torch_dtype.empty()) j["torch_dtype"] = torch_dtype;
-  return j.dump(2) + "\n";
+  return DumpJson(j, 2) + "\n";
 }
 
 std::string ModelConfig::GenerationConfigJson() const {
@@ -308,11 +309,11 @@ std::string ModelConfig::GenerationConfigJson() const {
   if (generation.top_k) j["top_k"] = *generation.top_k;
   if (generation.min_p) j["min_p"] = *generation.min_p;
   if (generation.repetition_penalty) j["repetition_penalty"] = *generation.repetition_penalty;
-  return j.dump(2) + "\n";
+  return DumpJson(j, 2) + "\n";
 }
 
 absl::Status ModelConfig::ApplyGenerationConfig(std::string_view json) {
-  Json j = Json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
+  Json j = ParseJson(json);
   if (j.is_discarded() || !j.is_object()) {
     return Bad("generation_config.json is not a JSON object");
   }

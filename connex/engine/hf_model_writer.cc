@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "connex/base/json_text.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/engine/checkpoint.h"
@@ -72,7 +73,7 @@ absl::Status WriteShard(const std::string& path, const std::vector<const TensorS
                           {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
-  std::string text = header.dump();
+  std::string text = DumpJson(header);
   while ((8 + text.size()) % 8 != 0) text.push_back(' ');
   const std::string tmp = StrCat(path, ".tmp.", ::getpid());
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -210,7 +211,7 @@ absl::StatusOr<HfModelSummary> WriteRandomHfModel(const std::string& dir, const 
   const std::string index = StrCat(dir, "/", kIndexFile);
   if (shards.size() > 1) {
     Json j = {{"metadata", {{"total_size", summary.bytes}}}, {"weight_map", weight_map}};
-    CONNEX_RETURN_IF_ERROR(WriteFile(index, j.dump(2) + "\n"));
+    CONNEX_RETURN_IF_ERROR(WriteFile(index, DumpJson(j, 2) + "\n"));
   } else {
     ::unlink(index.c_str());  // a stale index would win over model.safetensors
   }

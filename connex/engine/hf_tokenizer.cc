@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "connex/base/json_text.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/engine/internal/bpe.h"
@@ -83,10 +84,13 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_v
                           internal::TokenizerJson::Parse(tokenizer_json, tj_name));
   const json& tj = document->rest();  // without the vocabulary and the merges
   json config = json::object();
-  try {
-    if (!config_json.empty()) config = json::parse(config_json);
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(StrCat(tc_name, ": not valid JSON: ", e.what()));
+  if (!config_json.empty()) {
+    absl::StatusOr<json> parsed = ParseJsonChecked(config_json);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          StrCat(tc_name, ": not valid JSON: ", parsed.status().message()));
+    }
+    config = *std::move(parsed);
   }
   if (!config.is_object()) return absl::InvalidArgumentError(StrCat(tc_name, ": not an object"));
   auto tokenizer = std::unique_ptr<HfTokenizer>(new HfTokenizer());
@@ -126,7 +130,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_v
                        a.value("lstrip", false), a.value("rstrip", false)};
       if (added.id < 0 || added.content.empty()) {
         return absl::InvalidArgumentError(
-            StrCat(tj_name, ": added token ", a.dump(), " has no content or a bad id"));
+            StrCat(tj_name, ": added token ", DumpJson(a), " has no content or a bad id"));
       }
       vocab[added.content] = added.id;
       size = std::max(size, added.id + 1);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "connex/base/json_text.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/engine/half.h"
@@ -25,8 +26,7 @@ using internal::Bad;
 
 absl::StatusOr<uint64_t> Unsigned(const Json& j, std::string_view what) {
   if (!j.is_number_unsigned()) {
-    return Bad(StrCat(what, " is not a non-negative integer: ",
-                      j.dump(-1, ' ', false, Json::error_handler_t::replace).substr(0, 40)));
+    return Bad(StrCat(what, " is not a non-negative integer: ", DumpJson(j).substr(0, 40)));
   }
   return j.get<uint64_t>();
 }
@@ -94,7 +94,7 @@ absl::StatusOr<SafetensorsHeader> ParseHeaderOrThrow(std::span<const uint8_t> fi
                       file.size(), " bytes; truncated?)"));
   }
   const char* begin = reinterpret_cast<const char*>(file.data() + 8);
-  Json j = Json::parse(begin, begin + header_size, nullptr, /*allow_exceptions=*/false);
+  Json j = ParseJson(std::string_view(begin, header_size));
   if (j.is_discarded()) return Bad("header is not valid JSON");
   if (!j.is_object()) return Bad("header is not a JSON object");
 
@@ -276,7 +276,7 @@ std::vector<uint8_t> SerializeSafetensors(
                     {"data_offsets", {offset, offset + t.data.size()}}};
     offset += t.data.size();
   }
-  std::string text = header.dump(-1, ' ', false, Json::error_handler_t::replace);
+  std::string text = DumpJson(header);
   while ((8 + text.size()) % 8 != 0) text.push_back(' ');
   std::vector<uint8_t> out(8 + text.size() + offset);
   uint64_t n = text.size();

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/cord.h"
+#include "connex/base/json_text.h"
 #include "connex/base/strings.h"
 #include "nlohmann/json.hpp"
 
@@ -83,8 +84,7 @@ std::string ErrorEnvelope(int http_status, std::string_view message, std::string
                           {"type", std::string(ErrorTypeOf(http_status))},
                           {"param", NullIfEmpty(param)},
                           {"code", NullIfEmpty(code)}};
-  return nlohmann::json{{"error", std::move(error)}}.dump(-1, ' ', false,
-                                                          nlohmann::json::error_handler_t::replace);
+  return DumpJson(nlohmann::json{{"error", std::move(error)}});
 }
 
 std::string ErrorEnvelope(const absl::Status& status) {

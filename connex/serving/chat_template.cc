@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "connex/base/json_text.h"
 #include "connex/base/status.h"
 #include "connex/serving/jinja/template.h"
 
@@ -39,10 +40,9 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string&
   return text.str();
 }
 
-absl::StatusOr<nlohmann::ordered_json> ParseJson(const std::string& text,
-                                                 const std::string& origin) {
-  nlohmann::ordered_json json =
-      nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+absl::StatusOr<nlohmann::ordered_json> ParseJsonFile(const std::string& text,
+                                                     const std::string& origin) {
+  nlohmann::ordered_json json = ParseOrderedJson(text);
   if (json.is_discarded()) {
     return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid JSON"));
   }
@@ -117,7 +117,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Make(
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfigFile(const std::string& path) {
   CONNEX_ASSIGN_OR_RETURN(std::string text, ReadFile(path, "tokenizer_config"));
-  CONNEX_ASSIGN_OR_RETURN(nlohmann::ordered_json config, ParseJson(text, path));
+  CONNEX_ASSIGN_OR_RETURN(nlohmann::ordered_json config, ParseJsonFile(text, path));
   auto result = FromTokenizerConfig(config);
   if (!result.ok()) return Annotate(result.status(), path);
   return result;
@@ -174,7 +174,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTemplateFile(const std::string& p
                                                             TokenizerSpecials specials) {
   CONNEX_ASSIGN_OR_RETURN(std::string text, ReadFile(path, "chat template"));
   if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
-    CONNEX_ASSIGN_OR_RETURN(nlohmann::ordered_json json, ParseJson(text, path));
+    CONNEX_ASSIGN_OR_RETURN(nlohmann::ordered_json json, ParseJsonFile(text, path));
     if (!json.is_object() || !json.contains("chat_template")) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": no \"chat_template\" field"));
     }

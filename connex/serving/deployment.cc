@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "connex/base/json_text.h"
 #include "connex/base/strings.h"
 #include "connex/serving/http_client.h"
 #include "connex/serving/http_server.h"
@@ -68,7 +69,7 @@ HealthProbe ProbeHealth(const std::string& http_address, int64_t timeout_ms) {
     return {0, std::string(reply.status().message())};
   }
   HealthProbe probe{reply->status, ""};
-  nlohmann::json body = nlohmann::json::parse(reply->body, nullptr, false);
+  nlohmann::json body = ParseJson(reply->body);
   if (body.is_object() && body.contains("reason") && body["reason"].is_string()) {
     probe.detail = body["reason"].get<std::string>();
   }

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "connex/base/json_text.h"
 #include "connex/base/logging.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
@@ -31,8 +32,7 @@ absl::StatusOr<TokenizerSpecials> SpecialsOf(const std::string& dir) {
   if (!in) return TokenizerSpecials{};
   std::ostringstream text;
   text << in.rdbuf();
-  nlohmann::ordered_json config =
-      nlohmann::ordered_json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::ordered_json config = ParseOrderedJson(text.str());
   if (config.is_discarded()) return absl::InvalidArgumentError(StrCat(path, ": not valid JSON"));
   absl::StatusOr<TokenizerSpecials> specials = SpecialsFromTokenizerConfig(config);
   if (!specials.ok()) return Annotate(specials.status(), path);

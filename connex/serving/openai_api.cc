@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "connex/base/json_text.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/serving/api_error.h"
@@ -16,7 +17,6 @@ namespace {
 using Json = nlohmann::json;
 
 // Thrown by the parser callback past the depth limit; caught in ParseBody, never leaves this file.
-struct TooDeep {};
 
 // The JSON type name a client sees in a message ("a string", "an integer", ...).
 std::string TypeName(const Json& value) {
@@ -56,25 +56,22 @@ absl::Status Unsupported(std::string_view param, std::string_view what) {
 }
 
 absl::StatusOr<Json> ParseBody(std::string_view body, int max_depth) {
-  auto depth_guard = [max_depth](int depth, Json::parse_event_t, Json&) {
-    if (depth > max_depth) throw TooDeep{};
-    return true;
-  };
-  try {
-    Json parsed = Json::parse(body.begin(), body.end(), depth_guard);
-    if (!parsed.is_object()) {
-      return InvalidRequest(
-          "", "invalid_type",
-          StrCat("the request body must be a JSON object, got ", TypeName(parsed)));
-    }
-    return parsed;
-  } catch (const TooDeep&) {
+  absl::StatusOr<Json> parsed = ParseJsonChecked(body, max_depth);
+  if (absl::IsOutOfRange(parsed.status())) {
     return InvalidRequest("", "invalid_json",
                           StrCat("the request body nests deeper than ", max_depth, " levels"));
-  } catch (const Json::exception& e) {
-    return InvalidRequest("", "invalid_json",
-                          StrCat("the request body is not valid JSON: ", e.what()));
   }
+  if (!parsed.ok()) {
+    return InvalidRequest(
+        "", "invalid_json",
+        StrCat("the request body is not valid JSON: ", parsed.status().message()));
+  }
+  if (!parsed->is_object()) {
+    return InvalidRequest(
+        "", "invalid_type",
+        StrCat("the request body must be a JSON object, got ", TypeName(*parsed)));
+  }
+  return parsed;
 }
 
 // Reads the fields of one JSON object; a field that is absent or null reads as "not given".
@@ -178,7 +175,7 @@ absl::Status ParseTokenIds(const Json& array, std::string_view param, const Requ
     if (!id.is_number_integer()) return WrongType(param, "a list of integer token ids", id);
     int64_t v = id.get<int64_t>();  // an unsigned id past int64 reads as negative
     if (v < 0 || v >= limits.vocab_size) {
-      return BadValue(param, StrCat("holds token id ", id.dump(), " outside the vocabulary [0, ",
+      return BadValue(param, StrCat("holds token id ", DumpJson(id), " outside the vocabulary [0, ",
                                     limits.vocab_size, ")"));
     }
     out->push_back(static_cast<int32_t>(v));

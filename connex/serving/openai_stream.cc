@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "connex/base/json_text.h"
 #include "connex/base/strings.h"
 #include "connex/serving/api_error.h"
 #include "connex/serving/internal/openai_json.h"
@@ -93,7 +94,7 @@ std::string ChunkBuilder::ErrorEnd(const absl::Status& status) {
 }
 
 std::string ChunkBuilder::ErrorEnd(std::string_view envelope_json) {
-  Json envelope = Json::parse(envelope_json, nullptr, /*allow_exceptions=*/false);
+  Json envelope = ParseJson(envelope_json);
   if (!envelope.is_object()) return ErrorEnd(absl::InternalError(std::string(envelope_json)));
   return StrCat(SseEvent(Dump(envelope)), kSseDone);
 }
@@ -151,7 +152,7 @@ absl::StatusOr<StreamEvent> ParseStreamEvent(std::string_view data) {
     event.kind = StreamEvent::Kind::kDone;
     return event;
   }
-  Json json = Json::parse(data, nullptr, /*allow_exceptions=*/false);
+  Json json = ParseJson(data);
   if (!json.is_object()) {
     return absl::DataLossError(StrCat("an event that is not a JSON object: ", Quote(data)));
   }
@@ -205,7 +206,7 @@ absl::StatusOr<StreamEvent> ParseStreamEvent(std::string_view data) {
       event.finish = FinishReason::kLength;
     } else {
       return absl::DataLossError(
-          StrCat("a finish_reason other than stop or length: ", Quote(finish->dump())));
+          StrCat("a finish_reason other than stop or length: ", Quote(DumpJson(*finish))));
     }
   }
   return event;

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "connex/base/json_text.h"
 #include "connex/base/strings.h"
 #include "connex/serving/api_error.h"
 #include "connex/serving/router.h"
@@ -11,9 +12,7 @@
 namespace connex::serving {
 namespace {
 
-std::string Dump(const nlohmann::ordered_json& j) {
-  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-}
+std::string Dump(const nlohmann::ordered_json& j) { return DumpJson(j); }
 
 // A failure of the prompt's input (`prompt` or `messages`): 400 naming it, unless it already
 // names a field (a render error of the template is the conversation's).

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "connex/base/json_text.h"
 #include "connex/base/status.h"
 #include "connex/base/strings.h"
 #include "connex/engine/internal/hf_json.h"
@@ -209,7 +210,7 @@ absl::StatusOr<PrependScheme> MetaspaceScheme(const json& j, const std::string& 
   if (s == "always") return PrependScheme::kAlways;
   if (s == "first") return PrependScheme::kFirst;
   if (s == "never") return PrependScheme::kNever;
-  return Unsupported(where, StrCat("Metaspace prepend_scheme ", it->dump()));
+  return Unsupported(where, StrCat("Metaspace prepend_scheme ", DumpJson(*it)));
 }
 
 // ---- Post-processors ----
@@ -273,7 +274,7 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> MakeTemplate(const json& j, const
       }
       items.push_back(*id);
     } else {
-      return Unsupported(where, StrCat("template item ", item.dump()));
+      return Unsupported(where, StrCat("template item ", DumpJson(item)));
     }
   }
   return std::make_unique<TemplateProcessor>(std::move(items));

@@ -9,15 +9,14 @@
 #include <string_view>
 #include <vector>
 
+#include "connex/base/json_text.h"
 #include "connex/serving/openai_response.h"
 #include "nlohmann/json.hpp"
 
 namespace connex::serving::internal {
 
 // Compact, with bytes that are not valid UTF-8 replaced by U+FFFD.
-inline std::string Dump(const nlohmann::json& json) {
-  return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
+inline std::string Dump(const nlohmann::json& json) { return DumpJson(json); }
 
 inline bool IsChat(const ResponseHeader& header) {
   return header.endpoint == Endpoint::kChatCompletions;

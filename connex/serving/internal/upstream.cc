@@ -10,6 +10,7 @@
 #include "boost/asio/ip/tcp.hpp"
 #include "boost/asio/steady_timer.hpp"
 #include "boost/asio/write.hpp"
+#include "connex/base/json_text.h"
 #include "connex/base/strings.h"
 #include "connex/serving/internal/response_parser.h"
 #include "connex/serving/listen_address.h"
@@ -54,7 +55,7 @@ std::string UpstreamBody(const CompletionRequest& r, std::span<const int32_t> re
   if (r.repetition_penalty) body["repetition_penalty"] = *r.repetition_penalty;
   if (r.ignore_eos) body["ignore_eos"] = true;
   if (!r.stop_token_ids.empty()) body["stop_token_ids"] = r.stop_token_ids;
-  return body.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return DumpJson(body);
 }
 
 UpstreamRequest MakeUpstreamRequest(const CompletionRequest& r, std::span<const int32_t> prompt,
@@ -68,7 +69,7 @@ UpstreamRequest MakeUpstreamRequest(const CompletionRequest& r, std::span<const 
 }
 
 std::string ErrorMessageOf(const std::string& body) {
-  Json envelope = Json::parse(body, nullptr, false);
+  Json envelope = ParseJson(body);
   if (envelope.is_object() && envelope.contains("error") && envelope["error"].is_object() &&
       envelope["error"].contains("message") && envelope["error"]["message"].is_string()) {
     return envelope["error"]["message"].get<std::string>();
