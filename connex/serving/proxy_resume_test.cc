@@ -55,81 +55,74 @@ TEST_F(ResumeProxyTest, AReplicaThatDiesMidStreamIsResumedElsewhereWithoutADupli
   EXPECT_EQ(proxy_->stats().completed, 1);
 }
 
-// The chunk with finish_reason reached the client, then the replica's connection broke before
-// [DONE]: the answer is whole. A resume would put the EOS into the prompt and stream tokens after
-// finish_reason "stop".
-TEST_F(ResumeProxyTest, AStreamThatBreaksAfterItsLastChunkIsCompletedNotResumed) {
-  for (bool stream : {true, false}) {
-    SCOPED_TRACE(stream ? "streaming" : "non-streaming");
+// What a client got for `kStreamRequest`, streamed or not, from a proxy whose first replica
+// acts `first` (its second serves): the tokens and the finish reason; a stream must end with
+// [DONE], its usage counting `tokens`, no error.
+struct Answer {
+  std::vector<int32_t> tokens;
+  std::string finish;
+  size_t upstream_requests = 0;
+};
+
+class FinishedAnswerTest : public ResumeProxyTest {
+ protected:
+  Answer Run(FakeReplica::Script first, bool stream) {
     FakeReplica a, b;
-    a.Then({FakeReplica::Act::kStopThenDie, 5});
-    b.Then({FakeReplica::Act::kStopThenDie, 5});
+    a.Then(first);
     StartProxy();
     proxy_->SetReplicas({a.replica("a"), b.replica("b")});
     Json request = kStreamRequest;
     request["stream"] = stream;
     if (!stream) request.erase("stream_options");
     auto r = Post("/v1/completions", request);
-    ASSERT_TRUE(r);
-    ASSERT_EQ(r->result_int(), 200) << r->body();
-    std::vector<int32_t> tokens;
-    std::string finish;
+    Answer answer;
+    if (!r) {
+      ADD_FAILURE() << "no answer";
+      return answer;
+    }
+    EXPECT_EQ(r->result_int(), 200) << r->body();
     if (stream) {
       Streamed s = Collect(Events(r->body()));
-      tokens = s.tokens;
-      finish = s.finish;
+      answer.tokens = s.tokens;
+      answer.finish = s.finish;
       EXPECT_EQ(s.done, 1);
-      EXPECT_EQ(s.usage["completion_tokens"], 5);
+      EXPECT_EQ(s.usage["completion_tokens"], s.tokens.size());
       EXPECT_TRUE(s.error.is_null()) << s.error.dump();
     } else {
       Json body = Json::parse(r->body());
-      tokens = body["choices"][0]["token_ids"].get<std::vector<int32_t>>();
-      finish = body["choices"][0]["finish_reason"].get<std::string>();
+      answer.tokens = body["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+      answer.finish = body["choices"][0]["finish_reason"].get<std::string>();
     }
-    EXPECT_EQ(tokens, Expected(6, 5, 5)) << "nothing after the finishing token";
-    EXPECT_EQ(finish, "stop");
-    EXPECT_EQ(a.requests().size() + b.requests().size(), 1u) << "no resume of a finished answer";
-    EXPECT_EQ(proxy_->stats().resumes, 0);
+    answer.upstream_requests = a.requests().size() + b.requests().size();
     EXPECT_EQ(proxy_->stats().completed, 1);
     proxy_.reset();
+    return answer;
+  }
+};
+
+// The chunk with finish_reason reached the client, then the replica's connection broke before
+// [DONE]: the answer is whole. A resume would put the EOS into the prompt and stream tokens after
+// finish_reason "stop".
+TEST_F(FinishedAnswerTest, AStreamThatBreaksAfterItsLastChunkIsCompletedNotResumed) {
+  for (bool stream : {true, false}) {
+    SCOPED_TRACE(stream ? "streaming" : "non-streaming");
+    Answer answer = Run({FakeReplica::Act::kStopThenDie, 5}, stream);
+    EXPECT_EQ(answer.tokens, Expected(6, 5, 5)) << "nothing after the finishing token";
+    EXPECT_EQ(answer.finish, "stop");
+    EXPECT_EQ(answer.upstream_requests, 1u) << "no resume of a finished answer";
   }
 }
 
 // Every token of max_tokens reached the client, then the replica died before the chunk with
 // finish_reason: nothing is left to resume, and the client still gets finish_reason "length"
 // before [DONE] (once, a stream without one ended "[DONE]" with no finish_reason at all).
-TEST_F(ResumeProxyTest, AReplicaLostBeforeItsFinishChunkStillEndsTheStreamWithOne) {
+TEST_F(FinishedAnswerTest, AReplicaLostBeforeItsFinishChunkStillEndsTheStreamWithOne) {
   for (bool stream : {true, false}) {
     SCOPED_TRACE(stream ? "streaming" : "non-streaming");
-    FakeReplica a, b;
-    a.Then({FakeReplica::Act::kDieBeforeFinish, 0});
-    StartProxy();
-    proxy_->SetReplicas({a.replica("a"), b.replica("b")});
-    Json request = kStreamRequest;
-    request["stream"] = stream;
-    if (!stream) request.erase("stream_options");
-    auto r = Post("/v1/completions", request);
-    ASSERT_TRUE(r);
-    ASSERT_EQ(r->result_int(), 200) << r->body();
-    std::vector<int32_t> tokens;
-    std::string finish;
-    if (stream) {
-      Streamed s = Collect(Events(r->body()));
-      tokens = s.tokens;
-      finish = s.finish;
-      EXPECT_EQ(s.done, 1);
-      EXPECT_EQ(s.usage["completion_tokens"], 12);
-      EXPECT_TRUE(s.error.is_null()) << s.error.dump();
-    } else {
-      Json body = Json::parse(r->body());
-      tokens = body["choices"][0]["token_ids"].get<std::vector<int32_t>>();
-      finish = body["choices"][0]["finish_reason"].get<std::string>();
-    }
-    EXPECT_EQ(tokens, Expected(6, 12, 5));
-    EXPECT_EQ(finish, "length");
-    EXPECT_EQ(a.requests().size() + b.requests().size(), 1u) << "nothing left to resume";
-    EXPECT_EQ(proxy_->stats().completed, 1);
-    proxy_.reset();
+    Answer answer = Run({FakeReplica::Act::kDieBeforeFinish, 0}, stream);
+    EXPECT_EQ(answer.tokens, Expected(6, 12, 5));
+    EXPECT_EQ(answer.finish, "length");
+    EXPECT_EQ(answer.upstream_requests, 1u) << "nothing left to resume";
   }
 }
 
