@@ -73,6 +73,25 @@ TEST(HttpServerTest, HeadersReachTheHandler) {
   EXPECT_EQ((*r)["X-Reply"], "yes");
 }
 
+// A handler's header replaces the server's of the same name (any case), and a CR or LF in it
+// cannot split the head into a header of the handler's choosing.
+TEST(HttpServerTest, AHandlersHeadersReplaceTheServersAndCannotSplitTheHead) {
+  std::unique_ptr<HttpServer> server = Start({}, [](std::shared_ptr<HttpExchange> exchange) {
+    exchange->Respond(HttpResponse{
+        200, "text/plain", "ok", {{"server", "mine"}, {"X-Note", "a\r\nX-Injected: 1"}}});
+  });
+  TestConnection c(server->port());
+  ASSERT_TRUE(c.Send("GET", "/", ""));
+  std::optional<Response> r = c.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->body(), "ok");
+  EXPECT_EQ((*r)["Server"], "mine");
+  EXPECT_EQ(r->count("Server"), 1u) << "one Server field, the handler's";
+  EXPECT_EQ((*r)["X-Note"], "a  X-Injected: 1");
+  EXPECT_EQ(r->count("X-Injected"), 0u);
+  EXPECT_EQ((*r)["Content-Length"], "2");
+}
+
 TEST(HttpServerTest, StreamsChunksAsTheyAreProduced) {
   OneParked t;
   ASSERT_NE(t.exchange, nullptr);

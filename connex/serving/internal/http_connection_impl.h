@@ -56,10 +56,8 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   void WriteStreamHead(int status, std::string content_type,
                        const std::vector<std::pair<std::string, std::string>>& headers);
 
-  void WriteChunk(std::string data) {
-    Queue(Write{Write::kChunk, nullptr, std::move(data), false});
-  }
-  void WriteLastChunk() { Queue(Write{Write::kLast, nullptr, {}, true}); }
+  void WriteChunk(std::string data);  // data is not empty (HttpExchange::Send)
+  void WriteLastChunk();
 
   void ClientGone();
 
@@ -70,8 +68,8 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
 
   struct Write {
     enum Kind { kMessage, kHead, kChunk, kLast } kind;
-    std::shared_ptr<http::response<http::string_body>> message;
-    std::string data;
+    std::string bytes;  // as they go on the wire (a chunk framed); empty: nothing to write
+    size_t payload;     // a chunk's data, before framing (HttpExchange::Written)
     bool ends_response;
   };
 
@@ -88,6 +86,10 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   }
 
   void ReadRequest();
+  // Parses what buffer_ holds; reads more until the head (kReadingHead) or the whole request
+  // (kReadingBody) is in, then OnHead or OnRequest.
+  void ReadMore();
+  void OnEndOfInput();
   void OnHead(ErrorCode ec);
   void ReadBody();
   void OnReadError(ErrorCode ec);
@@ -134,9 +136,8 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   AfterMonitor after_monitor_ = AfterMonitor::kNothing;
   std::deque<Write> writes_;
   bool writing_ = false;
-  http::response<http::empty_body> stream_head_;
-  std::optional<http::response_serializer<http::empty_body>> stream_serializer_;
   std::array<char, 4096> discard_;
+  static constexpr size_t kReadBytes = 65536;  // one read's room at most (Beast's reads' size)
 };
 
 }  // namespace connex::serving::internal

@@ -1,7 +1,7 @@
 // Connection's writing (the class is internal/http_connection_impl.h): a whole response or a
-// stream's head, chunks and end (unchunked to HTTP/1.0), queued and written one at a time under
-// the write deadline; then the next request on a kept-alive connection, or a graceful close that
-// lingers reading until the client closes too, so that it reads the last response.
+// stream's head, chunks and end (unchunked to HTTP/1.0), as bytes queued and written one at a time
+// under the write deadline; then the next request on a kept-alive connection, or a graceful close
+// that lingers reading until the client closes too, so that it reads the last response.
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -9,40 +9,105 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "connex/base/strings.h"
 #include "connex/serving/api_error.h"
 #include "connex/serving/internal/http_connection_impl.h"
+#include "fmt/format.h"
 
 namespace connex::serving::internal {
+namespace {
+
+// A response's head as bytes: the status line, then the fields in order, a field set again
+// replacing the earlier one of that name (case aside), as Beast's fields::set does. The writes
+// are plain bytes on the socket: Beast's composed write operations cost this file most of its
+// compile time for what a head, a length and chunk framing are.
+class ResponseHead {
+ public:
+  ResponseHead(int status, unsigned version) : status_(status), version_(version) {}
+
+  void Set(std::string_view name, std::string_view value) {
+    std::erase_if(fields_, [&](const auto& f) {
+      return absl::EqualsIgnoreCase(AsAbsl(f.first), AsAbsl(name));
+    });
+    fields_.emplace_back(Clean(name), Clean(value));
+  }
+
+  // Beast's keep_alive(): HTTP/1.1 says only "close", HTTP/1.0 only "keep-alive".
+  void KeepAlive(bool keep_alive) {
+    if (version_ >= 11 && !keep_alive) Set("Connection", "close");
+    if (version_ < 11 && keep_alive) Set("Connection", "keep-alive");
+  }
+
+  std::string Bytes() const {
+    std::string out = StrCat("HTTP/1.", version_ >= 11 ? "1" : "0", " ", status_, " ",
+                             View(http::obsolete_reason(http::int_to_status(status_))), "\r\n");
+    for (const auto& [name, value] : fields_) out += StrCat(name, ": ", value, "\r\n");
+    out += "\r\n";
+    return out;
+  }
+
+ private:
+  static std::string_view View(boost::beast::string_view s) { return {s.data(), s.size()}; }
+  // A handler's header cannot split the head: CR and LF become spaces.
+  static std::string Clean(std::string_view text) {
+    std::string out(text);
+    std::replace_if(
+        out.begin(), out.end(), [](char c) { return c == '\r' || c == '\n'; }, ' ');
+    return out;
+  }
+
+  int status_;
+  unsigned version_;
+  std::vector<std::pair<std::string, std::string>> fields_;
+};
+
+// 1xx, 204 and 304 answers have no body, and so no Content-Length.
+bool MayHaveBody(int status) { return status >= 200 && status != 204 && status != 304; }
+
+}  // namespace
 
 void Connection::WriteResponse(HttpResponse response) {
-  auto message = std::make_shared<http::response<http::string_body>>();
-  message->result(static_cast<unsigned>(response.status));
-  message->version(version_);
-  message->set(http::field::server, "connex");
-  message->set(http::field::content_type, response.content_type);
-  for (auto& [name, value] : response.headers) message->set(name, value);
-  message->body() = std::move(response.body);
-  message->keep_alive(keep_alive_ && !server_.stopping());
-  message->prepare_payload();
-  keep_alive_ = message->keep_alive();
-  Queue(Write{Write::kMessage, std::move(message), {}, /*ends_response=*/true});
+  ResponseHead head(response.status, version_);
+  head.Set("Server", "connex");
+  head.Set("Content-Type", response.content_type);
+  for (const auto& [name, value] : response.headers) head.Set(name, value);
+  keep_alive_ = keep_alive_ && !server_.stopping();
+  head.KeepAlive(keep_alive_);
+  if (MayHaveBody(response.status)) {
+    head.Set("Content-Length", std::to_string(response.body.size()));
+  } else {
+    response.body.clear();
+  }
+  std::string bytes = head.Bytes();
+  bytes += response.body;
+  Queue(Write{Write::kMessage, std::move(bytes), 0, /*ends_response=*/true});
 }
 
 void Connection::WriteStreamHead(int status, std::string content_type,
                                  const std::vector<std::pair<std::string, std::string>>& headers) {
-  stream_head_ = {};
-  stream_head_.result(static_cast<unsigned>(status));
-  stream_head_.version(version_);
-  stream_head_.set(http::field::server, "connex");
-  stream_head_.set(http::field::content_type, content_type);
-  stream_head_.set(http::field::cache_control, "no-cache");
-  for (const auto& [name, value] : headers) stream_head_.set(name, value);
+  ResponseHead head(status, version_);
+  head.Set("Server", "connex");
+  head.Set("Content-Type", content_type);
+  head.Set("Cache-Control", "no-cache");
+  for (const auto& [name, value] : headers) head.Set(name, value);
   // HTTP/1.0 has no chunked encoding: the stream is the body as it comes, ended by the close.
   chunked_ = version_ >= 11;
-  stream_head_.keep_alive(chunked_ && keep_alive_ && !server_.stopping());
-  if (chunked_) stream_head_.chunked(true);
-  keep_alive_ = stream_head_.keep_alive();
-  Queue(Write{Write::kHead, nullptr, {}, false});
+  keep_alive_ = chunked_ && keep_alive_ && !server_.stopping();
+  head.KeepAlive(keep_alive_);
+  if (chunked_) head.Set("Transfer-Encoding", "chunked");
+  Queue(Write{Write::kHead, head.Bytes(), 0, false});
+}
+
+void Connection::WriteChunk(std::string data) {
+  const size_t payload = data.size();
+  if (chunked_) data = fmt::format("{:x}\r\n{}\r\n", payload, data);
+  Queue(Write{Write::kChunk, std::move(data), payload, false});
+}
+
+void Connection::WriteLastChunk() {
+  // Nothing to write to HTTP/1.0: the close ends its stream.
+  Queue(Write{Write::kLast, chunked_ ? "0\r\n\r\n" : "", 0, true});
 }
 
 void Connection::WriteError(int status, std::string message, std::string_view code) {
@@ -69,31 +134,12 @@ void Connection::WriteNext() {
     self->ClientGone();  // reads too slowly
   });
   auto done = [self = shared_from_this()](ErrorCode ec, size_t) { self->OnWritten(ec); };
-  Write& write = writes_.front();
-  switch (write.kind) {
-    case Write::kMessage:
-      http::async_write(socket_, *write.message, std::move(done));
-      break;
-    case Write::kHead:
-      stream_serializer_.emplace(stream_head_);
-      http::async_write_header(socket_, *stream_serializer_, std::move(done));
-      break;
-    case Write::kChunk:
-      if (!chunked_) {
-        net::async_write(socket_, net::buffer(write.data), std::move(done));
-        break;
-      }
-      net::async_write(socket_, http::make_chunk(net::buffer(write.data)), std::move(done));
-      break;
-    case Write::kLast:
-      if (!chunked_) {  // nothing to write: the close ends an HTTP/1.0 stream
-        net::post(socket_.get_executor(),
-                  [done = std::move(done)]() mutable { done(ErrorCode{}, 0); });
-        break;
-      }
-      net::async_write(socket_, http::make_chunk_last(), std::move(done));
-      break;
+  const std::string& bytes = writes_.front().bytes;
+  if (bytes.empty()) {  // the end of an HTTP/1.0 stream
+    net::post(socket_.get_executor(), [done = std::move(done)]() mutable { done(ErrorCode{}, 0); });
+    return;
   }
+  net::async_write(socket_, net::buffer(bytes), std::move(done));
 }
 
 void Connection::OnWritten(ErrorCode ec) {
@@ -104,7 +150,7 @@ void Connection::OnWritten(ErrorCode ec) {
   if (ec) return ClientGone();
   Write write = std::move(writes_.front());
   writes_.pop_front();
-  if (write.kind == Write::kChunk && exchange_ != nullptr) exchange_->Written(write.data.size());
+  if (write.kind == Write::kChunk && exchange_ != nullptr) exchange_->Written(write.payload);
   if (!write.ends_response) return WriteNext();
   response_complete_ = true;
   exchange_.reset();
