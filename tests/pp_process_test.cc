@@ -15,6 +15,7 @@
 #include "connex/base/wait.h"
 #include "connex/directory/client.h"
 #include "connex/directory/testing/reserved_ports.h"
+#include "connex/directory/testing/state_dir.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/pipeline.h"
 #include "connex/pp/testing/test_engine.h"
@@ -160,8 +161,9 @@ class PpProcessTest : public ::testing::TestWithParam<std::string> {
   // The mid-generation directory restart of the campaign, with real processes: SIGKILL, then a
   // start at the same ports, with the state dir it had or an empty one.
   void RunThroughADirectoryRestart(bool keep_state) {
-    std::string dir = ::testing::TempDir() + "/pp-directory-" + GetParam() + "-" +
-                      std::to_string(getpid()) + (keep_state ? "-kept" : "-lost");
+    std::string dir = directory::testing::TestStateDir("pp-directory-" + GetParam() + "-" +
+                                                       std::to_string(getpid()) +
+                                                       (keep_state ? "-kept" : "-lost"));
     std::filesystem::remove_all(dir);
     // "Nothing changed" is asserted as no failover at all: generous step and probe timeouts, so
     // that a machine slowed down (sanitizers, other tests) does not suspect a live stage.
@@ -405,7 +407,7 @@ TEST_P(PpProcessTest, DirectoryRestartedWithoutItsStateStillEndsEveryRequestExac
 // back; the last second of the outage saw no token at all.
 TEST_P(PpProcessTest, StepsFlowWhileTheDirectoryIsDown) {
   const std::string dir =
-      ::testing::TempDir() + "/pp-outage-" + GetParam() + "-" + std::to_string(getpid());
+      directory::testing::TestStateDir("pp-outage-" + GetParam() + "-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   node_env_ = {"CONNEX_PP_STEP_TIMEOUT_MS=5000", "CONNEX_PP_PROBE_TIMEOUT_MS=2000"};
   restart_lease_ttl_ms_ = 6000;
@@ -449,7 +451,10 @@ TEST_P(PpProcessTest, LlamaGenerationThroughADirectoryKillAndRestartFailsNothing
   std::filesystem::remove_all(dir);
   const std::string model = MakeLlamaModel(dir);
   node_env_ = {"CONNEX_PP_STEP_TIMEOUT_MS=5000", "CONNEX_PP_PROBE_TIMEOUT_MS=2000"};
-  ASSERT_TRUE(StartRestartableDirectory(dir + "/state"));
+  const std::string state = directory::testing::TestStateDir("llama-restart-state-" + GetParam() +
+                                                             "-" + std::to_string(getpid()));
+  std::filesystem::remove_all(state);
+  ASSERT_TRUE(StartRestartableDirectory(state));
   std::vector<std::string> llama = {"--engine", "llama", "--model-path", model};
   StartStages(llama);
   auto watch = Subprocess::Start(
@@ -461,7 +466,7 @@ TEST_P(PpProcessTest, LlamaGenerationThroughADirectoryKillAndRestartFailsNothing
   ASSERT_TRUE(owner.WaitForLine("progress", 60000)) << owner.transcript();
   directory_->Signal(SIGKILL);
   ASSERT_TRUE(directory_->Wait(5000).has_value());
-  ASSERT_TRUE(RestartDirectory(dir + "/state")) << "the directory did not start again at " << bind_;
+  ASSERT_TRUE(RestartDirectory(state)) << "the directory did not start again at " << bind_;
   std::string done = CheckOwner(owner, 4, 400, 120000, LlamaReference(model));
   EXPECT_THAT(done, HasSubstr("failovers=0 ")) << owner.transcript();
   EXPECT_THAT(done, HasSubstr("reprefills=0 ")) << owner.transcript();
@@ -473,6 +478,7 @@ TEST_P(PpProcessTest, LlamaGenerationThroughADirectoryKillAndRestartFailsNothing
   EXPECT_THAT(watch->transcript(), ::testing::Not(HasSubstr("FAILED")));
   directory_.reset();
   std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(state);
 }
 
 // The mission in one test: a pipeline stage of the reference Llama engine is killed with

@@ -23,6 +23,7 @@
 #include "connex/base/config.h"
 #include "connex/base/wait.h"
 #include "connex/directory/testing/reserved_ports.h"
+#include "connex/directory/testing/state_dir.h"
 #include "connex/directory/testing/test_directory.h"
 #include "connex/engine/generator.h"
 #include "connex/engine/random_model.h"
@@ -120,17 +121,11 @@ class LlamaModel {
 class CampaignDirectory {
  public:
   explicit CampaignDirectory(int worker) {
-    // In memory (tmpfs) where there is one: a restart here is a process's, which a state in
-    // /dev/shm survives as well as one on disk, and the campaign checks the protocol, not the
-    // disk. On a disk the directory answers nobody while it writes (fdatasync): with the disk
-    // busy writing back (a build beside `make test`), writes took up to 1.5 s here and stalled
-    // all four directories at once past a JOIN's 3 s (docs/development.md).
-    const std::filesystem::path base = std::filesystem::is_directory("/dev/shm")
-                                           ? std::filesystem::path("/dev/shm")
-                                           : std::filesystem::temp_directory_path();
-    state_dir_ = (base / ("connex-campaign-directory-" + std::to_string(::getpid()) + "-" +
-                          std::to_string(worker)))
-                     .string();
+    // In memory where there is one (directory/testing/state_dir.h): the campaign checks the
+    // protocol, not the disk; on a busy disk the directories' state writes took up to 1.5 s here
+    // and stalled all four at once past a JOIN's 3 s.
+    state_dir_ = directory::testing::TestStateDir(
+        "connex-campaign-directory-" + std::to_string(::getpid()) + "-" + std::to_string(worker));
     std::filesystem::remove_all(state_dir_);
     options_.lease_ttl_ms = 500;
     options_.heartbeat_ms = 100;
