@@ -1,6 +1,6 @@
 #include "connex/base/json_text.h"
 
-#include "absl/strings/str_cat.h"
+#include "connex/base/strings.h"
 #include "nlohmann/json.hpp"
 
 namespace connex {
@@ -26,7 +26,7 @@ absl::StatusOr<nlohmann::json> ParseJsonChecked(std::string_view text, int max_d
   try {
     return nlohmann::json::parse(text.begin(), text.end(), depth_guard);
   } catch (const TooDeep&) {
-    return absl::OutOfRangeError(absl::StrCat("it nests deeper than ", max_depth, " levels"));
+    return absl::OutOfRangeError(StrCat("it nests deeper than ", max_depth, " levels"));
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(e.what());
   }

@@ -22,12 +22,6 @@
 #include "connex/serving/internal/http_connection_impl.h"
 
 namespace connex::serving::internal {
-namespace {
-
-std::string_view View(boost::beast::string_view s) { return std::string_view(s.data(), s.size()); }
-
-}  // namespace
-
 int64_t SteadyNowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -193,14 +187,12 @@ void Connection::OnHead(ErrorCode ec) {
                      [self = shared_from_this()](ErrorCode ec, size_t) {
                        if (self->phase_ == Phase::kClosed) return;
                        if (ec) return self->Close();
-                       self->ReadBody();
+                       self->ReadMore();
                      });
     return;
   }
-  ReadBody();
+  ReadMore();
 }
-
-void Connection::ReadBody() { ReadMore(); }
 
 void Connection::OnReadError(ErrorCode ec) {
   DisarmReadDeadline();

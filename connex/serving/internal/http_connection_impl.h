@@ -30,6 +30,8 @@ namespace http = boost::beast::http;
 using tcp = net::ip::tcp;
 using ErrorCode = boost::system::error_code;
 
+inline std::string_view View(boost::beast::string_view s) { return {s.data(), s.size()}; }
+
 // One client connection. Every member is used on the I/O thread only.
 class Connection final : public ConnectionHandle, public std::enable_shared_from_this<Connection> {
  public:
@@ -91,7 +93,6 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   void ReadMore();
   void OnEndOfInput();
   void OnHead(ErrorCode ec);
-  void ReadBody();
   void OnReadError(ErrorCode ec);
   void OnRequest();
   // While the handler works, a read notices a client that closes the connection. Bytes that a

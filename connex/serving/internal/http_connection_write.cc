@@ -48,7 +48,6 @@ class ResponseHead {
   }
 
  private:
-  static std::string_view View(boost::beast::string_view s) { return {s.data(), s.size()}; }
   // A handler's header cannot split the head: CR and LF become spaces.
   static std::string Clean(std::string_view text) {
     std::string out(text);

@@ -20,8 +20,8 @@ using ResponseParser = boost::beast::http::response_parser<boost::beast::http::s
 // Gives `parser` what it can take of `input` (erased as taken): Beast's parser stops after each
 // element (the head, a chunk), so it is fed until it wants more bytes or is done. When the
 // connection has ended (`eof`) and every byte was taken, a body delimited by the connection's end
-// is ended. Errors, Unavailable: bytes that
-// are not an HTTP response, the connection ended before the head or inside a delimited body.
+// is ended. Errors (Unavailable): bytes that are not an HTTP response, the connection ended
+// before the head or inside a delimited body.
 inline absl::Status FeedResponseParser(ResponseParser& parser, std::string& input, bool eof) {
   while (!input.empty() && !parser.is_done()) {
     boost::system::error_code ec;
