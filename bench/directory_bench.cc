@@ -23,7 +23,6 @@
 #include <thread>
 #include <vector>
 
-#include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
 #include "connex/base/cli.h"
 #include "connex/base/logging.h"
@@ -310,7 +309,7 @@ absl::StatusOr<Row> Run(Backend& backend, int endpoints, int watchers, int holde
 
 int main(int argc, char** argv) {
   connex::directory::RegisterEtcdBackend();
-  CLI::App app{"Connex directory: the embedded directory and etcd side by side"};
+  connex::cli::App app{"Connex directory: the embedded directory and etcd side by side"};
   std::string backend = "both";
   int endpoints = 1000;
   int watchers = 100;
@@ -318,13 +317,14 @@ int main(int argc, char** argv) {
   int64_t lease_ttl_ms = 3000;
   std::string etcd;
   app.add_option("--backend", backend, "which directories to measure")
-      ->check(CLI::IsMember({"both", "embedded", "etcd"}));
-  app.add_option("--endpoints", endpoints, "LIDs registered")->check(CLI::Range(1, 1024));
-  app.add_option("--watchers", watchers, "watchers of their model")->check(CLI::Range(1, 1000));
+      ->check(connex::cli::IsMember({"both", "embedded", "etcd"}));
+  app.add_option("--endpoints", endpoints, "LIDs registered")->check(connex::cli::Range(1, 1024));
+  app.add_option("--watchers", watchers, "watchers of their model")
+      ->check(connex::cli::Range(1, 1000));
   app.add_option("--holders", holders, "holder processes the LIDs are spread over")
-      ->check(CLI::Range(1, 1000));
+      ->check(connex::cli::Range(1, 1000));
   app.add_option("--lease-ttl-ms", lease_ttl_ms, "lease TTL of the holders")
-      ->check(CLI::Range(1000, 60000));
+      ->check(connex::cli::Range(1000, 60000));
   app.add_option("--etcd", etcd,
                  "etcd://H:P,... of a running cluster (default: start a 3-member one)");
   connex::AddLogLevelFlag(app, "warn");

@@ -249,7 +249,7 @@ BENCHMARK(BM_ParallelFor)->ArgName("threads")->Arg(2)->Unit(benchmark::kMicrosec
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);  // takes its own flags out of argv
-  CLI::App app{"bench_engine: reference-engine figures (also Google Benchmark's flags)"};
+  connex::cli::App app{"bench_engine: reference-engine figures (also Google Benchmark's flags)"};
   connex::AddLogLevelFlag(app);
   bool vs_bound = false;
   connex::engine::VsBoundOptions vs;
@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
   auto shape = [&](const char* flag, int64_t& field, const char* name) {
     auto [min, max] = connex::engine::ModelConfig::FieldRange(name);
     app.add_option(flag, field, std::string("--vs-bound: ") + name)
-        ->check(CLI::Range(min, max))
+        ->check(connex::cli::Range(min, max))
         ->capture_default_str();
   };
   shape("--layers", c.num_hidden_layers, "num_hidden_layers");
@@ -272,20 +272,20 @@ int main(int argc, char** argv) {
   shape("--vocab", c.vocab_size, "vocab_size");
   app.add_option("--dtypes", vs.dtypes, "--vs-bound: weight dtypes, in the order measured")
       ->delimiter(',')
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
+      ->check(connex::cli::IsMember({"f32", "f16", "bf16"}))
       ->capture_default_str();
   app.add_option("--threads", vs.threads, "--vs-bound: kernel threads (0: one per core)")
-      ->check(CLI::Range(0, 256))
+      ->check(connex::cli::Range(0, 256))
       ->capture_default_str();
   app.add_option("--rounds", vs.rounds, "--vs-bound: rounds (bound then decode, per dtype)")
-      ->check(CLI::Range(1, 1000))
+      ->check(connex::cli::Range(1, 1000))
       ->capture_default_str();
   app.add_option("--tokens", vs.tokens, "--vs-bound: decode tokens timed per round")
-      ->check(CLI::Range(1, 4000))
+      ->check(connex::cli::Range(1, 4000))
       ->capture_default_str();
   app.add_option("--prefill-tokens", vs.prefill_tokens,
                  "--vs-bound: prompt tokens of the prefill timed per round (0: none)")
-      ->check(CLI::Range(0, 8192))
+      ->check(connex::cli::Range(0, 8192))
       ->capture_default_str();
   app.add_flag("--cpu-time", vs.cpu_time,
                "--vs-bound with --threads 1: time on the thread's CPU clock, not the wall clock");
@@ -294,10 +294,11 @@ int main(int argc, char** argv) {
                  "the same shape (default: a temporary directory, removed)");
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
         if (vs.cpu_time && vs.threads != 1) {
-          throw CLI::ValidationError("--cpu-time", "needs --threads 1 (one thread's CPU clock)");
+          throw connex::cli::ValidationError("--cpu-time",
+                                             "needs --threads 1 (one thread's CPU clock)");
         }
         if (absl::Status valid = c.Validate(); !valid.ok()) {
-          throw CLI::ValidationError("model shape", std::string(valid.message()));
+          throw connex::cli::ValidationError("model shape", std::string(valid.message()));
         }
       })) {
     return *code;

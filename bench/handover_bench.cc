@@ -21,7 +21,6 @@
 #include <string>
 #include <vector>
 
-#include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
 #include "connex/base/stats.h"
 #include "connex/base/subprocess.h"
@@ -199,49 +198,49 @@ RunResult RunOnce(const Config& c, connex::engine::Pipeline& reference) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"bench_handover: kill a pipeline stage mid-generation, time the handover"};
+  connex::cli::App app{"bench_handover: kill a pipeline stage mid-generation, time the handover"};
   Config c;
   app.add_option("--backend", c.backend, "data plane between stages: tcp, shm, ucx, auto")
-      ->check(CLI::IsMember({"tcp", "shm", "ucx", "auto"}))
+      ->check(connex::cli::IsMember({"tcp", "shm", "ucx", "auto"}))
       ->capture_default_str();
   app.add_option("--runs", c.runs, "deployments to start and kill a stage in")
-      ->check(CLI::Range(1, 1000))
+      ->check(connex::cli::Range(1, 1000))
       ->capture_default_str();
   app.add_option("--stages", c.stages, "pipeline stages per replica chain (>= 2)")
-      ->check(CLI::Range(2, 64))
+      ->check(connex::cli::Range(2, 64))
       ->capture_default_str();
   app.add_option("--kill-stage", c.kill_stage, "the stage of replica 0 to SIGKILL (>= 1)")
-      ->check(CLI::Range(1, 63))
+      ->check(connex::cli::Range(1, 63))
       ->capture_default_str();
   app.add_option("--requests", c.requests, "requests the owner generates together")
-      ->check(CLI::Range(1, 4096))
+      ->check(connex::cli::Range(1, 4096))
       ->capture_default_str();
   app.add_option("--max-new-tokens", c.max_new, "tokens per request")
-      ->check(CLI::Range(3, 1 << 20))
+      ->check(connex::cli::Range(3, 1 << 20))
       ->capture_default_str();
   app.add_option("--warmup-tokens", c.warmup_tokens, "tokens every request has before the kill")
-      ->check(CLI::Range(2, 1 << 20))
+      ->check(connex::cli::Range(2, 1 << 20))
       ->capture_default_str();
   app.add_option("--inflight", c.inflight, "steps in flight per route (0: CONNEX_PP_INFLIGHT)")
-      ->check(CLI::Range(0, 1024))  // as CONNEX_PP_INFLIGHT, 0 for "unset"
+      ->check(connex::cli::Range(0, 1024))  // as CONNEX_PP_INFLIGHT, 0 for "unset"
       ->capture_default_str();
   app.add_option("--model-path", c.model_path,
                  "checkpoint (default: connex-mkmodel's default model, written to a temp dir)");
   app.add_option("--kv-standby", c.kv_standby,
                  "on: every stage mirrors its KV state to the same stage of the other replica, "
                  "which takes the killed stage's requests over without a re-prefill")
-      ->check(CLI::IsMember({"on", "off"}))
+      ->check(connex::cli::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_option("--prompt-tokens", c.prompt_tokens,
                  "tokens of every prompt (0: a few); the context a re-prefill recomputes")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16))
+      ->check(connex::cli::Range(int64_t{0}, int64_t{1} << 16))
       ->capture_default_str();
   app.add_flag("--json", c.json, "print one JSON object");
   // This process and the stages log at the level given (flag or CONNEX_LOG_LEVEL), else at warn.
-  CLI::Option* log_level = connex::AddLogLevelFlag(app, "warn");
+  connex::cli::Option* log_level = connex::AddLogLevelFlag(app, "warn");
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
         if (c.kill_stage >= c.stages || c.max_new <= c.warmup_tokens) {
-          throw CLI::ValidationError(
+          throw connex::cli::ValidationError(
               "--kill-stage, --max-new-tokens",
               "need 1 <= --kill-stage < --stages and --max-new-tokens > --warmup-tokens");
         }

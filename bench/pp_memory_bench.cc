@@ -12,7 +12,6 @@
 #include <string>
 #include <thread>
 
-#include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
 #include "connex/base/logging.h"
 #include "connex/directory/testing/test_directory.h"
@@ -33,14 +32,16 @@ long RssKiB() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Connex step protocol: memory after many requests"};
+  connex::cli::App app{"Connex step protocol: memory after many requests"};
   int requests = 10000;
   int vocab = 32000;
   int tokens = 4;
-  app.add_option("--requests", requests, "requests to run")->check(CLI::Range(100, 10'000'000));
+  app.add_option("--requests", requests, "requests to run")
+      ->check(connex::cli::Range(100, 10'000'000));
   app.add_option("--vocab", vocab, "width of the last stage's logits")
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--tokens", tokens, "tokens generated per request")->check(CLI::Range(1, 1000));
+      ->check(connex::cli::Range(1, 1 << 20));
+  app.add_option("--tokens", tokens, "tokens generated per request")
+      ->check(connex::cli::Range(1, 1000));
   connex::AddLogLevelFlag(app, "warn");
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv)) return *code;
   auto server = connex::directory::testing::StartTestDirectory();

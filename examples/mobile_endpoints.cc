@@ -15,7 +15,6 @@
 #include <iostream>
 #include <string>
 
-#include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
 #include "connex/base/logging.h"
 #include "connex/base/mutex.h"
@@ -103,14 +102,14 @@ std::string Receive(MessageInbox& inbox) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Connex mobile endpoints: handover, rejoin, migration and scale-down"};
+  connex::cli::App app{"Connex mobile endpoints: handover, rejoin, migration and scale-down"};
   std::string directory;
   std::string backend = "mem";
   app.add_option("--directory", directory, "use this directory instead of an embedded one")
       ->envname("CONNEX_DIRECTORY");
   app.add_option("--backend", backend, "transport of every endpoint: mem, tcp, shm, ucx or auto")
       ->envname("CONNEX_PP_BACKEND")
-      ->check(CLI::IsMember({"mem", "tcp", "shm", "ucx", "auto"}));
+      ->check(connex::cli::IsMember({"mem", "tcp", "shm", "ucx", "auto"}));
   connex::AddLogLevelFlag(app, "warn");
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv)) return *code;
 

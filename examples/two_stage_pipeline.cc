@@ -15,7 +15,6 @@
 #include <iostream>
 #include <string>
 
-#include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
 #include "connex/base/logging.h"
 #include "connex/base/strings.h"
@@ -130,7 +129,8 @@ std::unique_ptr<connex::pp::StageNode> StartStage(uint32_t stage, const std::str
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"two_stage_pipeline: directory discovery and a tensor transfer between processes"};
+  connex::cli::App app{
+      "two_stage_pipeline: directory discovery and a tensor transfer between processes"};
   std::string backend = "tcp";
   std::string role = "driver";
   std::string directory;
@@ -140,10 +140,10 @@ int main(int argc, char** argv) {
       ->envname("CONNEX_PP_BACKEND")
       ->capture_default_str();
   app.add_option("--tokens", tokens, "prompt length (rows of the tensor)")
-      ->check(CLI::Range(1, 4096))
+      ->check(connex::cli::Range(1, 4096))
       ->capture_default_str();
   app.add_option("--hidden", hidden, "columns of the tensor")
-      ->check(CLI::Range(1, 65536))
+      ->check(connex::cli::Range(1, 65536))
       ->capture_default_str();
   app.add_option("--role", role)->group("");  // internal: the spawned stage 1
   app.add_option("--directory", directory)->group("");

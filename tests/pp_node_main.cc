@@ -11,7 +11,6 @@
 #include <iostream>
 #include <random>
 
-#include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "connex/base/cli.h"
 #include "connex/base/logging.h"
@@ -28,7 +27,7 @@ using connex::testing::PromptOf;
 
 int main(int argc, char** argv) {
   connex::directory::RegisterEtcdBackend();  // etcd:// addresses too
-  CLI::App app{"pp_test_node: a step-protocol stage with the test engine"};
+  connex::cli::App app{"pp_test_node: a step-protocol stage with the test engine"};
   std::string directory = "tcp://127.0.0.1:7000";
   std::string model = "pp";
   std::string backend = "tcp";
@@ -46,10 +45,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--backend", backend, "tcp, shm, ucx, mem or auto")
       ->envname("CONNEX_PP_BACKEND")
-      ->check(CLI::IsMember({"auto", "mem", "tcp", "shm", "ucx"}))
+      ->check(connex::cli::IsMember({"auto", "mem", "tcp", "shm", "ucx"}))
       ->capture_default_str();
   app.add_option("--stage", stage, "this node's stage, < --stages")
-      ->check(CLI::Range(0u, 1023u))
+      ->check(connex::cli::Range(0u, 1023u))
       ->capture_default_str();
   app.add_option("--stages", stages, "stages of the pipeline (1 .. 1024)")
       ->check([](const std::string& text) -> std::string {
@@ -60,18 +59,18 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--replica", replica, "replica chain")->capture_default_str();
   app.add_option("--requests", requests, "stage 0: requests to submit")
-      ->check(CLI::Range(0, 1'000'000))
+      ->check(connex::cli::Range(0, 1'000'000))
       ->capture_default_str();
   app.add_option("--max-new-tokens", max_new, "stage 0: tokens per request")
-      ->check(CLI::Range(1, 1 << 20))
+      ->check(connex::cli::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--first-id", first_id, "stage 0: id of the first request")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 62))
+      ->check(connex::cli::Range(uint64_t{1}, uint64_t{1} << 62))
       ->capture_default_str();
   std::string engine_name = "test";
   std::string model_path;
   app.add_option("--engine", engine_name, "test (the deterministic test engine) or llama")
-      ->check(CLI::IsMember({"test", "llama"}))
+      ->check(connex::cli::IsMember({"test", "llama"}))
       ->capture_default_str();
   app.add_option("--model-path", model_path, "llama: the checkpoint");
   bool stream = false;
@@ -84,7 +83,7 @@ int main(int argc, char** argv) {
   int64_t prompt_tokens = 0;
   app.add_option("--prompt-tokens", prompt_tokens,
                  "stage 0: prompts of this many tokens (0: a few, PromptOf)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+      ->check(connex::cli::Range(int64_t{0}, int64_t{1} << 20));
   bool report_epochs = false;
   app.add_flag("--report-epochs", report_epochs,
                "print `epochs current=E E1:STEPS:LAST_NS ...` whenever the steps run per epoch "
@@ -93,9 +92,9 @@ int main(int argc, char** argv) {
   connex::AddInsecureFlag(app);
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
         if (stage >= stages) {
-          throw CLI::ValidationError("--stage", "stage " + std::to_string(stage) +
-                                                    " is outside a pipeline of " +
-                                                    std::to_string(stages) + " stages");
+          throw connex::cli::ValidationError("--stage", "stage " + std::to_string(stage) +
+                                                            " is outside a pipeline of " +
+                                                            std::to_string(stages) + " stages");
         }
       })) {
     return *code;

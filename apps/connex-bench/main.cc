@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "CLI/CLI.hpp"
 #include "absl/strings/str_split.h"
 #include "connex/base/cli.h"
 #include "connex/base/config.h"
@@ -42,7 +41,7 @@ std::vector<uint64_t> ParseSizes(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"connex-bench: data-plane benchmarks"};
+  connex::cli::App app{"connex-bench: data-plane benchmarks"};
   app.require_subcommand(1);
   app.fallthrough();  // --log-level also after the sub-command
   AddLogLevelFlag(app);
@@ -60,26 +59,26 @@ int main(int argc, char** argv) {
   std::string ucx_peer_errors = "auto";
 
   // Ranges as TransportOptions::FromEnv checks the variables.
-  auto add_common = [&](CLI::App* sub) {
+  auto add_common = [&](connex::cli::App* sub) {
     sub->add_option("--backend", backend_text, "auto|mem|tcp|shm|ucx")
         ->envname("CONNEX_PP_BACKEND")
-        ->check(CLI::IsMember({"auto", "mem", "tcp", "shm", "ucx"}))
+        ->check(connex::cli::IsMember({"auto", "mem", "tcp", "shm", "ucx"}))
         ->capture_default_str();
     sub->add_option("--heartbeat-ms", heartbeat_ms, "transport heartbeat period")
         ->envname("CONNEX_TRANSPORT_HEARTBEAT_MS")
-        ->check(CLI::Range(1, 600'000))
+        ->check(connex::cli::Range(1, 600'000))
         ->capture_default_str();
     sub->add_option("--suspect-ms", suspect_ms, "silence before a peer is suspected")
         ->envname("CONNEX_TRANSPORT_SUSPECT_MS")
-        ->check(CLI::Range(1, 3'600'000))
+        ->check(connex::cli::Range(1, 3'600'000))
         ->capture_default_str();
     sub->add_option("--tcp-connections", connections, "tcp data connections per peer")
         ->envname("CONNEX_TRANSPORT_TCP_CONNECTIONS")
-        ->check(CLI::Range(1, 64))
+        ->check(connex::cli::Range(1, 64))
         ->capture_default_str();
     sub->add_option("--spin-us", spin_us, "busy-poll before blocking")
         ->envname("CONNEX_TRANSPORT_SPIN_US")
-        ->check(CLI::Range(0, 100'000))
+        ->check(connex::cli::Range(0, 100'000))
         ->capture_default_str();
     sub->add_option("--ucx-peer-errors", ucx_peer_errors,
                     "auto|on|off: UCX endpoints with peer error handling (auto: off for a "
@@ -87,9 +86,10 @@ int main(int argc, char** argv) {
         ->envname("CONNEX_TRANSPORT_UCX_PEER_ERRORS")
         ->capture_default_str();
   };
-  const CLI::Validator sizes_check = SizeRange(1, testing::kMaxBenchBytes, /*list=*/true);
-  const CLI::Range seconds_check(0.001, testing::kMaxBenchSeconds);
-  CLI::App* transport = app.add_subcommand("transport", "one-sided read bandwidth and latency");
+  const connex::cli::Validator sizes_check = SizeRange(1, testing::kMaxBenchBytes, /*list=*/true);
+  const connex::cli::Validator seconds_check = connex::cli::Range(0.001, testing::kMaxBenchSeconds);
+  connex::cli::App* transport =
+      app.add_subcommand("transport", "one-sided read bandwidth and latency");
   add_common(transport);
   transport->add_option("--sizes", sizes_text, "read sizes, e.g. 4K,64K,1M")
       ->check(sizes_check)
@@ -102,21 +102,22 @@ int main(int argc, char** argv) {
       ->add_option("--gap-ms", gap_ms,
                    "pause between one reader's reads (0: back to back); GB/s is then over the "
                    "time spent reading")
-      ->check(CLI::Range(0, 60'000))
+      ->check(connex::cli::Range(0, 60'000))
       ->capture_default_str();
   transport->add_option("--inflight", inflight, "reads outstanding (one reader thread each)")
-      ->check(CLI::Range(1, testing::kMaxBenchInflight))
+      ->check(connex::cli::Range(1, testing::kMaxBenchInflight))
       ->capture_default_str();
   transport->add_option("--peer", peer, "a peer started with `connex-bench serve` (its spec)");
   transport->add_flag("--json", json, "print one JSON object");
-  CLI::App* death = app.add_subcommand("peer-death", "delay from SIGKILL/SIGSTOP to the event");
+  connex::cli::App* death =
+      app.add_subcommand("peer-death", "delay from SIGKILL/SIGSTOP to the event");
   add_common(death);
   death->add_option("--runs", runs, "number of peers to kill")
-      ->check(CLI::Range(1, testing::kMaxBenchRuns))
+      ->check(connex::cli::Range(1, testing::kMaxBenchRuns))
       ->capture_default_str();
   death->add_flag("--stop", stop, "SIGSTOP (time to suspicion) instead of SIGKILL");
   death->add_flag("--json", json, "print one JSON object");
-  CLI::App* memcpy_cmd =
+  connex::cli::App* memcpy_cmd =
       app.add_subcommand("memcpy", "single-thread memcpy bandwidth (the shm reference)");
   memcpy_cmd->add_option("--sizes", sizes_text, "copy sizes, e.g. 4K,64K,1M")
       ->check(sizes_check)
@@ -125,7 +126,7 @@ int main(int argc, char** argv) {
       ->check(seconds_check)
       ->capture_default_str();
   memcpy_cmd->add_flag("--json", json, "print one JSON object");
-  CLI::App* serve = app.add_subcommand("serve", "a peer for `transport --peer`");
+  connex::cli::App* serve = app.add_subcommand("serve", "a peer for `transport --peer`");
   add_common(serve);
   serve->add_option("--size", size_text, "buffer size")
       ->check(SizeRange(1, testing::kMaxBenchBytes))

@@ -17,7 +17,6 @@
 #include <sstream>
 #include <thread>
 
-#include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "connex/base/cli.h"
@@ -33,10 +32,10 @@ namespace {
 using connex::chaos::CommonOptions;
 
 // The flags of how a campaign runs: binaries, model, backend, timeouts, outputs.
-void AddRun(CLI::App* app, CommonOptions* o, std::string* json_path, std::string* work_dir,
+void AddRun(connex::cli::App* app, CommonOptions* o, std::string* json_path, std::string* work_dir,
             bool* keep, bool* quiet, const std::string& bin_dir_names = "--bin-dir") {
   app->add_option("--backend", o->backend, "the stages' data plane: tcp, shm or auto")
-      ->check(CLI::IsMember({"tcp", "shm", "auto"}))
+      ->check(connex::cli::IsMember({"tcp", "shm", "auto"}))
       ->capture_default_str();
   app->add_option("--model", o->model_path,
                   "checkpoint to serve (default: a small model made with connex-mkmodel)");
@@ -44,13 +43,13 @@ void AddRun(CLI::App* app, CommonOptions* o, std::string* json_path, std::string
                   "where connex-stage and the others are (default: beside connex-chaos)");
   app->add_option("--request-timeout-ms", o->request_timeout_ms,
                   "a request not finished this long counts as failed")
-      ->check(CLI::Range(int64_t{1000}, int64_t{3'600'000}))
+      ->check(connex::cli::Range(int64_t{1000}, int64_t{3'600'000}))
       ->capture_default_str();
   app->add_option("--kv-standby", o->kv_standby,
                   "on: every stage mirrors its KV state to the same stage of the next replica, "
                   "which takes a killed stage's requests over without a re-prefill")
-      ->transform(
-          CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}))
+      ->transform(connex::cli::CheckedTransformer(
+          std::map<std::string, bool>{{"on", true}, {"off", false}}))
       ->default_str("off");
   app->add_option("--json", *json_path, "write the whole record here");
   app->add_option("--work-dir", *work_dir,
@@ -60,16 +59,16 @@ void AddRun(CLI::App* app, CommonOptions* o, std::string* json_path, std::string
   app->add_flag("--quiet", *quiet, "no progress lines");
 }
 
-void AddCommon(CLI::App* app, CommonOptions* o, std::string* json_path, std::string* work_dir,
-               bool* keep, bool* quiet) {
+void AddCommon(connex::cli::App* app, CommonOptions* o, std::string* json_path,
+               std::string* work_dir, bool* keep, bool* quiet) {
   app->add_option("--replicas", o->replicas, "replica chains")
-      ->check(CLI::Range(1u, 16u))
+      ->check(connex::cli::Range(1u, 16u))
       ->capture_default_str();
   app->add_option("--stages", o->stages, "pipeline stages of each chain")
-      ->check(CLI::Range(1u, 8u))
+      ->check(connex::cli::Range(1u, 8u))
       ->capture_default_str();
   app->add_option("--max-tokens", o->max_tokens, "tokens generated per request")
-      ->check(CLI::Range(1, 4096))
+      ->check(connex::cli::Range(1, 4096))
       ->capture_default_str();
   app->add_option("--seed", o->seed, "the campaign's choices: prompts, sampling, arrivals")
       ->capture_default_str();
@@ -77,7 +76,7 @@ void AddCommon(CLI::App* app, CommonOptions* o, std::string* json_path, std::str
 }
 
 // steady and proxy-cost can measure a deployment that runs already.
-void AddAttach(CLI::App* app, CommonOptions* o) {
+void AddAttach(connex::cli::App* app, CommonOptions* o) {
   app->add_option("--directory", o->directory,
                   "measure the deployment of this directory instead of starting one (give "
                   "--model, its checkpoint, and --stages)");
@@ -92,7 +91,8 @@ std::vector<double> ParseDoubles(const std::string& what, const std::string& tex
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     double v = 0;
     if (!absl::SimpleAtod(part, &v) || v <= 0) {
-      throw CLI::ValidationError(what, "\"" + std::string(part) + "\" is not a positive number");
+      throw connex::cli::ValidationError(what,
+                                         "\"" + std::string(part) + "\" is not a positive number");
     }
     out.push_back(v);
   }
@@ -104,7 +104,7 @@ std::vector<int> ParseInts(const std::string& what, const std::string& text) {
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     int v = 0;
     if (!absl::SimpleAtoi(part, &v) || v < 1 || v > 64) {
-      throw CLI::ValidationError(what, "\"" + std::string(part) + "\" is not a K in 1..64");
+      throw connex::cli::ValidationError(what, "\"" + std::string(part) + "\" is not a K in 1..64");
     }
     out.push_back(v);
   }
@@ -114,7 +114,7 @@ std::vector<int> ParseInts(const std::string& what, const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{
+  connex::cli::App app{
       "connex-chaos: failover, churn, pd, steady-state, overload, proxy-cost and demo campaigns"};
   app.require_subcommand(1);
   app.fallthrough();  // --log-level also after the campaign
@@ -125,38 +125,40 @@ int main(int argc, char** argv) {
 
   connex::chaos::FailoverOptions failover;
   std::string kill_stage = "any", fault = "kill";
-  CLI::App* f = app.add_subcommand("failover", "fault a stage mid-generation, run after run");
+  connex::cli::App* f =
+      app.add_subcommand("failover", "fault a stage mid-generation, run after run");
   AddCommon(f, &common, &json_path, &work_dir, &keep, &quiet);
   f->add_option("--runs", failover.runs, "fault runs")
-      ->check(CLI::Range(1, 100000))
+      ->check(connex::cli::Range(1, 100000))
       ->capture_default_str();
   f->add_option("--kill-stage", kill_stage, "the stage faulted: any (every stage in turn) or S")
       ->capture_default_str();
   f->add_option("--fault", fault,
                 "kill (SIGKILL), stop (SIGSTOP, later SIGCONT), partition, or drain (connexctl "
                 "drain: the stage must exit 0 by itself)")
-      ->check(CLI::IsMember({"kill", "stop", "partition", "drain"}))
+      ->check(connex::cli::IsMember({"kill", "stop", "partition", "drain"}))
       ->capture_default_str();
   f->add_option("--batch", failover.batch, "requests in flight at each fault")
-      ->check(CLI::Range(1, 256))
+      ->check(connex::cli::Range(1, 256))
       ->capture_default_str();
   f->add_option("--inflight", failover.inflight, "steps in flight per route (K)")
-      ->check(CLI::Range(1, 64))
+      ->check(connex::cli::Range(1, 64))
       ->capture_default_str();
 
   connex::chaos::ChurnOptions churn;
   bool no_proxy = false, with_proxy = false;
-  CLI::App* c = app.add_subcommand("churn", "open-loop load while whole replicas go and return");
+  connex::cli::App* c =
+      app.add_subcommand("churn", "open-loop load while whole replicas go and return");
   AddCommon(c, &common, &json_path, &work_dir, &keep, &quiet);
   c->add_option("--qps", churn.qps, "requests per second (Poisson arrivals)")
-      ->check(CLI::PositiveNumber)
+      ->check(connex::cli::PositiveNumber)
       ->capture_default_str();
   c->add_option("--duration", churn.duration_s, "seconds of load")
-      ->check(CLI::PositiveNumber)
+      ->check(connex::cli::PositiveNumber)
       ->capture_default_str();
   c->add_option("--kill-every", churn.kill_every_s,
                 "a replica goes every this many seconds (and is back after half of it)")
-      ->check(CLI::PositiveNumber)
+      ->check(connex::cli::PositiveNumber)
       ->capture_default_str();
   auto* proxy_flag =
       c->add_flag("--proxy", with_proxy, "clients go through connex-proxy (the default)");
@@ -165,94 +167,96 @@ int main(int argc, char** argv) {
   c->add_flag("--soft", churn.soft, "a graceful leave (SIGTERM) instead of SIGKILL");
 
   connex::chaos::PdOptions pd;
-  CLI::App* pdc = app.add_subcommand(
+  connex::cli::App* pdc = app.add_subcommand(
       "pd",
       "prefill-decode disaggregation under load while instances are killed, beside a "
       "colocated pipeline");
   AddRun(pdc, &common, &json_path, &work_dir, &keep, &quiet);
   uint32_t pd_frontends = 1;
   pdc->add_option("--frontends", pd_frontends, "frontends (the API; the proxy when > 1)")
-      ->check(CLI::Range(1u, 16u))
+      ->check(connex::cli::Range(1u, 16u))
       ->capture_default_str();
   pdc->add_option("--prefill", pd.prefill, "prefill instances")
-      ->check(CLI::Range(1u, 16u))
+      ->check(connex::cli::Range(1u, 16u))
       ->capture_default_str();
   pdc->add_option("--decode", pd.decode, "decode instances (and colocated chains)")
-      ->check(CLI::Range(1u, 16u))
+      ->check(connex::cli::Range(1u, 16u))
       ->capture_default_str();
   pdc->add_option("--max-tokens", common.max_tokens, "tokens generated per request")
-      ->check(CLI::Range(1, 4096))
+      ->check(connex::cli::Range(1, 4096))
       ->capture_default_str();
   pdc->add_option("--seed", common.seed, "the campaign's choices: prompts, sampling, arrivals")
       ->capture_default_str();
   pdc->add_option("--qps", pd.qps, "requests per second (Poisson arrivals)")
-      ->check(CLI::PositiveNumber)
+      ->check(connex::cli::PositiveNumber)
       ->capture_default_str();
   pdc->add_option("--duration", pd.duration_s, "seconds of load (each deployment)")
-      ->check(CLI::PositiveNumber)
+      ->check(connex::cli::PositiveNumber)
       ->capture_default_str();
   pdc->add_option("--kill-every", pd.kill_every_s,
                   "an instance is killed every this many seconds (back after half of it)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(connex::cli::NonNegativeNumber)
       ->capture_default_str();
   pdc->add_option("--kill", pd.kill, "which instances: prefill, decode, both (in turn) or none")
-      ->check(CLI::IsMember({"prefill", "decode", "both", "none"}))
+      ->check(connex::cli::IsMember({"prefill", "decode", "both", "none"}))
       ->capture_default_str();
   bool no_colocated = false;
   pdc->add_flag("--no-colocated", no_colocated, "skip the colocated pipeline's run");
 
   connex::chaos::SteadyOptions steady;
   std::string qps_list = "1,2,4", inflight_list = "1,4";
-  CLI::App* s = app.add_subcommand("steady", "latency and throughput per QPS and K, no faults");
+  connex::cli::App* s =
+      app.add_subcommand("steady", "latency and throughput per QPS and K, no faults");
   AddCommon(s, &common, &json_path, &work_dir, &keep, &quiet);
   AddAttach(s, &common);
   s->add_option("--qps", qps_list, "open-loop rates, comma-separated")->capture_default_str();
   s->add_option("--inflight", inflight_list, "values of K, comma-separated")->capture_default_str();
   s->add_option("--duration", steady.duration_s, "seconds per rate (and of the closed loop)")
-      ->check(CLI::PositiveNumber)
+      ->check(connex::cli::PositiveNumber)
       ->capture_default_str();
   s->add_option("--clients", steady.closed_loop_clients, "closed-loop clients")
-      ->check(CLI::Range(1, 256))
+      ->check(connex::cli::Range(1, 256))
       ->capture_default_str();
 
   connex::chaos::OverloadOptions overload;
-  CLI::App* ov = app.add_subcommand(
+  connex::cli::App* ov = app.add_subcommand(
       "overload", "open-loop load past stage 0's KV budget: 429s with Retry-After, /health");
   AddCommon(ov, &common, &json_path, &work_dir, &keep, &quiet);
   ov->add_option("--qps", overload.qps, "requests per second (Poisson arrivals)")
-      ->check(CLI::PositiveNumber)
+      ->check(connex::cli::PositiveNumber)
       ->capture_default_str();
   ov->add_option("--duration", overload.duration_s, "seconds of load")
-      ->check(CLI::PositiveNumber)
+      ->check(connex::cli::PositiveNumber)
       ->capture_default_str();
   ov->add_option("--kv-budget", overload.kv_budget, "each stage 0's --kv-budget (1M at least)")
       ->check(connex::SizeRange(uint64_t{1} << 20, uint64_t{1} << 44))
       ->capture_default_str();
   ov->add_option("--queue-max", overload.queue_max, "each stage 0's --queue-max")
-      ->check(CLI::Range(0, 1 << 20))
+      ->check(connex::cli::Range(0, 1 << 20))
       ->capture_default_str();
 
   connex::chaos::ProxyCostOptions proxy_cost;
-  CLI::App* p = app.add_subcommand("proxy-cost", "the same requests direct and via the proxy");
+  connex::cli::App* p =
+      app.add_subcommand("proxy-cost", "the same requests direct and via the proxy");
   AddCommon(p, &common, &json_path, &work_dir, &keep, &quiet);
   AddAttach(p, &common);
   p->add_option("--requests", proxy_cost.requests, "requests per path, one at a time")
-      ->check(CLI::Range(1, 100000))
+      ->check(connex::cli::Range(1, 100000))
       ->capture_default_str();
 
   connex::chaos::DemoOptions demo;
   bool demo_no_proxy = false;
-  CLI::App* dm = app.add_subcommand(
+  connex::cli::App* dm = app.add_subcommand(
       "demo", "make demo: load through the proxy, a middle stage and a stage 0 SIGKILLed");
   AddRun(dm, &common, &json_path, &work_dir, &keep, &quiet, "--bin-dir,--bin");
   dm->add_option("--clients", demo.clients, "concurrent streaming clients")
-      ->check(CLI::Range(1, 64))
+      ->check(connex::cli::Range(1, 64))
       ->capture_default_str();
   dm->add_flag("--no-proxy", demo_no_proxy,
                "debugging: clients use the stage-0 replicas directly, and no stage 0 is killed");
   dm->add_option("--phase", demo.phase_s,
                  "seconds of load before the first kill, between the kills, after the last")
-      ->check(CLI::Range(1.0, 600.0))
+      ->check(connex::cli::Range(1.0, 600.0))
       ->capture_default_str();
 
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
@@ -260,8 +264,8 @@ int main(int argc, char** argv) {
           if (kill_stage != "any") {
             int v = -1;
             if (!absl::SimpleAtoi(kill_stage, &v) || v < 0) {
-              throw CLI::ValidationError("--kill-stage",
-                                         "\"" + kill_stage + "\": expected any or a stage number");
+              throw connex::cli::ValidationError(
+                  "--kill-stage", "\"" + kill_stage + "\": expected any or a stage number");
             }
             failover.kill_stage = v;
           }
@@ -276,7 +280,7 @@ int main(int argc, char** argv) {
           for (const char* bin : {"connex-mkmodel", "connex-directory", "connex-stage",
                                   "connex-proxy", "connex-generate"}) {
             if (access((dir + "/" + bin).c_str(), X_OK) != 0) {
-              throw CLI::ValidationError(
+              throw connex::cli::ValidationError(
                   "--bin-dir", dir + ": no executable " + bin + " (make demo builds what it runs)");
             }
           }

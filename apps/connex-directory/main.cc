@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <iostream>
 
-#include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
 #include "connex/base/config.h"
 #include "connex/base/logging.h"
@@ -34,7 +33,7 @@ int main(int argc, char** argv) {
   }
   connex::directory::DirectoryServerOptions options = *defaults;
   options.trim_heap = true;  // a process of its own (with the thresholds above)
-  CLI::App app{"Connex directory: resolves LIDs to addresses, with leases and events"};
+  connex::cli::App app{"Connex directory: resolves LIDs to addresses, with leases and events"};
   app.add_option("--bind", options.bind, "request endpoint (ROUTER), tcp://HOST:PORT, port 0 = any")
       ->envname("CONNEX_DIRECTORY_BIND")
       ->capture_default_str();
@@ -43,15 +42,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--lease-ttl-ms", options.lease_ttl_ms, "lease TTL; expiry emits FAILED")
       ->envname("CONNEX_LEASE_TTL_MS")
-      ->check(CLI::Range(int64_t{10}, int64_t{86'400'000}))
+      ->check(connex::cli::Range(int64_t{10}, int64_t{86'400'000}))
       ->capture_default_str();
   app.add_option("--heartbeat-ms", options.heartbeat_ms, "heartbeat interval advised to clients")
       ->envname("CONNEX_HEARTBEAT_MS")
-      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->check(connex::cli::Range(int64_t{1}, int64_t{3'600'000}))
       ->capture_default_str();
   app.add_option("--tick-ms", options.tick_ms, "interval of revision ticks on the PUB socket")
       ->envname("CONNEX_DIRECTORY_TICK_MS")
-      ->check(CLI::Range(int64_t{1}, int64_t{60'000}))
+      ->check(connex::cli::Range(int64_t{1}, int64_t{60'000}))
       ->capture_default_str();
   // The shared secret: a file, or CONNEX_DIRECTORY_TOKEN (read by FromEnv); never argv.
   connex::AddRefusedSecretFlag(app, "--token", "--token-file FILE or CONNEX_DIRECTORY_TOKEN");
@@ -72,17 +71,17 @@ int main(int argc, char** argv) {
   app.add_option("--max-records", options.max_records,
                  "records in the whole table; a JOIN over it is refused")
       ->envname("CONNEX_DIRECTORY_MAX_RECORDS")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 24))
+      ->check(connex::cli::Range(size_t{1}, size_t{1} << 24))
       ->capture_default_str();
   app.add_option("--max-records-per-model", options.max_records_per_model,
                  "records of one model; a JOIN over it is refused")
       ->envname("CONNEX_DIRECTORY_MAX_RECORDS_PER_MODEL")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 24))
+      ->check(connex::cli::Range(size_t{1}, size_t{1} << 24))
       ->capture_default_str();
   app.add_option("--max-record-bytes", options.max_record_bytes,
                  "encoded size of one record (addresses and metadata)")
       ->envname("CONNEX_DIRECTORY_MAX_RECORD_BYTES")
-      ->check(CLI::Range(size_t{256}, size_t{1} << 24))
+      ->check(connex::cli::Range(size_t{256}, size_t{1} << 24))
       ->capture_default_str();
   connex::AddLogLevelFlag(app);
   connex::AddInsecureFlag(app);

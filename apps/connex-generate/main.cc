@@ -13,7 +13,6 @@
 #include <fstream>
 #include <iostream>
 
-#include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "connex/base/cli.h"
@@ -45,7 +44,7 @@ int main(int argc, char** argv) {
   int threads = *env_threads;
 
   connex::pp::Sampling sampling;
-  CLI::App app{"Generation with the reference engine"};
+  connex::cli::App app{"Generation with the reference engine"};
   app.add_option("--model", model,
                  "checkpoint: a .safetensors file, or a Hugging Face model directory "
                  "(config.json with model.safetensors or shards and their index)")
@@ -58,49 +57,49 @@ int main(int argc, char** argv) {
   prompt_opt->excludes(file_opt);
   ids_opt->excludes(prompt_opt)->excludes(file_opt);
   app.add_option("--max-tokens", options.max_tokens, "tokens to generate per prompt")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->check(connex::cli::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   app.add_flag("--json", json, R"(print {"tokens":[...],"text":"..."}, one line per prompt)");
   app.add_option("--recompute-at", options.recompute_at,
                  "after K generated tokens drop the KV cache and re-prefill (0: never)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(connex::cli::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--stages", stages, "run the model as n pipeline stages")
-      ->check(CLI::Range(1, 1024))
+      ->check(connex::cli::Range(1, 1024))
       ->capture_default_str();
   app.add_option("--threads", threads, "kernel threads")
       ->envname("CONNEX_ENGINE_THREADS")
-      ->check(CLI::Range(1, 256))
+      ->check(connex::cli::Range(1, 256))
       ->capture_default_str();
   app.add_option("--max-batch", options.max_batch,
                  "at most this many requests per step, the others wait (0: no limit)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(connex::cli::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--prefill-chunk", options.prefill_chunk,
                  "at most this many prompt tokens of a request per step (0: whole prompt)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(connex::cli::NonNegativeNumber)
       ->capture_default_str();
   app.add_flag("--ignore-eos", ignore_eos, "keep generating after an EOS token");
   auto* temperature_opt =
       app.add_option("--temperature", sampling.temperature,
                      "0: greedy; > 0: sample, the draw of each token keyed by (seed, position)")
-          ->check(CLI::Range(0.0f, 2.0f))
+          ->check(connex::cli::Range(0.0f, 2.0f))
           ->capture_default_str();
   auto* top_p_opt = app.add_option("--top-p", sampling.top_p,
                                    "nucleus sampling: keep the most probable tokens "
                                    "whose mass reaches this (0, 1]")
-                        ->check(CLI::Range(0.0f, 1.0f))
+                        ->check(connex::cli::Range(0.0f, 1.0f))
                         ->capture_default_str();
   auto* top_k_opt =
       app.add_option("--top-k", sampling.top_k, "sample among the k most probable tokens (0: all)")
-          ->check(CLI::NonNegativeNumber)
+          ->check(connex::cli::NonNegativeNumber)
           ->capture_default_str();
   app.add_option("--seed", sampling.seed, "the sampling seed of every prompt")
       ->capture_default_str();
   auto* min_p_opt =
       app.add_option("--min-p", sampling.min_p,
                      "drop the tokens less probable than this times the most probable [0, 1]")
-          ->check(CLI::Range(0.0f, 1.0f))
+          ->check(connex::cli::Range(0.0f, 1.0f))
           ->capture_default_str();
   auto* penalty_opt =
       app.add_option("--repetition-penalty", sampling.repetition_penalty,
@@ -115,12 +114,12 @@ int main(int argc, char** argv) {
   app.add_option("--generation-config", generation_config,
                  "auto: a sampling flag not given takes the model's generation_config.json "
                  "value, as connex-stage's API does; none: the built-in defaults (greedy)")
-      ->check(CLI::IsMember({"auto", "none"}))
+      ->check(connex::cli::IsMember({"auto", "none"}))
       ->capture_default_str();
   connex::AddLogLevelFlag(app);
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
         if (prompt_opt->count() == 0 && file_opt->count() == 0 && ids_opt->count() == 0) {
-          throw CLI::RequiredError("--prompt or --prompts-file");
+          throw connex::cli::RequiredError("--prompt or --prompts-file");
         }
       })) {
     return *code;
@@ -134,7 +133,7 @@ int main(int argc, char** argv) {
   if (generation_config == "auto") {
     // What the API gives a request without these fields (serving::SamplingDefaultsOf).
     const GenerationDefaults& g = (*pipeline)->config().generation;
-    auto fill = [](CLI::Option* given, const auto& value, auto& out) {
+    auto fill = [](connex::cli::Option* given, const auto& value, auto& out) {
       if (given->count() == 0 && value) out = static_cast<std::decay_t<decltype(out)>>(*value);
     };
     fill(temperature_opt, g.temperature, sampling.temperature);

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <iostream>
 
-#include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
 #include "connex/base/config.h"
 #include "connex/base/strings.h"
@@ -34,14 +33,14 @@ int main(int argc, char** argv) {
   std::string out, hf_dir, preset_name, tokenizer_from, shard_size = "5G";
   uint64_t seed = 1;
   std::string dtype_name;
-  CLI::App app{"Writes a Llama-family checkpoint with seeded random weights"};
+  connex::cli::App app{"Writes a Llama-family checkpoint with seeded random weights"};
   // Each shape flag is range-checked as ModelConfig::Validate checks the field it sets.
-  std::vector<std::pair<CLI::Option*, int64_t ModelConfig::*>> shapes;
+  std::vector<std::pair<connex::cli::Option*, int64_t ModelConfig::*>> shapes;
   auto shape = [&](const char* flag, int64_t ModelConfig::*field, const char* name,
                    const char* help) {
     auto [min, max] = ModelConfig::FieldRange(name);
     shapes.emplace_back(app.add_option(flag, config.*field, help)
-                            ->check(CLI::Range(min, max))
+                            ->check(connex::cli::Range(min, max))
                             ->capture_default_str(),
                         field);
   };
@@ -66,11 +65,11 @@ int main(int argc, char** argv) {
   shape("--max-positions", &ModelConfig::max_position_embeddings, "max_position_embeddings",
         "longest sequence");
   auto* theta_opt = app.add_option("--rope-theta", config.rope_theta, "RoPE base (> 1)")
-                        ->check(CLI::Range(1.0, 1e12))
+                        ->check(connex::cli::Range(1.0, 1e12))
                         ->capture_default_str();
   app.add_option("--seed", seed, "weights are a function of the seed")->capture_default_str();
   app.add_option("--dtype", dtype_name, "weights dtype: f32, f16 or bf16 (default f32; --hf bf16)")
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}, CLI::ignore_case));
+      ->check(connex::cli::IsMember({"f32", "f16", "bf16"}, /*ignore_case=*/true));
   app.add_option("--shard-size", shard_size,
                  "with --hf: tensor bytes per shard at most (4096, 64M, 5G); one shard: "
                  "model.safetensors without an index")
@@ -84,8 +83,9 @@ int main(int argc, char** argv) {
   connex::AddLogLevelFlag(app);
   if (std::optional<int> code = connex::ParseFlags(app, argc, argv, [&] {
         if (out_opt->count() == 0 && hf_opt->count() == 0)
-          throw CLI::RequiredError("--out or --hf");
-        if (hf_opt->count() > 0 && preset_name.empty()) throw CLI::RequiredError("--config");
+          throw connex::cli::RequiredError("--out or --hf");
+        if (hf_opt->count() > 0 && preset_name.empty())
+          throw connex::cli::RequiredError("--config");
       })) {
     return *code;
   }

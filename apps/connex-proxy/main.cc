@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <iostream>
 
-#include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
 #include "connex/base/logging.h"
 #include "connex/base/signals.h"
@@ -16,7 +15,7 @@
 #include "connex/serving/proxy.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{
+  connex::cli::App app{
       "connex-proxy: the OpenAI-compatible front door of a served model; resumes "
       "responses on another stage-0 replica when one dies"};
   auto directory_options = connex::directory::DirectoryClientOptions::FromEnv();
@@ -44,26 +43,26 @@ int main(int argc, char** argv) {
   app.add_option("--retry-budget-ms", options.retry_budget_ms,
                  "how long one outage of a request may last before it fails")
       ->envname("CONNEX_PROXY_RETRY_BUDGET_MS")
-      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}))
+      ->check(connex::cli::Range(int64_t{0}, int64_t{3'600'000}))
       ->capture_default_str();
   app.add_option("--max-attempts", options.max_attempts, "upstream attempts per request, at most")
       ->envname("CONNEX_PROXY_MAX_ATTEMPTS")
-      ->check(CLI::Range(1, 1000))
+      ->check(connex::cli::Range(1, 1000))
       ->capture_default_str();
   app.add_option("--connect-timeout-ms", options.connect_timeout_ms,
                  "connecting to a replica may take this long")
       ->envname("CONNEX_PROXY_CONNECT_TIMEOUT_MS")
-      ->check(CLI::Range(int64_t{1}, int64_t{600'000}))
+      ->check(connex::cli::Range(int64_t{1}, int64_t{600'000}))
       ->capture_default_str();
   app.add_option("--idle-timeout-ms", options.idle_timeout_ms,
                  "a replica silent this long in a response is taken as dead")
       ->envname("CONNEX_PROXY_IDLE_TIMEOUT_MS")
-      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->check(connex::cli::Range(int64_t{1}, int64_t{3'600'000}))
       ->capture_default_str();
   app.add_option("--default-max-tokens", options.default_max_tokens,
                  "max_tokens of a request that gives none (as the stages' flag)")
       ->envname("CONNEX_DEFAULT_MAX_TOKENS")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->check(connex::cli::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   connex::AddLogLevelFlag(app);
   connex::AddInsecureFlag(app);

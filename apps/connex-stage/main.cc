@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <iostream>
 
-#include "CLI/CLI.hpp"
 #include "connex/base/cli.h"
 #include "connex/base/config.h"
 #include "connex/base/logging.h"
@@ -21,7 +20,7 @@
 
 int main(int argc, char** argv) {
   connex::serving::StageProcessOptions options;
-  CLI::App app{"connex-stage: one pipeline stage of a served model"};
+  connex::cli::App app{"connex-stage: one pipeline stage of a served model"};
   app.add_option("--directory", options.directory, "the directory's request endpoint")
       ->envname("CONNEX_DIRECTORY")
       ->capture_default_str();
@@ -35,25 +34,25 @@ int main(int argc, char** argv) {
       ->envname("CONNEX_MODEL_NAME");
   app.add_option("--stage", options.stage, "this process's pipeline stage")
       ->envname("CONNEX_STAGE")
-      ->check(CLI::Range(0u, 1023u))
+      ->check(connex::cli::Range(0u, 1023u))
       ->required();
   app.add_option("--stages", options.stages, "stages of the pipeline")
       ->envname("CONNEX_STAGES")
-      ->check(CLI::Range(1u, 1024u))
+      ->check(connex::cli::Range(1u, 1024u))
       ->required();
   app.add_option("--replica", options.replica, "replica chain")
       ->envname("CONNEX_REPLICA")
-      ->check(CLI::Range(0u, 1u << 20))
+      ->check(connex::cli::Range(0u, 1u << 20))
       ->capture_default_str();
   app.add_option("--backend", options.backend, "data plane: auto, tcp, shm or ucx")
       ->envname("CONNEX_PP_BACKEND")
-      ->check(CLI::IsMember({"auto", "tcp", "shm", "ucx"}))
+      ->check(connex::cli::IsMember({"auto", "tcp", "shm", "ucx"}))
       ->capture_default_str();
   app.add_option("--signal-host", options.signal_host, "interface the signal socket binds")
       ->envname("CONNEX_SIGNAL_HOST")
       ->capture_default_str();
   app.add_option("--threads", options.threads, "kernel threads (0: CONNEX_ENGINE_THREADS or all)")
-      ->check(CLI::Range(0, 256))
+      ->check(connex::cli::Range(0, 256))
       ->capture_default_str();
   std::string http;
   app.add_option("--http", http,
@@ -67,7 +66,7 @@ int main(int argc, char** argv) {
   app.add_option("--default-max-tokens", default_max_tokens,
                  "max_tokens of a request that gives none")
       ->envname("CONNEX_DEFAULT_MAX_TOKENS")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->check(connex::cli::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   std::string kv_budget = "1G";
   app.add_option("--kv-budget", kv_budget,
@@ -80,34 +79,34 @@ int main(int argc, char** argv) {
   app.add_option("--queue-max", queue_max,
                  "stage 0: requests that may wait for KV budget; past it a request gets 429")
       ->envname("CONNEX_STAGE_QUEUE_MAX")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->check(connex::cli::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   std::string chat_template;
   app.add_option("--chat-template", chat_template,
                  "stage 0: the chat template of /v1/chat/completions (a Jinja file, or a .json "
                  "with a chat_template field); default: the model's tokenizer_config.json")
       ->envname("CONNEX_CHAT_TEMPLATE")
-      ->check(CLI::ExistingFile);
+      ->check(connex::cli::ExistingFile);
   std::string generation_config = "auto";
   app.add_option("--generation-config", generation_config,
                  "stage 0: auto: a request that omits temperature, top_p, top_k, min_p or "
                  "repetition_penalty gets the model's generation_config.json value (as vLLM); "
                  "none: the built-in defaults (greedy)")
       ->envname("CONNEX_GENERATION_CONFIG")
-      ->check(CLI::IsMember({"auto", "none"}))
+      ->check(connex::cli::IsMember({"auto", "none"}))
       ->capture_default_str();
   std::string kv_standby;
   app.add_option("--kv-standby", kv_standby,
                  "on: mirror this stage's KV state to the same stage of the next replica, which "
                  "takes its requests over without a re-prefill if it dies; default: "
                  "CONNEX_PP_KV_STANDBY, else off")
-      ->check(CLI::IsMember({"on", "off"}));
+      ->check(connex::cli::IsMember({"on", "off"}));
   std::string pd_role = "none";
   app.add_option("--pd-role", pd_role,
                  "prefill-decode disaggregation: frontend (--stage 0 --stages 2: the API and the "
                  "embedding), prefill or decode (--stage 1 --stages 2: every layer), or none")
       ->envname("CONNEX_PD_ROLE")
-      ->check(CLI::IsMember({"none", "frontend", "prefill", "decode"}))
+      ->check(connex::cli::IsMember({"none", "frontend", "prefill", "decode"}))
       ->capture_default_str();
   connex::AddLogLevelFlag(app);
   connex::AddInsecureFlag(app);

@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "CLI/CLI.hpp"
 #include "absl/strings/str_join.h"
 #include "connex/base/cli.h"
 #include "connex/base/config.h"
@@ -98,7 +97,7 @@ absl::StatusOr<Lid> ParseLid(const std::string& text) { return Lid::Parse(text);
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"connexctl: inspect and drive a Connex directory"};
+  connex::cli::App app{"connexctl: inspect and drive a Connex directory"};
   app.require_subcommand(1);
   DirectoryClientOptions options;
   options.directory = "tcp://127.0.0.1:7000";
@@ -119,19 +118,19 @@ int main(int argc, char** argv) {
       ->envname("CONNEX_DIRECTORY_ADMIN_TOKEN_FILE");
   app.add_option("--timeout-ms", options.request_timeout_ms, "request timeout")
       ->envname("CONNEX_DIRECTORY_TIMEOUT_MS")
-      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->check(connex::cli::Range(int64_t{1}, int64_t{3'600'000}))
       ->capture_default_str();
   app.add_option("--heartbeat-ms", options.heartbeat_ms,
                  "heartbeat interval for `join` (0: what the directory advises)")
       ->envname("CONNEX_HEARTBEAT_MS")
-      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}));
+      ->check(connex::cli::Range(int64_t{0}, int64_t{3'600'000}));
   connex::AddLogLevelFlag(app, "warn");
 
   bool json = false;
-  CLI::App* status =
+  connex::cli::App* status =
       app.add_subcommand("status", "table of every record: LID, epoch, lease, addresses");
   status->add_flag("--json", json, "print JSON");
-  CLI::App* serving = app.add_subcommand(
+  connex::cli::App* serving = app.add_subcommand(
       "serving", "served models: replica chains, each stage's epoch, stage 0's API and health");
   std::string serving_model;
   serving->add_option("--model", serving_model, "only this model");
@@ -139,19 +138,20 @@ int main(int argc, char** argv) {
   serving
       ->add_option("--probe-timeout-ms", probe_timeout_ms,
                    "how long each stage 0's GET /health may take (0: do not probe)")
-      ->check(CLI::Range(int64_t{0}, int64_t{60'000}))
+      ->check(connex::cli::Range(int64_t{0}, int64_t{60'000}))
       ->capture_default_str();
   serving->add_flag("--json", json, "print JSON");
-  CLI::App* watch = app.add_subcommand("watch", "print one line per event until interrupted");
+  connex::cli::App* watch =
+      app.add_subcommand("watch", "print one line per event until interrupted");
   std::string watch_model;
   watch->add_option("--model", watch_model, "only events of this model");
-  CLI::App* resolve = app.add_subcommand("resolve", "the live endpoints of MODEL's GROUP");
+  connex::cli::App* resolve = app.add_subcommand("resolve", "the live endpoints of MODEL's GROUP");
   std::string model;
   uint32_t group = 0;
   resolve->add_option("model", model, "model name")->required();
   resolve->add_option("group", group, "group index")->required();
   resolve->add_flag("--json", json, "print JSON");
-  CLI::App* join = app.add_subcommand(
+  connex::cli::App* join = app.add_subcommand(
       "join", "register LID and heartbeat until SIGINT/SIGTERM, then leave gracefully");
   std::string lid_text;
   std::vector<std::string> addresses;
@@ -162,14 +162,16 @@ int main(int argc, char** argv) {
   bool force = false;
   join->add_flag("--force", force,
                  "take LID over from a live holder (needs the admin token; the holder is fenced)");
-  CLI::App* leave = app.add_subcommand("leave", "drain LID: LEFT for every watcher (alias: drain)");
+  connex::cli::App* leave =
+      app.add_subcommand("leave", "drain LID: LEFT for every watcher (alias: drain)");
   leave->alias("drain");
   leave->add_option("lid", lid_text, "model/g<group>/s<shard>/r<replica>")->required();
-  CLI::App* report = app.add_subcommand("report-failed", "evict LID for every sender (FAILED)");
+  connex::cli::App* report =
+      app.add_subcommand("report-failed", "evict LID for every sender (FAILED)");
   report->add_option("lid", lid_text, "model/g<group>/s<shard>/r<replica>")->required();
   uint64_t epoch = 0;
   report->add_option("--epoch", epoch, "only this epoch (default: the current one)");
-  CLI::App* keygen = app.add_subcommand(
+  connex::cli::App* keygen = app.add_subcommand(
       "keygen", "write a CURVE key pair: PREFIX.key (secret, mode 600) and PREFIX.pub");
   std::string key_prefix;
   keygen->add_option("--out", key_prefix, "path prefix of the two files")->required();
@@ -185,7 +187,7 @@ int main(int argc, char** argv) {
       continue;
     }
     bool known = false;
-    for (const CLI::App* sub : app.get_subcommands({})) {
+    for (const connex::cli::App* sub : app.get_subcommands()) {
       known |= sub->get_name() == word || sub->check_name(word);
     }
     if (!known) {

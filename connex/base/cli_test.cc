@@ -18,7 +18,7 @@ struct Parsed {
   std::optional<int> exit;
   std::string out;
 };
-Parsed Parse(CLI::App& app, std::vector<std::string> args) {
+Parsed Parse(connex::cli::App& app, std::vector<std::string> args) {
   args.insert(args.begin(), "prog");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -33,14 +33,14 @@ Parsed Parse(CLI::App& app, std::vector<std::string> args) {
 
 TEST(CliTest, LogLevelAppliesTheFlagThenTheDefault) {
   {
-    CLI::App app;
+    connex::cli::App app;
     AddLogLevelFlag(app, "warn");
     Parsed p = Parse(app, {"--log-level", "debug"});
     EXPECT_EQ(p.exit, std::nullopt) << p.out;
     EXPECT_EQ(Log().level(), spdlog::level::debug);
   }
   {
-    CLI::App app;
+    connex::cli::App app;
     AddLogLevelFlag(app, "error");
     Parsed p = Parse(app, {});
     EXPECT_EQ(p.exit, std::nullopt) << p.out;
@@ -49,7 +49,7 @@ TEST(CliTest, LogLevelAppliesTheFlagThenTheDefault) {
 }
 
 TEST(CliTest, BogusLogLevelIsAUsageErrorNamingTheAcceptedNames) {
-  CLI::App app;
+  connex::cli::App app;
   AddLogLevelFlag(app);
   Log().set_level(spdlog::level::info);
   Parsed p = Parse(app, {"--log-level", "bogus"});
@@ -60,34 +60,34 @@ TEST(CliTest, BogusLogLevelIsAUsageErrorNamingTheAcceptedNames) {
 }
 
 TEST(CliTest, HelpExitsZeroAndErrorsExitTwo) {
-  CLI::App app;
+  connex::cli::App app;
   int n = 0;
-  app.add_option("--n", n)->check(CLI::Range(1, 5));
+  app.add_option("--n", n)->check(connex::cli::Range(1, 5));
   EXPECT_EQ(Parse(app, {"--help"}).exit, 0);
-  CLI::App other;
-  other.add_option("--n", n)->check(CLI::Range(1, 5));
+  connex::cli::App other;
+  other.add_option("--n", n)->check(connex::cli::Range(1, 5));
   Parsed range = Parse(other, {"--n", "0"});
   EXPECT_EQ(range.exit, kUsageExitCode);
   EXPECT_THAT(range.out, HasSubstr("--n"));
-  CLI::App third;
+  connex::cli::App third;
   Parsed unknown = Parse(third, {"--nope"});
   EXPECT_EQ(unknown.exit, kUsageExitCode);
 }
 
 TEST(CliTest, SizeRangeNamesTheValueAndTheLimit) {
   std::string sizes;
-  CLI::App app;
+  connex::cli::App app;
   app.add_option("--sizes", sizes)->check(SizeRange(1, 1 << 20, /*list=*/true));
   EXPECT_EQ(Parse(app, {"--sizes", "4K,1M"}).exit, std::nullopt);
   EXPECT_EQ(sizes, "4K,1M");
   for (const char* bad : {"4K,2M", "0", "1X", "100G"}) {
-    CLI::App a;
+    connex::cli::App a;
     a.add_option("--sizes", sizes)->check(SizeRange(1, 1 << 20, /*list=*/true));
     Parsed p = Parse(a, {"--sizes", bad});
     EXPECT_EQ(p.exit, kUsageExitCode) << bad;
     EXPECT_THAT(p.out, HasSubstr("--sizes")) << bad;
   }
-  CLI::App a;
+  connex::cli::App a;
   a.add_option("--size", sizes)->check(SizeRange(1, 1 << 20));
   Parsed p = Parse(a, {"--size", "2M"});
   EXPECT_EQ(p.exit, kUsageExitCode);
