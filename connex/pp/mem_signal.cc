@@ -94,18 +94,33 @@ uint64_t MemSignalNetwork::duplicated() const {
 
 void MemSignalNetwork::SetFilter(Filter filter) {
   connex::MutexLock lock(&mu_);
-  filter_ = filter ? std::make_shared<Filter>(std::move(filter)) : nullptr;
+  std::shared_ptr<ActiveFilter> replaced = std::move(filter_);
+  filter_ = filter ? std::make_shared<ActiveFilter>(std::move(filter)) : nullptr;
+  // The replaced filter may capture what its test destroys next: return once no call of it runs
+  // (calls that start from now on get the new one).
+  if (replaced) {
+    mu_.Await(absl::Condition(
+        +[](ActiveFilter* f) { return f->calls == 0; }, replaced.get()));
+  }
+}
+
+std::shared_ptr<MemSignalNetwork::ActiveFilter> MemSignalNetwork::StartFilterCall() {
+  connex::MutexLock lock(&mu_);
+  if (filter_) ++filter_->calls;
+  return filter_;
 }
 
 void MemSignalNetwork::Deliver(const std::string& from, const std::string& to, std::string frame) {
   std::shared_ptr<Slot> receiver;
   int copies = 1;
-  std::shared_ptr<Filter> filter;
-  {
-    connex::MutexLock lock(&mu_);
-    filter = filter_;
+  if (std::shared_ptr<ActiveFilter> filter = StartFilterCall()) {
+    const bool keep = filter->fn(to, frame);
+    {
+      connex::MutexLock lock(&mu_);
+      --filter->calls;
+    }
+    if (!keep) return;
   }
-  if (filter && !(*filter)(to, frame)) return;
   {
     connex::MutexLock lock(&mu_);
     ++sent_;

@@ -35,6 +35,8 @@ class MemSignalNetwork : public std::enable_shared_from_this<MemSignalNetwork> {
   // Sees every frame before the faults apply; returning false loses it. Runs on the sender's
   // thread with no lock held; must not block. Tests use it to watch or drop chosen signals.
   using Filter = std::function<bool(const std::string& to, const std::string& frame)>;
+  // Returns once no call of the filter it replaces runs (so that what that filter captured may be
+  // destroyed); not to be called from a filter.
   void SetFilter(Filter filter);
   // Every message to or from `address` is lost from now on (a dead process).
   void Kill(const std::string& address);
@@ -59,12 +61,22 @@ class MemSignalNetwork : public std::enable_shared_from_this<MemSignalNetwork> {
   };
   void Call(const std::shared_ptr<Slot>& slot, std::string frame);
 
+  // The filter and its calls in flight (`calls` under `mu_`).
+  struct ActiveFilter {
+    explicit ActiveFilter(Filter f) : fn(std::move(f)) {}
+    Filter fn;
+    int calls = 0;
+  };
+  // The filter to call for a frame, counted as running until the caller takes it off; null if
+  // none.
+  std::shared_ptr<ActiveFilter> StartFilterCall();
+
   mutable connex::Mutex mu_;
   std::map<std::string, std::shared_ptr<Slot>> receivers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, bool> dead_ ABSL_GUARDED_BY(mu_);
   std::multimap<int64_t, std::pair<std::string, std::string>> delayed_ ABSL_GUARDED_BY(mu_);
   SignalFaults faults_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<Filter> filter_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<ActiveFilter> filter_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
