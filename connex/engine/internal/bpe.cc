@@ -37,11 +37,16 @@ BpeModel::BpeModel(absl::flat_hash_map<std::string, int32_t> vocab,
                    BpeOptions options)
     : symbols_(std::move(vocab)), options_(options) {
   for (const auto& [text, id] : symbols_) first_extra_ = std::max(first_extra_, id + 1);
+  // Sized once: a 280k-merge table grown by doubling re-inserted every merge about twice over
+  // (what a process spends loading a 128k-vocabulary tokenizer is mostly here).
+  merges_.reserve(merges.size());
+  std::string joined;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& [left, right] = merges[rank];
     int32_t l = Intern(left);
     int32_t r = Intern(right);
-    int32_t result = Intern(left + right);
+    joined.assign(left).append(right);
+    int32_t result = Intern(joined);
     merges_[PairKey(l, r)] = Merge{static_cast<int32_t>(rank), result};
   }
   for (int b = 0; b < 256; ++b) {
@@ -52,9 +57,11 @@ BpeModel::BpeModel(absl::flat_hash_map<std::string, int32_t> vocab,
   }
 }
 
-int32_t BpeModel::Intern(const std::string& text) {
-  auto [it, inserted] = symbols_.try_emplace(text, 0);
-  if (inserted) it->second = first_extra_ + static_cast<int32_t>(symbols_.size());
+int32_t BpeModel::Intern(std::string_view text) {
+  // Almost every merge's parts are tokens already: look up without building a key.
+  if (auto it = symbols_.find(AsAbsl(text)); it != symbols_.end()) return it->second;
+  auto it = symbols_.try_emplace(std::string(text), 0).first;
+  it->second = first_extra_ + static_cast<int32_t>(symbols_.size());
   return it->second;
 }
 

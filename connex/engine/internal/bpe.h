@@ -53,7 +53,7 @@ class BpeModel {
   };
   absl::Status EncodeWord(std::string_view word, std::vector<int32_t>* out) const;
   absl::Status AppendUnknown(std::string_view piece, std::vector<int32_t>* out) const;
-  int32_t Intern(const std::string& text);
+  int32_t Intern(std::string_view text);
 
   // Token text to symbol: a vocabulary id, or (for the parts and results of merges that are not
   // in the vocabulary) a symbol at or above `first_extra_`.
