@@ -38,6 +38,11 @@ double UniformAt(uint64_t seed, uint64_t position);
 int32_t SampleToken(std::span<const float> logits, const pp::Sampling& sampling, uint64_t position,
                     std::span<const int32_t> history = {});
 
+// Sorts SampleToken's candidate keys (a logit's order key << 32 | its id) ascending, when the
+// ids ascend along `keys` as SampleToken builds them: then a stable sort on the upper 32 bits
+// (three radix passes) gives std::sort's order, several times faster on a 128K vocabulary.
+void SortCandidateKeys(std::vector<uint64_t>& keys);
+
 // `logits` with the repetition penalty applied to the ids of `history` (vLLM's and Hugging
 // Face's rule: a positive logit divided by `penalty`, another multiplied by it).
 void ApplyRepetitionPenalty(std::span<float> logits, float penalty,

@@ -138,6 +138,27 @@ TEST(SampleTokenTest, DrawsWhatThePlainDefinitionDraws) {
   }
 }
 
+TEST(SortCandidateKeysTest, OrdersAsStdSortOnAVocabularyWithTies) {
+  // 128K candidates as SampleToken builds them (ids ascending), upper halves from a small set so
+  // that most tie and the ids decide, with the extremes of the key range.
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<uint32_t> upper(0, 3000);
+  std::vector<uint64_t> keys(128256);
+  for (size_t id = 0; id < keys.size(); ++id) {
+    uint32_t k = upper(rng) * 1431655u;  // spread over all 32 bits
+    if (id % 1000 == 7) k = 0;
+    if (id % 1000 == 9) k = 0xFFFFFFFFu;
+    keys[id] = (uint64_t{k} << 32) | id;
+  }
+  std::vector<uint64_t> expected = keys;
+  std::sort(expected.begin(), expected.end());
+  SortCandidateKeys(keys);
+  EXPECT_EQ(keys, expected);
+  std::vector<uint64_t> none;
+  SortCandidateKeys(none);
+  EXPECT_TRUE(none.empty());
+}
+
 TEST(SampleTokenTest, GreedyIsTheFirstMaximumAndSoIsTopKOne) {
   std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
   EXPECT_EQ(SampleToken(logits, pp::Sampling{}, 3), 1);
