@@ -137,8 +137,8 @@ Option* App::add_option_function(std::string name, std::function<void(const std:
 Option* App::add_flag(std::string name, bool& variable, std::string description) {
   return Wrap(impl_->add_flag(std::move(name), variable, std::move(description)));
 }
-Option* App::add_flag(std::string name, std::string description) {
-  const std::string& text = description;  // CLI11: a const string is the description
+Option* App::add_flag(std::string name, const char* description) {
+  const std::string text = description;  // CLI11: a const string is the description
   return Wrap(impl_->add_flag(std::move(name), text));
 }
 Option* App::add_flag_callback(std::string name, std::function<void()> callback,

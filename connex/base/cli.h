@@ -137,7 +137,7 @@ class App {
   Option* add_option_function(std::string name, std::function<void(const std::string&)> callback,
                               std::string description = "");
   Option* add_flag(std::string name, bool& variable, std::string description = "");
-  Option* add_flag(std::string name, std::string description = "");
+  Option* add_flag(std::string name, const char* description = "");  // counted (count())
   Option* add_flag_callback(std::string name, std::function<void()> callback,
                             std::string description = "");
 

@@ -112,7 +112,7 @@ int32_t SampleToken(std::span<const float> raw, const pp::Sampling& sampling, ui
     keep = static_cast<size_t>(sampling.top_k);
     std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(keep), order.end());
   } else {
-    SortCandidateKeys(order);  // the ids ascend along `order`: as std::sort, about 6x faster
+    SortCandidateKeys(order);  // the ids ascend along `order`: as std::sort, about 5x faster
   }
   auto id_at = [&order](size_t i) { return static_cast<int32_t>(order[i] & 0xFFFFFFFFu); };
   // Unnormalised probabilities in double, in that order.
