@@ -132,6 +132,7 @@ class DirectoryServer::Loop {
   static constexpr int64_t kTrimGrowthBytes = 1 << 20;
   int64_t last_trim_check_ms_ = 0;
   int64_t resident_after_trim_ = 0;  // the process's RSS after the last trim
+  size_t free_after_trim_ = 0;       // the heap's free bytes after the last trim
   static constexpr int64_t kSnapshotCacheMs = 100;
   static constexpr size_t kMaxCachedSnapshots = 64;
   std::map<std::pair<std::optional<std::string>, std::optional<uint32_t>>,
