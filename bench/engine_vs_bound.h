@@ -21,7 +21,6 @@ struct VsBoundOptions {
   // The prompt of the prefill timed per round (one step; 0: none). Prefill computes on every
   // token at once: its step is compared with one pass over the weights at the bound.
   int prefill_tokens = 128;
-  int bound_passes = 5;  // streaming reads per round (the median counts)
   // Time the bound and decode on the thread's CPU clock instead of the wall clock (one thread
   // only): on a machine shared with other processes, how fast the code streams while it runs.
   bool cpu_time = false;
