@@ -6,7 +6,9 @@ JOBS ?= $(shell nproc)
 # (docs/development.md). The sanitizer runs keep one job per core: their tests are CPU-bound.
 TEST_JOBS ?= $(shell echo $$(( 2 * $(JOBS) )))
 CTEST_ARGS ?=
-DEMO_ARGS ?=
+# `make demo ARGS=...` is the same as DEMO_ARGS=... (DEMO_ARGS wins when both are given).
+ARGS ?=
+DEMO_ARGS ?= $(ARGS)
 # The test labels `make test-tsan` builds and runs (TSan covers the concurrent layers), and of
 # the pd label the in-process binary (its end-to-end tests start the serving binaries, which
 # the e2e label's ASan run covers).
