@@ -43,6 +43,9 @@ constexpr int StreamBlockRows() {
 // bytes measured best of 256, 512, 1024 and 2048 (docs/results.md, "Decode against the bound").
 constexpr int64_t kPrefetchAhead = 512;
 
+// The weight bytes of a range of rows that MatMul's threads take at a time.
+constexpr int64_t kRangeBytes = 128 << 10;
+
 template <DType kType>
 constexpr int64_t kElementSize = kType == DType::kF32 ? 4 : 2;
 
@@ -369,14 +372,23 @@ void MatMul(ThreadPool& pool, std::span<const MatMulOutput> outputs, const float
     CONNEX_DCHECK(o.w.cols == outputs[0].w.cols);
     total += o.w.rows;
   }
-  pool.ParallelFor(total, [&](int64_t begin, int64_t end) {
-    int64_t base = 0;
-    for (const MatMulOutput& o : outputs) {
-      int64_t b = std::max(begin, base), e = std::min(end, base + o.w.rows);
-      if (b < e) MatMulRows(o.w, x, tokens, o.y, o.ldy, b - base, e - base);
-      base += o.w.rows;
-    }
-  });
+  // The threads take the rows in ranges of about kRangeBytes of weights (a multiple of a decode
+  // block's rows) rather than a half each: a thread that the machine slows holds a decode step
+  // back by one range. A row's output does not depend on the range it is computed in.
+  const int64_t row_bytes =
+      std::max<int64_t>(1, outputs[0].w.cols * static_cast<int64_t>(DTypeSize(outputs[0].w.dtype)));
+  const int64_t grain = std::max<int64_t>(8, kRangeBytes / row_bytes / 8 * 8);
+  pool.ParallelFor(
+      total,
+      [&](int64_t begin, int64_t end) {
+        int64_t base = 0;
+        for (const MatMulOutput& o : outputs) {
+          int64_t b = std::max(begin, base), e = std::min(end, base + o.w.rows);
+          if (b < e) MatMulRows(o.w, x, tokens, o.y, o.ldy, b - base, e - base);
+          base += o.w.rows;
+        }
+      },
+      grain);
 }
 
 void WidenRow(const WeightMatrix& w, int64_t row, float* out) {

@@ -1,9 +1,12 @@
 #include "connex/engine/kernels.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "connex/engine/half.h"
@@ -224,16 +227,53 @@ TEST(KernelsTest, TypedEmbeddingAndNormWeightsWidenExactly) {
 TEST(ThreadPoolTest, CoversEveryIndexOnce) {
   for (int threads : {1, 2, 5}) {
     ThreadPool pool(threads);
-    for (int64_t n : {0, 1, 3, 4, 5, 100}) {
-      std::vector<std::atomic<int>> hits(n);
-      for (int rep = 0; rep < 20; ++rep) {
-        pool.ParallelFor(n, [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i) hits[i]++;
-        });
+    for (int64_t grain : {0, 1, 3, 8}) {
+      for (int64_t n : {0, 1, 3, 4, 5, 8, 9, 100}) {
+        std::vector<std::atomic<int>> hits(n);
+        for (int rep = 0; rep < 20; ++rep) {
+          pool.ParallelFor(
+              n,
+              [&](int64_t b, int64_t e) {
+                ASSERT_LT(b, e);
+                // A range of `grain` starts at a multiple of it and is `grain` long but for the
+                // last one (one thread, or n <= grain: [0, n) at once).
+                if (grain > 0 && n > grain && threads > 1) {
+                  EXPECT_EQ(b % grain, 0) << "n " << n << " grain " << grain;
+                  EXPECT_EQ(e, std::min(n, b + grain)) << "n " << n << " grain " << grain;
+                }
+                for (int64_t i = b; i < e; ++i) hits[i]++;
+              },
+              grain);
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          EXPECT_EQ(hits[i].load(), 20) << "index " << i << " n " << n << " grain " << grain;
+        }
       }
-      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 20);
     }
   }
+}
+
+// With a grain, a thread that is held up does not hold back the ranges: the others take them.
+TEST(ThreadPoolTest, ARangeHeldUpLeavesTheOthersToTheOtherThreads) {
+  ThreadPool pool(2);
+  std::atomic<bool> release{false};
+  std::atomic<int> taken_while_held{0};
+  pool.ParallelFor(
+      64,
+      [&](int64_t b, int64_t) {
+        if (b == 0) {
+          // Holds range 0 until the other thread has taken every other range.
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while (!release.load() && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::yield();
+          }
+          return;
+        }
+        if (taken_while_held.fetch_add(1) + 1 == 63) release.store(true);
+      },
+      1);
+  EXPECT_TRUE(release.load()) << "the other thread did not take the 63 other ranges";
+  EXPECT_EQ(taken_while_held.load(), 63);
 }
 
 }  // namespace

@@ -37,9 +37,19 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)> fn) {
+void ThreadPool::TakeRanges(int64_t n, int64_t grain,
+                            absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  for (;;) {
+    const int64_t begin = next_.fetch_add(grain, std::memory_order_relaxed);
+    if (begin >= n) return;
+    fn(begin, std::min(n, begin + grain));
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)> fn,
+                             int64_t grain) {
   if (n <= 0) return;
-  if (threads_ == 1 || n == 1) {
+  if (threads_ == 1 || n == 1 || (grain > 0 && n <= grain)) {
     fn(0, n);
     return;
   }
@@ -47,14 +57,19 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)
   {
     MutexLock lock(&mu_);  // the unlock wakes the workers
     n_ = n;
+    grain_ = grain;
+    next_.store(0, std::memory_order_relaxed);  // published by the unlock
     fn_ = &fn;
     pending_ = threads_ - 1;
     running_.store(pending_, std::memory_order_relaxed);
     ++generation_;
     posted_.store(generation_, std::memory_order_release);
   }
-  int64_t end = n / threads_;
-  if (end > 0) fn(0, end);
+  if (grain > 0) {
+    TakeRanges(n, grain, fn);
+  } else if (const int64_t end = n / threads_; end > 0) {
+    fn(0, end);
+  }
   SpinUntil([this] { return running_.load(std::memory_order_acquire) == 0; });
   MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
@@ -65,7 +80,7 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    int64_t n;
+    int64_t n, grain;
     const absl::FunctionRef<void(int64_t, int64_t)>* fn;
     SpinUntil([&] { return posted_.load(std::memory_order_acquire) != seen; });
     {
@@ -77,11 +92,15 @@ void ThreadPool::WorkerLoop(int index) {
       if (stop_) return;
       seen = generation_;
       n = n_;
+      grain = grain_;
       fn = fn_;
     }
-    int64_t begin = n * index / threads_;
-    int64_t end = n * (index + 1) / threads_;
-    if (begin < end) (*fn)(begin, end);
+    if (grain > 0) {
+      TakeRanges(n, grain, *fn);
+    } else {
+      const int64_t begin = n * index / threads_, end = n * (index + 1) / threads_;
+      if (begin < end) (*fn)(begin, end);
+    }
     MutexLock lock(&mu_);  // the unlock wakes the caller
     --pending_;
     running_.fetch_sub(1, std::memory_order_release);

@@ -1,5 +1,6 @@
 // A small fork-join thread pool for the engine's kernels. ParallelFor splits [0, n) into one
-// contiguous range per thread; the calling thread runs the first range itself. The engine uses
+// contiguous range per thread, or with a grain into ranges of that many that the threads take in
+// turn as each finishes one; the calling thread takes part. The engine uses
 // it only over output elements (rows, heads), never to split a reduction, so results do not
 // depend on the number of threads. Thread-safe: concurrent ParallelFor calls are serialised.
 // A decode step is ~80 short ParallelFor calls back to back, so the workers and the caller spin
@@ -31,11 +32,16 @@ class ThreadPool {
   int size() const { return threads_; }
 
   // Calls fn(begin, end) on disjoint ranges covering [0, n), in parallel, and returns when all
-  // are done.
-  void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)> fn);
+  // are done. grain 0: one range per thread (n / size() each). grain > 0: ranges of `grain`
+  // (the last one shorter) that every thread takes from a shared counter until none is left,
+  // so that a thread slowed by anything else on the machine holds the call back by one range,
+  // not by its whole share. With one thread, or n <= grain, a single fn(0, n).
+  void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)> fn, int64_t grain = 0);
 
  private:
   void WorkerLoop(int index);
+  // The ranges of grain_ from next_ until [0, n) is taken.
+  void TakeRanges(int64_t n, int64_t grain, absl::FunctionRef<void(int64_t, int64_t)> fn);
 
   const int threads_;
   Mutex call_mu_;  // serialises ParallelFor callers
@@ -44,6 +50,8 @@ class ThreadPool {
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t n_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t grain_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> next_{0};  // the next range's begin, with a grain
   // Copies of generation_ and pending_, read without mu_ only to decide when to stop spinning;
   // the state itself is read under mu_.
   std::atomic<uint64_t> posted_{0};
