@@ -43,8 +43,10 @@ constexpr int StreamBlockRows() {
 // bytes measured best of 256, 512, 1024 and 2048 (docs/results.md, "Decode against the bound").
 constexpr int64_t kPrefetchAhead = 512;
 
-// The weight bytes of a range of rows that MatMul's threads take at a time.
+// The weight bytes of a range of rows that MatMul's threads take at a time in a decode step over
+// at least kStreamedBytes of weights (see MatMul).
 constexpr int64_t kRangeBytes = 128 << 10;
+constexpr int64_t kStreamedBytes = 4 << 20;
 
 template <DType kType>
 constexpr int64_t kElementSize = kType == DType::kF32 ? 4 : 2;
@@ -372,12 +374,17 @@ void MatMul(ThreadPool& pool, std::span<const MatMulOutput> outputs, const float
     CONNEX_DCHECK(o.w.cols == outputs[0].w.cols);
     total += o.w.rows;
   }
-  // The threads take the rows in ranges of about kRangeBytes of weights (a multiple of a decode
-  // block's rows) rather than a half each: a thread that the machine slows holds a decode step
-  // back by one range. A row's output does not depend on the range it is computed in.
+  // A decode step over weights that stream from memory (kStreamedBytes and more): the threads
+  // take the rows in ranges of about kRangeBytes of weights (a multiple of a decode block's rows)
+  // rather than a half each, so that a thread the machine slows holds the step back by one range
+  // instead of the whole step. Not for small matrices, whose step is mostly the fork-join (shared
+  // ranges on every matrix cost the default model's decode step 5-20 %), nor for prefill (not
+  // measured faster). A row's output does not depend on the range it is computed in.
   const int64_t row_bytes =
       std::max<int64_t>(1, outputs[0].w.cols * static_cast<int64_t>(DTypeSize(outputs[0].w.dtype)));
-  const int64_t grain = std::max<int64_t>(8, kRangeBytes / row_bytes / 8 * 8);
+  const int64_t grain = tokens < 4 && total * row_bytes >= kStreamedBytes
+                            ? std::max<int64_t>(8, kRangeBytes / row_bytes / 8 * 8)
+                            : 0;
   pool.ParallelFor(
       total,
       [&](int64_t begin, int64_t end) {
