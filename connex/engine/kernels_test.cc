@@ -206,6 +206,37 @@ TEST(KernelsTest, TypedMatMulIsInvariantToThreadCount) {
   }
 }
 
+// A decode step over 4 MB and more of weights has its rows taken in ranges from a shared
+// counter (MatMul); its outputs are the bits of one thread's, whatever thread took which range.
+// Two fused matrices of 1,000 and 100 rows of 1,024 floats (4.5 MB), 1 to 3 tokens.
+TEST(KernelsTest, AStreamedDecodeTakenInRangesGivesTheBitsOfOneThread) {
+  std::mt19937 rng(11);
+  const int64_t in = 1024;
+  std::vector<float> w1 = RandomVector(1000 * in, rng), w2 = RandomVector(100 * in, rng);
+  for (int64_t tokens : {1, 2, 3}) {
+    std::vector<float> x = RandomVector(tokens * in, rng), expected(tokens * 1100);
+    {
+      ThreadPool one(1);
+      MatMulOutput outputs[] = {
+          {WeightMatrix::F32(w1.data(), 1000, in), expected.data(), 1100},
+          {WeightMatrix::F32(w2.data(), 100, in), expected.data() + 1000, 1100}};
+      MatMul(one, outputs, x.data(), tokens);
+    }
+    EXPECT_TRUE(SameBits(expected[999], Dot(w1.data() + 999 * in, x.data(), in)));
+    for (int threads : {2, 3}) {
+      ThreadPool pool(threads);
+      for (int rep = 0; rep < 3; ++rep) {  // the ranges fall to the threads differently each time
+        std::vector<float> y(tokens * 1100);
+        MatMulOutput outputs[] = {{WeightMatrix::F32(w1.data(), 1000, in), y.data(), 1100},
+                                  {WeightMatrix::F32(w2.data(), 100, in), y.data() + 1000, 1100}};
+        MatMul(pool, outputs, x.data(), tokens);
+        EXPECT_EQ(std::memcmp(y.data(), expected.data(), y.size() * sizeof(float)), 0)
+            << tokens << " tokens, " << threads << " threads";
+      }
+    }
+  }
+}
+
 TEST(KernelsTest, TypedEmbeddingAndNormWeightsWidenExactly) {
   std::mt19937 rng(8);
   for (DType dtype : {DType::kF16, DType::kBF16}) {
