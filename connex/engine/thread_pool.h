@@ -1,11 +1,11 @@
 // A small fork-join thread pool for the engine's kernels. ParallelFor splits [0, n) into one
 // contiguous range per thread, or with a grain into ranges of that many that the threads take in
-// turn as each finishes one; the calling thread takes part. The engine uses
-// it only over output elements (rows, heads), never to split a reduction, so results do not
-// depend on the number of threads. Thread-safe: concurrent ParallelFor calls are serialised.
-// A decode step is ~80 short ParallelFor calls back to back, so the workers and the caller spin
-// briefly (kSpin) for the next call or for the workers' ranges before they block: a futex wake
-// cost ~45 us per call, a few per cent of a step.
+// turn as each finishes one; the calling thread takes part. The engine uses it only over output
+// elements (rows, heads), never to split a reduction, so results do not depend on the number of
+// threads nor on which thread ran which range. Thread-safe: concurrent ParallelFor calls are
+// serialised. A decode step is ~80 short ParallelFor calls back to back, so the workers and the
+// caller spin briefly (kSpin) for the next call or for the workers' ranges before they block: a
+// futex wake cost ~45 us per call, a few per cent of a step.
 #ifndef CONNEX_ENGINE_THREAD_POOL_H_
 #define CONNEX_ENGINE_THREAD_POOL_H_
 
