@@ -31,6 +31,10 @@ struct VsBoundOptions {
 
 // Llama-3.2-1B's widths (hidden 2048, SwiGLU 8192, 32 heads, 8 KV heads) with 2 layers and a
 // 32,000-token vocabulary: 374 MB of BF16 weights per decode step, far beyond the caches.
+// The sum of data[0..n), read as fast as memory gives it to one thread: the memory bound's read
+// (--vs-bound's and BM_StreamRead's).
+uint64_t SumStreaming(const uint64_t* data, int64_t n);
+
 ModelConfig VsBoundDefaultConfig();
 
 // Writes the models (seeded random weights), measures, prints the table. Returns the process exit
