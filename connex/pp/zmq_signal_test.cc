@@ -92,9 +92,17 @@ TEST(ZmqSignalTest, SocketsKeptForDestinationsAreBounded) {
   }
   t->Send(peer->address(), "after");
   ASSERT_TRUE(WaitUntil([&] { return peer_in.Has("after"); }, 10000));
-  const size_t after = OpenFds();
-  std::printf("fds: %zu before, %zu after sending to 1000 addresses\n", before, after);
-  EXPECT_LT(after, before + 2 * 256 + 64) << "one socket per address, unbounded";
+  // ZeroMQ closes an evicted socket on its I/O and reaper threads, some time after: right after
+  // the burst this process held 280 to 730 fds, 30 % of runs over the old bound read at once
+  // (before + 576). What is checked is the count it settles to, within 300 ms in every run: one
+  // fd per kept socket, 280 (one socket per address would stay above 1,000).
+  const size_t bound = before + 256 + 64;
+  const size_t right_after = OpenFds();
+  size_t after = right_after;
+  WaitUntil([&] { return (after = OpenFds()) < bound; }, 10000);
+  std::printf("fds: %zu before, %zu right after sending to 1000 addresses, %zu settled\n", before,
+              right_after, after);
+  EXPECT_LT(after, bound) << "one socket per address, unbounded";
   t->Forget(peer->address());
   t->Send(peer->address(), "reconnected");
   EXPECT_TRUE(WaitUntil([&] { return peer_in.Has("reconnected"); }, 5000));
