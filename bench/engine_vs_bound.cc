@@ -16,6 +16,7 @@
 #include "connex/engine/random_model.h"
 #include "connex/engine/stage_engine.h"
 #include "connex/engine/tokenizer.h"
+#include "connex/engine/weight_memory.h"
 
 namespace connex::engine {
 
@@ -196,14 +197,20 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
   }
   const std::string dir = keep ? options.model_dir : dir_template;
   const ModelConfig& c = options.config;
+  absl::StatusOr<WeightMemory> weights = WeightMemoryFromEnv();
+  if (!weights.ok()) {
+    std::fprintf(stderr, "bench_engine: %s\n", std::string(weights.status().message()).c_str());
+    return 2;
+  }
   std::printf(
       "model: %lld layers, hidden %lld, SwiGLU %lld, heads %lld/%lld, vocabulary %lld; "
+      "weights %s (CONNEX_ENGINE_WEIGHTS); "
       "%d threads; %d rounds of %d decode tokens; %s clock; load average %s\n",
       static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
       static_cast<long long>(c.intermediate_size), static_cast<long long>(c.num_attention_heads),
-      static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.vocab_size), threads,
-      options.rounds, options.tokens, options.cpu_time ? "thread CPU" : "wall",
-      LoadAverage().c_str());
+      static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.vocab_size),
+      std::string(WeightMemoryName(*weights)).c_str(), threads, options.rounds, options.tokens,
+      options.cpu_time ? "thread CPU" : "wall", LoadAverage().c_str());
   std::vector<Subject> subjects;
   int code = 0;
   for (const std::string& name : options.dtypes) {

@@ -17,7 +17,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Load(const std::string& path
   for (int s = 0; s < stages; ++s) {
     CONNEX_ASSIGN_OR_RETURN(
         std::unique_ptr<StageEngine> engine,
-        StageEngine::Load(path, {.stage = s, .stages = stages, .pool = pool, .layers = {}}));
+        StageEngine::Load(
+            path, {.stage = s, .stages = stages, .pool = pool, .layers = {}, .weights = {}}));
     pipeline->stages_.push_back(std::move(engine));
   }
   return pipeline;

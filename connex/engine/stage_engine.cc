@@ -81,8 +81,13 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const Checkpoint& checkpoint) {
 StageEngine::~StageEngine() = default;
 
 absl::StatusOr<WeightMatrix> StageEngine::Weight(const std::string& name,
-                                                 std::vector<int64_t> shape) {
+                                                 std::vector<int64_t> shape, bool streamed) {
   CONNEX_ASSIGN_OR_RETURN(SafetensorsFile::FloatTensor t, file_->MappedFloat(name, shape));
+  if (streamed && copied_ != nullptr) {
+    CONNEX_ASSIGN_OR_RETURN(std::span<const uint8_t> copy, copied_->Copy(t.bytes));
+    ReleaseMappedPages(t.bytes);
+    t.bytes = copy;
+  }
   return WeightMatrix{t.bytes.data(), t.dtype, shape.size() == 2 ? shape[0] : 1, shape.back()};
 }
 
@@ -113,21 +118,30 @@ absl::StatusOr<std::unique_ptr<StageEngine>> StageEngine::Load(const std::string
                         ? *options.layers
                         : StageLayers(config.num_hidden_layers, options.stage, options.stages);
   engine->file_ = std::move(checkpoint);
+  WeightMemory weights = WeightMemory::kMapped;
+  if (options.weights) {
+    weights = *options.weights;
+  } else {
+    CONNEX_ASSIGN_OR_RETURN(weights, WeightMemoryFromEnv());
+  }
+  if (weights == WeightMemory::kCopied) engine->copied_ = std::make_unique<WeightArena>();
 
   const int64_t d = config.hidden_size, q = config.q_dim(), kv = config.kv_dim(),
                 f = config.intermediate_size, v = config.vocab_size;
-  auto load = [&](const std::string& name, std::vector<int64_t> shape) {
-    absl::StatusOr<WeightMatrix> w = engine->Weight(name, std::move(shape));
+  auto load = [&](const std::string& name, std::vector<int64_t> shape, bool streamed = true) {
+    absl::StatusOr<WeightMatrix> w = engine->Weight(name, std::move(shape), streamed);
     return w.ok() ? w : Annotate(w.status(), path);
   };
   auto load_bias = [&](const std::string& name, int64_t n) -> absl::StatusOr<std::vector<float>> {
-    CONNEX_ASSIGN_OR_RETURN(WeightMatrix w, load(name, {n}));
+    CONNEX_ASSIGN_OR_RETURN(WeightMatrix w, load(name, {n}, /*streamed=*/false));
     std::vector<float> values(n);
     WidenRow(w, 0, values.data());
     return values;
   };
   if (engine->is_first()) {
-    CONNEX_ASSIGN_OR_RETURN(engine->embed_, load("model.embed_tokens.weight", {v, d}));
+    // Read a row a token, unless it is also this stage's LM head (tied, one stage).
+    const bool head_too = engine->is_last() && config.tie_word_embeddings;
+    CONNEX_ASSIGN_OR_RETURN(engine->embed_, load("model.embed_tokens.weight", {v, d}, head_too));
   }
   for (int64_t i = engine->layers_.begin; i < engine->layers_.end; ++i) {
     Layer l;

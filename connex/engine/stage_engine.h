@@ -25,6 +25,7 @@
 #include "connex/engine/sampler.h"
 #include "connex/engine/tensor_dict.h"
 #include "connex/engine/thread_pool.h"
+#include "connex/engine/weight_memory.h"
 #include "connex/pp/engine.h"
 
 namespace connex::engine {
@@ -75,6 +76,8 @@ struct StageOptions {
   // (begin == end: none, only the embedding or the head). A prefill-decode frontend runs none
   // (the embedding alone) and its instances all of them (docs/design/pd.md).
   std::optional<LayerRange> layers;
+  // Where the streamed weights live (weight_memory.h); nullopt: WeightMemoryFromEnv().
+  std::optional<WeightMemory> weights;
 };
 
 // `path` is a .safetensors file or a Hugging Face model directory (Checkpoint::Open). The config
@@ -88,10 +91,11 @@ class StageEngine : public pp::Engine {
  public:
   // Loads the layer slice of `options.stage` (StageLayers), plus the embedding on stage 0 and the
   // final norm and LM head on the last stage (the embedding when the model ties them). Only the
-  // shards holding these tensors are opened. Weights stay memory-mapped in the checkpoint's
-  // precision (F32, F16 or BF16; the kernels widen them in registers, with the same bits as a
-  // widened copy). NotFound: no such file; InvalidArgument names the tensor or field that is
-  // wrong.
+  // shards holding these tensors are opened. Weights stay in the checkpoint's precision (F32, F16
+  // or BF16; the kernels widen them in registers, with the same bits as a widened copy), mapped
+  // or, with `options.weights` copied, the streamed ones in memory of the engine's own
+  // (weight_memory.h). NotFound: no such file; InvalidArgument names the tensor or field that is
+  // wrong, or a bad CONNEX_ENGINE_WEIGHTS.
   static absl::StatusOr<std::unique_ptr<StageEngine>> Load(const std::string& path,
                                                            const StageOptions& options);
   ~StageEngine() override;
@@ -103,6 +107,11 @@ class StageEngine : public pp::Engine {
   bool is_last() const { return stage_ == stages_ - 1; }
   LayerRange layers() const { return layers_; }
   const Checkpoint& checkpoint() const { return *file_; }
+  // Where the streamed weights live, and the bytes copied (0 when mapped).
+  WeightMemory weight_memory() const {
+    return copied_ ? WeightMemory::kCopied : WeightMemory::kMapped;
+  }
+  int64_t copied_weight_bytes() const { return copied_ ? copied_->bytes() : 0; }
 
   // Runs one step. A request whose start_position is 0 starts afresh (any cache it had is
   // dropped: this is how a request is recomputed); otherwise start_position must be at most the
@@ -148,7 +157,7 @@ class StageEngine : public pp::Engine {
   absl::Status DropState(uint64_t id, int64_t from) override;
 
  private:
-  // Views into the mapped checkpoint; a norm is a matrix of one row.
+  // Views into the mapped checkpoint or the copied weights; a norm is a matrix of one row.
   struct Layer {
     WeightMatrix attn_norm;
     WeightMatrix wq;
@@ -176,7 +185,10 @@ class StageEngine : public pp::Engine {
   struct Batch;
 
   StageEngine() = default;
-  absl::StatusOr<WeightMatrix> Weight(const std::string& name, std::vector<int64_t> shape);
+  // `streamed`: read whole every step (a layer's matrices, the LM head), copied when the weights
+  // are; the embedding table alone (a row a token) stays mapped.
+  absl::StatusOr<WeightMatrix> Weight(const std::string& name, std::vector<int64_t> shape,
+                                      bool streamed);
   absl::Status ParseBatch(const TensorDict& in, Batch& batch) const;
   void RunLayer(const Layer& layer, size_t local_index, const Batch& batch,
                 std::vector<RequestCache*>& caches, std::vector<float>& h);
@@ -187,7 +199,8 @@ class StageEngine : public pp::Engine {
   int stage_ = 0;
   int stages_ = 1;
   LayerRange layers_;
-  std::unique_ptr<Checkpoint> file_;  // every weight is a view into its shards
+  std::unique_ptr<Checkpoint> file_;     // every weight is a view into its shards...
+  std::unique_ptr<WeightArena> copied_;  // ...or, with copied weights, the streamed ones into this
   WeightMatrix embed_;
   WeightMatrix final_norm_;
   WeightMatrix lm_head_;
