@@ -231,7 +231,7 @@ absl::StatusOr<SafetensorsFile::FloatTensor> SafetensorsFile::MappedFloat(
     return absl::InvalidArgumentError(StrCat(path_, ": tensor '", name, "' has dtype ",
                                              DTypeName(info.dtype), ", expected F32, F16 or BF16"));
   }
-  return FloatTensor{info.dtype, raw};
+  return FloatTensor{info.dtype, raw, mapped_};
 }
 
 absl::StatusOr<std::vector<float>> SafetensorsFile::ReadF32(std::string_view name,

@@ -73,6 +73,7 @@ class SafetensorsFile {
   struct FloatTensor {
     DType dtype;
     std::span<const uint8_t> bytes;
+    bool mapped = false;  // the bytes are pages of a file mapping (Open), not memory (FromBytes)
   };
   absl::StatusOr<FloatTensor> MappedFloat(std::string_view name,
                                           std::span<const int64_t> shape) const;

@@ -85,7 +85,7 @@ absl::StatusOr<WeightMatrix> StageEngine::Weight(const std::string& name,
   CONNEX_ASSIGN_OR_RETURN(SafetensorsFile::FloatTensor t, file_->MappedFloat(name, shape));
   if (streamed && copied_ != nullptr) {
     CONNEX_ASSIGN_OR_RETURN(std::span<const uint8_t> copy, copied_->Copy(t.bytes));
-    ReleaseMappedPages(t.bytes);
+    if (t.mapped) ReleaseMappedPages(t.bytes);  // never a buffer's: MADV_DONTNEED zeroes those
     t.bytes = copy;
   }
   return WeightMatrix{t.bytes.data(), t.dtype, shape.size() == 2 ? shape[0] : 1, shape.back()};
