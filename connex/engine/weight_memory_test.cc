@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "connex/engine/generator.h"
 #include "connex/engine/hf_model_writer.h"
@@ -23,18 +25,37 @@ using testing_hf::StageAt;
 using testing_hf::TempDir;
 using testing_hf::TinyHfConfig;
 
-// Sets CONNEX_ENGINE_WEIGHTS for the scope.
+// Sets CONNEX_ENGINE_WEIGHTS for the scope (nullptr: unsets it), then puts back what was there.
 class ScopedWeightsEnv {
  public:
-  explicit ScopedWeightsEnv(const char* value) { ::setenv("CONNEX_ENGINE_WEIGHTS", value, 1); }
-  ~ScopedWeightsEnv() { ::unsetenv("CONNEX_ENGINE_WEIGHTS"); }
+  explicit ScopedWeightsEnv(const char* value) {
+    if (const char* old = std::getenv("CONNEX_ENGINE_WEIGHTS")) old_ = old;
+    if (value != nullptr) {
+      ::setenv("CONNEX_ENGINE_WEIGHTS", value, 1);
+    } else {
+      ::unsetenv("CONNEX_ENGINE_WEIGHTS");
+    }
+  }
+  ~ScopedWeightsEnv() {
+    if (old_) {
+      ::setenv("CONNEX_ENGINE_WEIGHTS", old_->c_str(), 1);
+    } else {
+      ::unsetenv("CONNEX_ENGINE_WEIGHTS");
+    }
+  }
+
+ private:
+  std::optional<std::string> old_;
 };
 
 TEST(WeightMemoryTest, TheSettingTakesItsTwoNamesAndRefusesOthersByName) {
   EXPECT_EQ(*ParseWeightMemory("mapped"), WeightMemory::kMapped);
   EXPECT_EQ(*ParseWeightMemory("copied"), WeightMemory::kCopied);
   EXPECT_EQ(WeightMemoryName(WeightMemory::kCopied), "copied");
-  EXPECT_EQ(*WeightMemoryFromEnv(), WeightMemory::kMapped);  // unset
+  {
+    ScopedWeightsEnv unset(nullptr);
+    EXPECT_EQ(*WeightMemoryFromEnv(), WeightMemory::kMapped);
+  }
   {
     ScopedWeightsEnv env("mmap");
     absl::StatusOr<WeightMemory> m = WeightMemoryFromEnv();
@@ -130,10 +151,12 @@ TEST(WeightMemoryTest, CopiedWeightsGiveTheBitsOfMappedOnes) {
       g.keep_logits = true;
       const std::vector<std::vector<int32_t>> prompts = {PromptTokens(9, c.vocab_size),
                                                          PromptTokens(5, c.vocab_size, 3)};
+      std::optional<ScopedWeightsEnv> mapped_env(std::in_place, "mapped");
       auto mapped = Pipeline::Load(dir.path(), 1, std::make_shared<ThreadPool>(1));
       ASSERT_TRUE(mapped.ok()) << mapped.status();
       auto expected = Generate(**mapped, prompts, g);
       ASSERT_TRUE(expected.ok()) << expected.status();
+      mapped_env.reset();
       ScopedWeightsEnv env("copied");
       for (int stages : {1, 2, 3}) {
         auto copied = Pipeline::Load(dir.path(), stages, std::make_shared<ThreadPool>(2));
