@@ -2,10 +2,10 @@
 // default), or copied into memory of its own (CONNEX_ENGINE_WEIGHTS=copied). Mapped weights are
 // page-cache pages, shared by every process that maps the same file and read in on first use;
 // copied ones are read once at load into anonymous memory with transparent huge pages asked for
-// (MADV_HUGEPAGE), which one thread streams faster on this project's machines: decode of a
-// Llama-3.2-1B-shaped BF16 model on one thread read 14-20 GB/s of mapped weights and 21-26 of
-// copied ones (docs/results.md, "Weights copied"). The copy costs the load a read of the stage's
-// weights and their memory is the process's own, not shared. Bits do not depend on it.
+// (MADV_HUGEPAGE), which decode streams faster on this project's machines: a Llama-3.2-1B-shaped
+// BF16 model's step read 39 GB/s of mapped weights and 44-45 of copied ones on two threads, 19-21
+// and 22-24 on one (docs/results.md, "Weights copied"). The copy costs the load a read of the
+// stage's weights, and their memory is the process's own, not shared. Bits do not depend on it.
 #ifndef CONNEX_ENGINE_WEIGHT_MEMORY_H_
 #define CONNEX_ENGINE_WEIGHT_MEMORY_H_
 
