@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "connex/base/mutex.h"
 #include "connex/engine/half.h"
 #include "gtest/gtest.h"
 
@@ -305,6 +307,38 @@ TEST(ThreadPoolTest, ARangeHeldUpLeavesTheOthersToTheOtherThreads) {
       1);
   EXPECT_TRUE(release.load()) << "the other thread did not take the 63 other ranges";
   EXPECT_EQ(taken_while_held.load(), 63);
+}
+
+// With a grain, each thread streams through memory in order: its own share's ranges front to
+// back (the caller's share is the first half, the worker's the second), then the other share's
+// from its back, so that the two threads read far apart until they meet.
+TEST(ThreadPoolTest, EachThreadTakesItsShareInOrderThenTheOtherFromItsBack) {
+  ThreadPool pool(2);
+  for (int rep = 0; rep < 20; ++rep) {
+    Mutex mu;
+    std::map<std::thread::id, std::vector<int64_t>> taken;
+    pool.ParallelFor(
+        64,
+        [&](int64_t b, int64_t e) {
+          EXPECT_EQ(e, b + 1);
+          MutexLock lock(&mu);
+          taken[std::this_thread::get_id()].push_back(b);
+        },
+        1);
+    int64_t total = 0;
+    for (const auto& [id, seq] : taken) {
+      total += static_cast<int64_t>(seq.size());
+      size_t i = 0;
+      if (seq[0] == 0 || seq[0] == 32) {  // its own share, in order
+        for (i = 1; i < seq.size() && seq[i] == seq[i - 1] + 1;) ++i;
+      }
+      if (i == seq.size()) continue;
+      // Then the other share, from its back.
+      EXPECT_TRUE(seq[i] == 31 || seq[i] == 63) << "rep " << rep << ": took " << seq[i];
+      for (++i; i < seq.size(); ++i) EXPECT_EQ(seq[i], seq[i - 1] - 1) << "rep " << rep;
+    }
+    EXPECT_EQ(total, 64);
+  }
 }
 
 }  // namespace

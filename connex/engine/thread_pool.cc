@@ -23,9 +23,26 @@ void SpinUntil(Done done) {
   }
 }
 
+constexpr uint64_t Ends(uint64_t front, uint64_t back) { return front | back << 32; }
+
+// Takes the first (front) or last range index left in `ends`; false when none is.
+bool Take(std::atomic<uint64_t>& ends, bool front, int64_t* index) {
+  uint64_t v = ends.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint64_t f = v & 0xffffffffu, b = v >> 32;
+    if (f >= b) return false;
+    const uint64_t next = front ? Ends(f + 1, b) : Ends(f, b - 1);
+    if (ends.compare_exchange_weak(v, next, std::memory_order_relaxed)) {
+      *index = static_cast<int64_t>(front ? f : b - 1);
+      return true;
+    }
+  }
+}
+
 }  // namespace
 
-ThreadPool::ThreadPool(int threads) : threads_(std::max(1, threads)) {
+ThreadPool::ThreadPool(int threads)
+    : threads_(std::max(1, threads)), shares_(std::make_unique<Share[]>(threads_)) {
   for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
@@ -37,12 +54,12 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::TakeRanges(int64_t n, int64_t grain,
+void ThreadPool::TakeRanges(int index, int64_t n, int64_t grain,
                             absl::FunctionRef<void(int64_t, int64_t)> fn) {
-  for (;;) {
-    const int64_t begin = next_.fetch_add(grain, std::memory_order_relaxed);
-    if (begin >= n) return;
-    fn(begin, std::min(n, begin + grain));
+  int64_t k;
+  for (int j = 0; j < threads_; ++j) {
+    Share& share = shares_[(index + j) % threads_];
+    while (Take(share.ends, /*front=*/j == 0, &k)) fn(k * grain, std::min(n, (k + 1) * grain));
   }
 }
 
@@ -56,9 +73,17 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)
   MutexLock call_lock(&call_mu_);
   {
     MutexLock lock(&mu_);  // the unlock wakes the workers
+    if (grain > 0) {
+      // Range indices fit the shares' 32-bit halves: a coarser grain for a (never seen) huge n.
+      grain = std::max(grain, (n >> 31) + 1);
+      const uint64_t ranges = static_cast<uint64_t>((n + grain - 1) / grain);
+      for (int i = 0; i < threads_; ++i) {  // published by the unlock
+        shares_[i].ends.store(Ends(ranges * i / threads_, ranges * (i + 1) / threads_),
+                              std::memory_order_relaxed);
+      }
+    }
     n_ = n;
     grain_ = grain;
-    next_.store(0, std::memory_order_relaxed);  // published by the unlock
     fn_ = &fn;
     pending_ = threads_ - 1;
     running_.store(pending_, std::memory_order_relaxed);
@@ -66,7 +91,7 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t, int64_t)
     posted_.store(generation_, std::memory_order_release);
   }
   if (grain > 0) {
-    TakeRanges(n, grain, fn);
+    TakeRanges(0, n, grain, fn);
   } else if (const int64_t end = n / threads_; end > 0) {
     fn(0, end);
   }
@@ -96,7 +121,7 @@ void ThreadPool::WorkerLoop(int index) {
       fn = fn_;
     }
     if (grain > 0) {
-      TakeRanges(n, grain, *fn);
+      TakeRanges(index, n, grain, *fn);
     } else {
       const int64_t begin = n * index / threads_, end = n * (index + 1) / threads_;
       if (begin < end) (*fn)(begin, end);
