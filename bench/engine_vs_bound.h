@@ -1,6 +1,9 @@
 // bench_engine --vs-bound: batch-1 decode of a model against the machine's memory bound, measured
-// in the same run. A decode step reads every weight once, so its speed is bounded by the bandwidth
-// of a plain streaming read; the table gives decode's GB/s of weight bytes over that bound.
+// in the same run. A decode step reads every weight once, so its speed is bounded by how fast
+// those bytes can be read: the bound is the faster of two streaming reads of the weights' own
+// pages (one stream a thread, SumStreaming; or eight side by side, as the decode kernel reads),
+// and the table gives decode's GB/s of weight bytes over it. A read of a fresh buffer as large is
+// printed beside it: on a VM where the host puts a buffer's pages and the weights' differs.
 // Thread-compatible (run from main).
 #ifndef CONNEX_BENCH_ENGINE_VS_BOUND_H_
 #define CONNEX_BENCH_ENGINE_VS_BOUND_H_

@@ -80,6 +80,21 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const Checkpoint& checkpoint) {
 
 StageEngine::~StageEngine() = default;
 
+std::vector<WeightMatrix> StageEngine::StreamedWeights() const {
+  std::vector<WeightMatrix> out;
+  for (const Layer& l : weights_) {
+    for (const WeightMatrix& w :
+         {l.attn_norm, l.wq, l.wk, l.wv, l.wo, l.mlp_norm, l.w_gate, l.w_up, l.w_down}) {
+      out.push_back(w);
+    }
+  }
+  if (is_last()) {
+    out.push_back(final_norm_);
+    out.push_back(lm_head_);
+  }
+  return out;
+}
+
 absl::StatusOr<WeightMatrix> StageEngine::Weight(const std::string& name,
                                                  std::vector<int64_t> shape, bool streamed) {
   CONNEX_ASSIGN_OR_RETURN(SafetensorsFile::FloatTensor t, file_->MappedFloat(name, shape));

@@ -112,6 +112,10 @@ class StageEngine : public pp::Engine {
     return copied_ ? WeightMemory::kCopied : WeightMemory::kMapped;
   }
   int64_t copied_weight_bytes() const { return copied_ ? copied_->bytes() : 0; }
+  // The weights a decode step reads whole, in the order it reads them: each layer's norms and
+  // matrices, then, on the last stage, the final norm and the LM head. The embedding table, of
+  // which a step reads a row a token, is among them only as the LM head of a tied model.
+  std::vector<WeightMatrix> StreamedWeights() const;
 
   // Runs one step. A request whose start_position is 0 starts afresh (any cache it had is
   // dropped: this is how a request is recomputed); otherwise start_position must be at most the

@@ -129,6 +129,16 @@ TEST(WeightMemoryTest, AStageCopiesWhatItStreams) {
       auto mapped = StageEngine::Load(dir.path(), so);
       ASSERT_TRUE(mapped.ok()) << mapped.status();
       EXPECT_EQ((*mapped)->copied_weight_bytes(), 0);
+      // What a decode step streams is what is copied, mapped or not: 9 tensors a layer, then the
+      // final norm and the LM head on the last stage.
+      for (const StageEngine* e : {engine->get(), mapped->get()}) {
+        const std::vector<WeightMatrix> streamed = e->StreamedWeights();
+        int64_t bytes = 0;
+        for (const WeightMatrix& w : streamed) bytes += w.bytes();
+        EXPECT_EQ(bytes, (*engine)->copied_weight_bytes()) << "stage " << s << " of " << stages;
+        EXPECT_EQ(static_cast<int64_t>(streamed.size()),
+                  9 * (e->layers().end - e->layers().begin) + (last ? 2 : 0));
+      }
     }
   }
 }
