@@ -273,6 +273,11 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(connex::cli::IsMember({"f32", "f16", "bf16"}))
       ->capture_default_str();
+  app.add_option("--weights", vs.weights,
+                 "--vs-bound: where the streamed weights live, each measured in turn (default: "
+                 "CONNEX_ENGINE_WEIGHTS's choice)")
+      ->delimiter(',')
+      ->check(connex::cli::IsMember({"mapped", "copied"}));
   app.add_option("--threads", vs.threads, "--vs-bound: kernel threads (0: one per core)")
       ->check(connex::cli::Range(0, 256))
       ->capture_default_str();

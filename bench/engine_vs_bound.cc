@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "benchmark/benchmark.h"
+#include "connex/base/strings.h"
 #include "connex/engine/pipeline.h"
 #include "connex/engine/random_model.h"
 #include "connex/engine/stage_engine.h"
@@ -201,6 +202,8 @@ TensorDict Step(int64_t id, int32_t start, const std::vector<int32_t>& tokens) {
 // and the figures of every round.
 struct Subject {
   DType dtype;
+  WeightMemory memory = WeightMemory::kMapped;
+  std::string label;  // the dtype, and where its weights live when several are measured
   std::string path;
   std::unique_ptr<Pipeline> pipeline;
   int64_t weight_bytes = 0;
@@ -286,54 +289,83 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
   }
   const std::string dir = keep ? options.model_dir : dir_template;
   const ModelConfig& c = options.config;
-  absl::StatusOr<WeightMemory> weights = WeightMemoryFromEnv();
-  if (!weights.ok()) {
-    std::fprintf(stderr, "bench_engine: %s\n", std::string(weights.status().message()).c_str());
-    return 2;
+  std::vector<WeightMemory> memories;
+  std::string memory_names;
+  for (const std::string& name : options.weights) {
+    absl::StatusOr<WeightMemory> m = ParseWeightMemory(name);
+    if (!m.ok()) {
+      std::fprintf(stderr, "bench_engine: --weights: %s\n",
+                   std::string(m.status().message()).c_str());
+      return 2;
+    }
+    memories.push_back(*m);
+  }
+  if (memories.empty()) {
+    absl::StatusOr<WeightMemory> m = WeightMemoryFromEnv();
+    if (!m.ok()) {
+      std::fprintf(stderr, "bench_engine: %s\n", std::string(m.status().message()).c_str());
+      return 2;
+    }
+    memories.push_back(*m);
+    memory_names = StrCat(WeightMemoryName(*m), " (CONNEX_ENGINE_WEIGHTS)");
+  } else {
+    for (WeightMemory m : memories) {
+      memory_names += StrCat(memory_names.empty() ? "" : ", ", WeightMemoryName(m));
+    }
+    memory_names += " (--weights)";
   }
   std::printf(
       "model: %lld layers, hidden %lld, SwiGLU %lld, heads %lld/%lld, vocabulary %lld; "
-      "weights %s (CONNEX_ENGINE_WEIGHTS); "
+      "weights %s; "
       "%d threads; %d rounds of %d decode tokens; %s clock; load average %s\n",
       static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
       static_cast<long long>(c.intermediate_size), static_cast<long long>(c.num_attention_heads),
       static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.vocab_size),
-      std::string(WeightMemoryName(*weights)).c_str(), threads, options.rounds, options.tokens,
+      memory_names.c_str(), threads, options.rounds, options.tokens,
       options.cpu_time ? "thread CPU" : "wall", LoadAverage().c_str());
   std::vector<Subject> subjects;
   int code = 0;
   for (const std::string& name : options.dtypes) {
-    Subject s;
-    s.dtype = name == "f16" ? DType::kF16 : name == "bf16" ? DType::kBF16 : DType::kF32;
-    s.path = dir + "/" + name + ".safetensors";
-    absl::StatusOr<ModelConfig> existing = ReadModelConfig(s.path);
-    absl::Status w = keep && existing.ok() && *existing == c
-                         ? absl::OkStatus()
-                         : WriteRandomModel(s.path, c, 1, s.dtype);
+    const DType dtype = name == "f16" ? DType::kF16 : name == "bf16" ? DType::kBF16 : DType::kF32;
+    const std::string path = dir + "/" + name + ".safetensors";
+    absl::StatusOr<ModelConfig> existing = ReadModelConfig(path);
+    absl::Status w = keep && existing.ok() && *existing == c ? absl::OkStatus()
+                                                             : WriteRandomModel(path, c, 1, dtype);
     if (!w.ok()) {
       std::fprintf(stderr, "bench_engine: %s\n", std::string(w.message()).c_str());
       code = 1;
       break;
     }
-    const int64_t rss = StatusBytes("VmRSS"), file = StatusBytes("RssFile");
-    auto pipeline = Pipeline::Load(s.path, 1, pool);
-    if (!pipeline.ok()) {
-      std::fprintf(stderr, "bench_engine: %s\n", std::string(pipeline.status().message()).c_str());
-      code = 1;
-      break;
-    }
-    s.pipeline = *std::move(pipeline);
-    DecodeTokensPerSecond(*s.pipeline, 2, false);  // maps every page a step reads
-    s.resident_bytes = StatusBytes("VmRSS") - rss;
-    s.file_bytes = StatusBytes("RssFile") - file;
-    s.weight_bytes = DecodeWeightBytes(c, s.dtype);
-    s.buffer.assign(static_cast<size_t>(s.weight_bytes) / sizeof(uint64_t), 1);
-    for (int i = 0; i < s.pipeline->num_stages(); ++i) {
-      for (const WeightMatrix& w : s.pipeline->stage(i).StreamedWeights()) {
-        s.streamed.emplace_back(static_cast<const char*>(w.data), static_cast<size_t>(w.bytes()));
+    for (WeightMemory memory : memories) {
+      Subject s;
+      s.dtype = dtype;
+      s.memory = memory;
+      s.label = std::string(DTypeName(dtype));
+      if (memories.size() > 1) s.label += StrCat(" ", WeightMemoryName(memory));
+      s.path = path;
+      const int64_t rss = StatusBytes("VmRSS"), file = StatusBytes("RssFile");
+      auto pipeline = Pipeline::Load(s.path, 1, pool, memory);
+      if (!pipeline.ok()) {
+        std::fprintf(stderr, "bench_engine: %s\n",
+                     std::string(pipeline.status().message()).c_str());
+        code = 1;
+        break;
       }
+      s.pipeline = *std::move(pipeline);
+      DecodeTokensPerSecond(*s.pipeline, 2, false);  // maps every page a step reads
+      s.resident_bytes = StatusBytes("VmRSS") - rss;
+      s.file_bytes = StatusBytes("RssFile") - file;
+      s.weight_bytes = DecodeWeightBytes(c, s.dtype);
+      s.buffer.assign(static_cast<size_t>(s.weight_bytes) / sizeof(uint64_t), 1);
+      for (int i = 0; i < s.pipeline->num_stages(); ++i) {
+        for (const WeightMatrix& m : s.pipeline->stage(i).StreamedWeights()) {
+          s.streamed.emplace_back(static_cast<const char*>(m.data),
+                                  static_cast<size_t>(m.bytes()));
+        }
+      }
+      subjects.push_back(std::move(s));
     }
-    subjects.push_back(std::move(s));
+    if (code != 0) break;
   }
   for (int round = 0; code == 0 && round < options.rounds; ++round) {
     for (Subject& s : subjects) {  // each weight type in turn, with its own bound
@@ -355,7 +387,7 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
       std::printf(
           "  round %d %-4s: bound %6.1f GB/s (a buffer %6.1f), decode %7.1f tok/s = %6.1f GB/s "
           "(%.2f)",
-          round + 1, std::string(DTypeName(s.dtype)).c_str(), s.bound_gbps.back(),
+          round + 1, s.label.c_str(), s.bound_gbps.back(),
           s.buffer_gbps.back(), s.decode_tps.back(), s.decode_tps.back() * s.weight_bytes / 1e9,
           s.decode_tps.back() * s.weight_bytes / 1e9 / s.bound_gbps.back());
       if (options.prefill_tokens > 0) {
@@ -380,7 +412,7 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
         ratio.push_back(gbps.back() / s.bound_gbps[i]);
       }
       std::printf("| %s | %.1f MB | %.0f MB (%.0f MB) | %s | %s | %s | %s | %s |\n",
-                  std::string(DTypeName(s.dtype)).c_str(), s.weight_bytes / 1e6,
+                  s.label.c_str(), s.weight_bytes / 1e6,
                   s.resident_bytes / 1e6, s.file_bytes / 1e6, Range(s.bound_gbps, "%.1f").c_str(),
                   Range(s.buffer_gbps, "%.1f").c_str(), Range(s.decode_tps, "%.1f").c_str(), Range(gbps, "%.1f").c_str(),
                   Range(ratio, "%.2f").c_str());
@@ -397,7 +429,7 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
           tps.push_back(options.prefill_tokens / s.prefill_s[i]);
           passes.push_back(s.prefill_s[i] / (s.weight_bytes / 1e9 / s.bound_gbps[i]));
         }
-        std::printf("| %s | %s | %s | %s |\n", std::string(DTypeName(s.dtype)).c_str(),
+        std::printf("| %s | %s | %s | %s |\n", s.label.c_str(),
                     Range(s.prefill_s, "%.3f").c_str(), Range(tps, "%.1f").c_str(),
                     Range(passes, "%.1f").c_str());
       }

@@ -18,6 +18,9 @@ namespace connex::engine {
 struct VsBoundOptions {
   ModelConfig config;  // shapes; set by the flags
   std::vector<std::string> dtypes = {"bf16", "f32"};
+  // Where the streamed weights live ("mapped", "copied"): each dtype is loaded once each way and
+  // measured in turn, in the same rounds. Empty: CONNEX_ENGINE_WEIGHTS's choice alone.
+  std::vector<std::string> weights;
   int threads = 0;  // 0: the hardware concurrency
   int rounds = 5;   // each round: bound, decode, per dtype in turn
   int tokens = 32;  // decode steps timed per round

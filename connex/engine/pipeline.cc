@@ -7,7 +7,8 @@
 namespace connex::engine {
 
 absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Load(const std::string& path, int stages,
-                                                         std::shared_ptr<ThreadPool> pool) {
+                                                         std::shared_ptr<ThreadPool> pool,
+                                                         std::optional<WeightMemory> weights) {
   if (stages < 1) return absl::InvalidArgumentError(StrCat("--stages ", stages, " must be >= 1"));
   if (!pool) {
     CONNEX_ASSIGN_OR_RETURN(int threads, EngineThreadsFromEnv());
@@ -18,7 +19,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Load(const std::string& path
     CONNEX_ASSIGN_OR_RETURN(
         std::unique_ptr<StageEngine> engine,
         StageEngine::Load(
-            path, {.stage = s, .stages = stages, .pool = pool, .layers = {}, .weights = {}}));
+            path, {.stage = s, .stages = stages, .pool = pool, .layers = {}, .weights = weights}));
     pipeline->stages_.push_back(std::move(engine));
   }
   return pipeline;

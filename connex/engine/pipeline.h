@@ -6,6 +6,7 @@
 #define CONNEX_ENGINE_PIPELINE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,9 +18,11 @@ namespace connex::engine {
 class Pipeline {
  public:
   // Loads `stages` stages of the model at `path`, sharing `pool` (nullptr: one pool of
-  // EngineThreadsFromEnv() threads).
-  static absl::StatusOr<std::unique_ptr<Pipeline>> Load(const std::string& path, int stages,
-                                                        std::shared_ptr<ThreadPool> pool = nullptr);
+  // EngineThreadsFromEnv() threads), with their streamed weights where `weights` says (nullopt:
+  // WeightMemoryFromEnv(), StageOptions::weights).
+  static absl::StatusOr<std::unique_ptr<Pipeline>> Load(
+      const std::string& path, int stages, std::shared_ptr<ThreadPool> pool = nullptr,
+      std::optional<WeightMemory> weights = std::nullopt);
 
   // Runs `in` (a stage-0 step) through every stage; the result is the last stage's output.
   // Between stages the dict goes through pp::Pack / pp::Unpack (a send-ring slot's format).
