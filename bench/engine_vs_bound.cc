@@ -359,8 +359,7 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
       s.buffer.assign(static_cast<size_t>(s.weight_bytes) / sizeof(uint64_t), 1);
       for (int i = 0; i < s.pipeline->num_stages(); ++i) {
         for (const WeightMatrix& m : s.pipeline->stage(i).StreamedWeights()) {
-          s.streamed.emplace_back(static_cast<const char*>(m.data),
-                                  static_cast<size_t>(m.bytes()));
+          s.streamed.emplace_back(static_cast<const char*>(m.data), static_cast<size_t>(m.bytes()));
         }
       }
       subjects.push_back(std::move(s));
@@ -377,9 +376,9 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
       std::vector<double> own, buffer;
       s.decode_tps.push_back(
           DecodeTokensPerSecond(*s.pipeline, options.tokens, options.cpu_time, [&] {
-            own.push_back(std::max(
-                StreamRegionsGBps(*pool, s.streamed, /*eight=*/false, options.cpu_time),
-                StreamRegionsGBps(*pool, s.streamed, /*eight=*/true, options.cpu_time)));
+            own.push_back(
+                std::max(StreamRegionsGBps(*pool, s.streamed, /*eight=*/false, options.cpu_time),
+                         StreamRegionsGBps(*pool, s.streamed, /*eight=*/true, options.cpu_time)));
             buffer.push_back(StreamReadGBps(*pool, s.buffer, options.cpu_time));
           }));
       s.bound_gbps.push_back(Median(own));
@@ -387,8 +386,8 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
       std::printf(
           "  round %d %-4s: bound %6.1f GB/s (a buffer %6.1f), decode %7.1f tok/s = %6.1f GB/s "
           "(%.2f)",
-          round + 1, s.label.c_str(), s.bound_gbps.back(),
-          s.buffer_gbps.back(), s.decode_tps.back(), s.decode_tps.back() * s.weight_bytes / 1e9,
+          round + 1, s.label.c_str(), s.bound_gbps.back(), s.buffer_gbps.back(),
+          s.decode_tps.back(), s.decode_tps.back() * s.weight_bytes / 1e9,
           s.decode_tps.back() * s.weight_bytes / 1e9 / s.bound_gbps.back());
       if (options.prefill_tokens > 0) {
         s.prefill_s.push_back(
@@ -412,9 +411,9 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
         ratio.push_back(gbps.back() / s.bound_gbps[i]);
       }
       std::printf("| %s | %.1f MB | %.0f MB (%.0f MB) | %s | %s | %s | %s | %s |\n",
-                  s.label.c_str(), s.weight_bytes / 1e6,
-                  s.resident_bytes / 1e6, s.file_bytes / 1e6, Range(s.bound_gbps, "%.1f").c_str(),
-                  Range(s.buffer_gbps, "%.1f").c_str(), Range(s.decode_tps, "%.1f").c_str(), Range(gbps, "%.1f").c_str(),
+                  s.label.c_str(), s.weight_bytes / 1e6, s.resident_bytes / 1e6, s.file_bytes / 1e6,
+                  Range(s.bound_gbps, "%.1f").c_str(), Range(s.buffer_gbps, "%.1f").c_str(),
+                  Range(s.decode_tps, "%.1f").c_str(), Range(gbps, "%.1f").c_str(),
                   Range(ratio, "%.2f").c_str());
     }
     if (options.prefill_tokens > 0) {
@@ -429,9 +428,8 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
           tps.push_back(options.prefill_tokens / s.prefill_s[i]);
           passes.push_back(s.prefill_s[i] / (s.weight_bytes / 1e9 / s.bound_gbps[i]));
         }
-        std::printf("| %s | %s | %s | %s |\n", s.label.c_str(),
-                    Range(s.prefill_s, "%.3f").c_str(), Range(tps, "%.1f").c_str(),
-                    Range(passes, "%.1f").c_str());
+        std::printf("| %s | %s | %s | %s |\n", s.label.c_str(), Range(s.prefill_s, "%.3f").c_str(),
+                    Range(tps, "%.1f").c_str(), Range(passes, "%.1f").c_str());
       }
     }
   }
