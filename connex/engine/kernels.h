@@ -51,11 +51,6 @@ float DotReference(const float* a, const float* b, int64_t n);
 void MatMulRows(const WeightMatrix& w, const float* x, int64_t tokens, float* y, int64_t ldy,
                 int64_t row_begin, int64_t row_end);
 
-// MatMulRows through the portable scalar code (what a build without AVX runs), to check in tests
-// that it gives the same bits as the vector code that this build uses.
-void MatMulRowsScalarForTest(const WeightMatrix& w, const float* x, int64_t tokens, float* y,
-                             int64_t ldy, int64_t row_begin, int64_t row_end);
-
 // A weight matrix and where its output goes: y[t * ldy + r].
 struct MatMulOutput {
   WeightMatrix w;

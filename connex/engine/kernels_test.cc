@@ -12,6 +12,7 @@
 
 #include "connex/base/mutex.h"
 #include "connex/engine/half.h"
+#include "connex/engine/internal/kernels_scalar.h"
 #include "gtest/gtest.h"
 
 namespace connex::engine {
