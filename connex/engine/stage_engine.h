@@ -92,10 +92,11 @@ class StageEngine : public pp::Engine {
   // Loads the layer slice of `options.stage` (StageLayers), plus the embedding on stage 0 and the
   // final norm and LM head on the last stage (the embedding when the model ties them). Only the
   // shards holding these tensors are opened. Weights stay in the checkpoint's precision (F32, F16
-  // or BF16; the kernels widen them in registers, with the same bits as a widened copy), mapped
-  // or, with `options.weights` copied, the streamed ones in memory of the engine's own
-  // (weight_memory.h). NotFound: no such file; InvalidArgument names the tensor or field that is
-  // wrong, or a bad CONNEX_ENGINE_WEIGHTS.
+  // or BF16; the kernels widen them in registers, with the same bits as a widened copy): the
+  // checkpoint is mapped, and the weights a step streams are copied into memory of the engine's
+  // own unless `options.weights` (or CONNEX_ENGINE_WEIGHTS) says mapped (weight_memory.h).
+  // NotFound: no such file; InvalidArgument names the tensor or field that is wrong, or a bad
+  // CONNEX_ENGINE_WEIGHTS.
   static absl::StatusOr<std::unique_ptr<StageEngine>> Load(const std::string& path,
                                                            const StageOptions& options);
   ~StageEngine() override;

@@ -33,7 +33,7 @@ absl::StatusOr<WeightMemory> ParseWeightMemory(std::string_view text) {
 
 absl::StatusOr<WeightMemory> WeightMemoryFromEnv() {
   std::optional<std::string> v = GetEnv("CONNEX_ENGINE_WEIGHTS");
-  if (!v) return WeightMemory::kMapped;
+  if (!v) return WeightMemory::kCopied;
   absl::StatusOr<WeightMemory> m = ParseWeightMemory(*v);
   if (!m.ok()) {
     return absl::InvalidArgumentError(

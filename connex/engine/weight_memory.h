@@ -1,11 +1,14 @@
-// Where a stage engine keeps the weights it streams: mapped from the checkpoint's files (the
-// default), or copied into memory of its own (CONNEX_ENGINE_WEIGHTS=copied). Mapped weights are
-// page-cache pages, shared by every process that maps the same file and read in on first use;
-// copied ones are read once at load into anonymous memory with transparent huge pages asked for
-// (MADV_HUGEPAGE), which decode streams faster on this project's machines: a Llama-3.2-1B-shaped
-// BF16 model's step read 39 GB/s of mapped weights and 44-45 of copied ones on two threads, 19-21
-// and 22-24 on one (docs/results.md, "Weights copied"). The copy costs the load a read of the
-// stage's weights, and their memory is the process's own, not shared. Bits do not depend on it.
+// Where a stage engine keeps the weights it streams: copied into memory of its own (the default)
+// or mapped from the checkpoint's files (CONNEX_ENGINE_WEIGHTS=mapped). Copied ones are read once
+// at load into anonymous memory with transparent huge pages asked for (MADV_HUGEPAGE); mapped ones
+// are page-cache pages, shared by every process that maps the same file and read in on first use.
+// Copied is the default because a serving stage's weights must not go cold: on this project's
+// machines a stage whose mapped weights sat unread for 100 s took ~530 ms for its next decode
+// step instead of ~55 (copied: 54 ms; this VM's DAMON acts on idle file pages), and decode streams
+// copied weights faster — a Llama-3.2-1B-shaped BF16 model at 0.92-0.97 of the memory bound against
+// 0.87-0.92 mapped (docs/results.md, "Each thread its own half"). The copy costs the load a read of
+// the stage's weights, and their memory is the process's own: replicas of a stage on one host that
+// should share one copy run mapped. Bits do not depend on it.
 #ifndef CONNEX_ENGINE_WEIGHT_MEMORY_H_
 #define CONNEX_ENGINE_WEIGHT_MEMORY_H_
 
@@ -24,7 +27,7 @@ enum class WeightMemory { kMapped, kCopied };
 std::string_view WeightMemoryName(WeightMemory m);  // "mapped", "copied"
 // "mapped" or "copied"; InvalidArgument naming the value otherwise.
 absl::StatusOr<WeightMemory> ParseWeightMemory(std::string_view text);
-// CONNEX_ENGINE_WEIGHTS, default mapped; InvalidArgument names the variable and its value.
+// CONNEX_ENGINE_WEIGHTS, default copied; InvalidArgument names the variable and its value.
 absl::StatusOr<WeightMemory> WeightMemoryFromEnv();
 
 // Anonymous memory for copied weights: chunks of at least `chunk_bytes` (256 MiB) of address

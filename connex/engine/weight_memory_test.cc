@@ -54,7 +54,7 @@ TEST(WeightMemoryTest, TheSettingTakesItsTwoNamesAndRefusesOthersByName) {
   EXPECT_EQ(WeightMemoryName(WeightMemory::kCopied), "copied");
   {
     ScopedWeightsEnv unset(nullptr);
-    EXPECT_EQ(*WeightMemoryFromEnv(), WeightMemory::kMapped);
+    EXPECT_EQ(*WeightMemoryFromEnv(), WeightMemory::kCopied);
   }
   {
     ScopedWeightsEnv env("mmap");
