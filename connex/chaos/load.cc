@@ -125,30 +125,30 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const CommonOptions& o, bo
 }
 
 void LiveStream::Started(int64_t ns) {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   view_.started = true;
   view_.start_ns = ns;
 }
 
 void LiveStream::Token(int64_t at_ns) {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   ++view_.tokens;
   token_ns_.push_back(at_ns);
 }
 
 void LiveStream::Ended(int64_t ns) {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   view_.ended = true;
   view_.end_ns = ns;
 }
 
 LiveStream::View LiveStream::Get() const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   return view_;
 }
 
 std::optional<int64_t> LiveStream::FirstTokenAfter(int64_t t_ns) const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   auto after = std::upper_bound(token_ns_.begin(), token_ns_.end(), t_ns);
   if (after == token_ns_.end()) return std::nullopt;
   return *after;

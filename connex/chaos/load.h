@@ -18,8 +18,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "connex/base/mutex.h"
 #include "connex/chaos/campaigns.h"
 #include "connex/chaos/cluster.h"
 #include "connex/chaos/http_client.h"
@@ -75,7 +75,7 @@ class LiveStream {
   std::optional<int64_t> FirstTokenAfter(int64_t t_ns) const;
 
  private:
-  mutable absl::Mutex mu_;
+  mutable connex::Mutex mu_;
   View view_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> token_ns_ ABSL_GUARDED_BY(mu_);
 };

@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
 }
 
 absl::StatusOr<const SafetensorsFile*> Checkpoint::Shard(const std::string& file) const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   auto it = open_.find(file);
   if (it == open_.end()) {
     const std::string path = single_.empty() ? StrCat(directory_, "/", file) : file;
@@ -148,7 +148,7 @@ std::vector<std::string> Checkpoint::shard_names() const {
 }
 
 std::vector<std::string> Checkpoint::OpenedShards() const {
-  absl::MutexLock lock(&mu_);
+  connex::MutexLock lock(&mu_);
   std::vector<std::string> out;
   for (const auto& [file, f] : open_) out.push_back(file);
   return out;

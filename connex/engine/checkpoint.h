@@ -16,7 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 #include "connex/engine/model_config.h"
 #include "connex/engine/safetensors.h"
 
@@ -62,7 +62,7 @@ class Checkpoint {
   std::string directory_;
   std::string single_;                                     // the one file's path, when not sharded
   std::map<std::string, std::string, std::less<>> index_;  // tensor -> shard file name
-  mutable absl::Mutex mu_;
+  mutable connex::Mutex mu_;
   mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> open_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -114,7 +114,7 @@ absl::Status BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* o
   }
   const bool cacheable = word.size() < kMaxCachedWordBytes;
   if (cacheable) {
-    absl::MutexLock lock(&cache_mu_);
+    connex::MutexLock lock(&cache_mu_);
     auto it = cache_.find(AsAbsl(word));
     if (it != cache_.end()) {
       out->insert(out->end(), it->second.begin(), it->second.end());
@@ -176,7 +176,7 @@ absl::Status BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* o
   }
   out->insert(out->end(), ids.begin(), ids.end());
   if (cacheable) {
-    absl::MutexLock lock(&cache_mu_);
+    connex::MutexLock lock(&cache_mu_);
     if (cache_.size() >= kMaxCacheEntries) cache_.clear();
     cache_.emplace(std::string(word), std::move(ids));
   }

@@ -16,7 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "connex/base/mutex.h"
 
 namespace connex::engine::internal {
 
@@ -65,7 +65,7 @@ class BpeModel {
 
   static constexpr size_t kMaxCachedWordBytes = 256;
   static constexpr size_t kMaxCacheEntries = 1 << 17;
-  mutable absl::Mutex cache_mu_;
+  mutable connex::Mutex cache_mu_;
   mutable absl::flat_hash_map<std::string, std::vector<int32_t>> cache_ ABSL_GUARDED_BY(cache_mu_);
 };
 
