@@ -17,6 +17,7 @@
 #include "benchmark/benchmark.h"
 #include "connex/base/strings.h"
 #include "connex/engine/pipeline.h"
+#include "connex/engine/prefetch.h"
 #include "connex/engine/random_model.h"
 #include "connex/engine/stage_engine.h"
 #include "connex/engine/tokenizer.h"
@@ -44,15 +45,6 @@ uint64_t SumStreaming(const uint64_t* data, int64_t n) {
 
 namespace {
 
-// The line holding p on its way into the caches (as the decode kernel's look-ahead does it).
-inline void Prefetch(const char* p) {
-#if defined(__x86_64__)
-  __asm__ volatile("prefetcht0 %0" : : "m"(*p));
-#else
-  __builtin_prefetch(p);
-#endif
-}
-
 // The sum of [lo, hi): its aligned 8-byte words through SumStreaming, the bytes around them one
 // by one.
 uint64_t SumBytes(const char* lo, const char* hi) {
@@ -77,7 +69,7 @@ uint64_t SumEightStreams(const char* data, int64_t bytes) {
     const char* block = data + b;
     for (int64_t at = 0; at < kRow; at += 64) {
       const int64_t ahead = at + kAhead < kRow ? at + kAhead : at + kAhead + kBlock - kRow;
-      for (int r = 0; r < kRows; ++r) Prefetch(block + r * kRow + ahead);
+      for (int r = 0; r < kRows; ++r) PrefetchT0(block + r * kRow + ahead);
       for (int r = 0; r < kRows; ++r) {
         for (int j = 0; j < 8; ++j) {
           uint64_t word;
@@ -202,7 +194,6 @@ TensorDict Step(int64_t id, int32_t start, const std::vector<int32_t>& tokens) {
 // and the figures of every round.
 struct Subject {
   DType dtype;
-  WeightMemory memory = WeightMemory::kMapped;
   std::string label;  // the dtype, and where its weights live when several are measured
   std::string path;
   std::unique_ptr<Pipeline> pipeline;
@@ -339,7 +330,6 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
     for (WeightMemory memory : memories) {
       Subject s;
       s.dtype = dtype;
-      s.memory = memory;
       s.label = std::string(DTypeName(dtype));
       if (memories.size() > 1) s.label += StrCat(" ", WeightMemoryName(memory));
       s.path = path;
@@ -370,9 +360,9 @@ int RunDecodeVsBound(const VsBoundOptions& options) {
     for (Subject& s : subjects) {  // each weight type in turn, with its own bound
       // The bound and the decode interleaved: before each decode step, two streaming passes
       // over the weights' own pages (the faster is the bound) and one over the buffer, the
-      // median of each. This machine's memory bandwidth
-      // drifts by a third within seconds (a VM's neighbours): the fastest of five passes before
-      // the steps gave single rounds of 0.71 to 1.38 (2026-12-07).
+      // median of each. This machine's memory bandwidth drifts by a third within seconds (a VM's
+      // neighbours): the fastest of five passes before the steps gave single rounds of 0.71 to
+      // 1.38 (2026-12-07).
       std::vector<double> own, buffer;
       s.decode_tps.push_back(
           DecodeTokensPerSecond(*s.pipeline, options.tokens, options.cpu_time, [&] {

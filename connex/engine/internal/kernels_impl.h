@@ -15,6 +15,7 @@
 #include "connex/base/check.h"
 #include "connex/engine/half.h"
 #include "connex/engine/kernels.h"
+#include "connex/engine/prefetch.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -108,13 +109,6 @@ inline __m256 Load8(const char* p) {
 #endif
   }
 }
-#endif
-
-#if defined(CONNEX_KERNELS_SIMD)
-// A prefetch of the line holding p into every cache level (_mm_prefetch's _MM_HINT_T0), as an asm
-// statement: g++ 12 emitted none of the decode loop's 108 __builtin_prefetch calls once their
-// address depended on a branch (clang 14 kept them), and nothing failed but the speed.
-inline void PrefetchT0(const char* p) { __asm__ volatile("prefetcht0 %0" : : "m"(*p)); }
 #endif
 
 inline float ReduceLanes(const float* acc) {
