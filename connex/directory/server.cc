@@ -46,6 +46,12 @@ int64_t ResidentBytes() {
   return read ? resident * ::sysconf(_SC_PAGESIZE) : 0;
 }
 
+// The process's resident memory that its heap does not hold in use: free heap pages still
+// resident, plus what is not heap at all (code, stacks, ZeroMQ's own mappings; about constant).
+int64_t ResidentSlackBytes(const struct mallinfo2& heap) {
+  return ResidentBytes() - static_cast<int64_t>(heap.uordblks + heap.hblkhd);
+}
+
 }  // namespace
 
 absl::StatusOr<DirectoryServerOptions> DirectoryServerOptions::FromEnv() {
@@ -166,24 +172,26 @@ void DirectoryServer::Loop::Run() {
       next_tick = now + options_.tick_ms;
     }
     // After a storm of requests (connections come and go, each with ZeroMQ's buffers), glibc
-    // keeps the freed memory: once a second, when more than kTrimFreeBytes of the heap are free
-    // and since the last trim the process grew, or its heap's free bytes grew, by
-    // kTrimGrowthBytes, give them back (a storm of 500 connections kept 14 MB without it). Free
-    // bytes alone do not tell: a trimmed heap counts its given-back chunks as free still, and a
-    // storm that re-used them made them resident again without adding to the count. Growth alone
-    // does not tell either: a trim in the storm's peak left the memory its connections freed when
-    // they closed resident for good (29 MB instead of 8, a CI run). malloc_trim does not shrink a
-    // thread arena's top past glibc's trim threshold, which glibc raises by itself: the
-    // connex-directory binary fixes the thresholds at start (apps/connex-directory/main.cc).
+    // keeps the freed memory resident: once a second, when more than kTrimFreeBytes of the heap
+    // are free and the resident memory the heap does not hold in use grew by kTrimGrowthBytes
+    // since the last trim, give it back (a storm of 500 connections kept 14 MB without it).
+    // Neither free bytes nor the process's growth alone tell: a trimmed heap counts its
+    // given-back chunks as free still (a storm that re-used them made them resident again
+    // without adding to the count), and a trim in the storm's peak, with the process at its
+    // largest, left the memory its connections freed as they closed resident for good (29 MB
+    // instead of 8 in a CI run, then 15.8 in a `make test`). Resident-minus-in-use grows exactly
+    // when freed memory stays resident. malloc_trim does not shrink a thread arena's top past
+    // glibc's trim threshold, which glibc raises by itself: the connex-directory binary fixes
+    // the thresholds at start (apps/connex-directory/main.cc).
     if (options_.trim_heap && now - last_trim_check_ms_ >= kTrimCheckEveryMs) {
       last_trim_check_ms_ = now;
-      const size_t free_bytes = mallinfo2().fordblks;
-      if (free_bytes > kTrimFreeBytes &&
-          (ResidentBytes() > resident_after_trim_ + kTrimGrowthBytes ||
-           free_bytes > free_after_trim_ + kTrimGrowthBytes)) {
+      const struct mallinfo2 heap = mallinfo2();
+      const int64_t slack = ResidentSlackBytes(heap);
+      // The kernel may take idle pages back by itself (swap, DAMON): the baseline follows down.
+      slack_after_trim_ = std::min(slack_after_trim_, slack);
+      if (heap.fordblks > kTrimFreeBytes && slack > slack_after_trim_ + kTrimGrowthBytes) {
         malloc_trim(0);
-        resident_after_trim_ = ResidentBytes();
-        free_after_trim_ = mallinfo2().fordblks;
+        slack_after_trim_ = ResidentSlackBytes(mallinfo2());
       }
     }
   }

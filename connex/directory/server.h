@@ -44,8 +44,8 @@ struct DirectoryServerOptions {
   CurveSettings curve;
   Clock* clock = RealClock::Get();
   // Give the process's free heap back to the system (malloc_trim), checked once a second: when
-  // the process grew by 1 MB since the last trim and more than 1 MB of its heap is free. After a
-  // storm of connections, glibc keeps their buffers otherwise. A
+  // more than 1 MB of its heap is free and its resident memory not in use by the heap grew by
+  // 1 MB since the last trim. After a storm of connections, glibc keeps their buffers otherwise. A
   // process-wide act (it locks and walks every malloc arena), so off unless the process is a
   // directory alone: connex-directory turns it on, with fixed malloc thresholds
   // (apps/connex-directory/main.cc); a process that embeds servers among other work (tests, the

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -131,8 +132,9 @@ class DirectoryServer::Loop {
   static constexpr size_t kTrimFreeBytes = 1 << 20;
   static constexpr int64_t kTrimGrowthBytes = 1 << 20;
   int64_t last_trim_check_ms_ = 0;
-  int64_t resident_after_trim_ = 0;  // the process's RSS after the last trim
-  size_t free_after_trim_ = 0;       // the heap's free bytes after the last trim
+  // The lowest "resident but not in use" seen since the last trim (ResidentSlackBytes in
+  // server.cc): the memory a trim could not give back, plus what is not heap.
+  int64_t slack_after_trim_ = std::numeric_limits<int64_t>::max();
   static constexpr int64_t kSnapshotCacheMs = 100;
   static constexpr size_t kMaxCachedSnapshots = 64;
   std::map<std::pair<std::optional<std::string>, std::optional<uint32_t>>,
