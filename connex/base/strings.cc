@@ -1,28 +1,31 @@
 #include "connex/base/strings.h"
 
 #include <charconv>
+#include <type_traits>
 
 namespace connex::internal {
 
-StrCatPiece::StrCatPiece(double v) {
-  char* end = fmt::format_to_n(buffer_, sizeof(buffer_), "{}", v).out;
-  view_ = std::string_view(buffer_, static_cast<size_t>(end - buffer_));
+namespace {
+
+// `v` written into `buffer` as {fmt}'s "{}" writes it (integers in decimal; a float or double in
+// its shortest form that reads back the same), viewed.
+template <typename T>
+std::string_view Digits(char (&buffer)[32], T v) {
+  if constexpr (std::is_integral_v<T>) {
+    return std::string_view(
+        buffer, static_cast<size_t>(std::to_chars(buffer, buffer + 32, v).ptr - buffer));
+  } else {
+    return std::string_view(
+        buffer, static_cast<size_t>(fmt::format_to_n(buffer, 32, "{}", v).out - buffer));
+  }
 }
 
-StrCatPiece::StrCatPiece(float v) {
-  char* end = fmt::format_to_n(buffer_, sizeof(buffer_), "{}", v).out;
-  view_ = std::string_view(buffer_, static_cast<size_t>(end - buffer_));
-}
+}  // namespace
 
-std::string_view StrCatPiece::FormatSigned(int64_t v) {
-  const std::to_chars_result r = std::to_chars(buffer_, buffer_ + sizeof(buffer_), v);
-  return std::string_view(buffer_, static_cast<size_t>(r.ptr - buffer_));
-}
-
-std::string_view StrCatPiece::FormatUnsigned(uint64_t v) {
-  const std::to_chars_result r = std::to_chars(buffer_, buffer_ + sizeof(buffer_), v);
-  return std::string_view(buffer_, static_cast<size_t>(r.ptr - buffer_));
-}
+StrCatPiece::StrCatPiece(double v) : view_(Digits(buffer_, v)) {}
+StrCatPiece::StrCatPiece(float v) : view_(Digits(buffer_, v)) {}
+std::string_view StrCatPiece::FormatSigned(int64_t v) { return Digits(buffer_, v); }
+std::string_view StrCatPiece::FormatUnsigned(uint64_t v) { return Digits(buffer_, v); }
 
 std::string StrCatPieces(std::initializer_list<std::string_view> pieces) {
   size_t size = 0;

@@ -30,7 +30,7 @@ namespace internal {
 // numbers, bool and char are formatted by functions compiled once (strings.cc); anything else
 // (a type with a fmt::formatter) by {fmt} itself. StrCat's 1,000-odd call sites used to
 // instantiate {fmt}'s checked format_to for every combination of argument types, string
-// literals of each length included (~5 % of a build's compile time).
+// literals of each length included (the demo's compiles: 424 CPU s with it, 324 without).
 class StrCatPiece {
  public:
   StrCatPiece(std::string_view s) : view_(s) {}
