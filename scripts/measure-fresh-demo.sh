@@ -12,7 +12,7 @@ IMAGE_PACKAGES=(build-essential cmake make ninja-build g++-12 clang-14 libclang-
                 clang-format libgtest-dev libgmock-dev libbenchmark-dev libicu-dev iproute2 procps
                 python3 python3-dev openssl pkg-config git curl llvm ca-certificates jq man-db)
 command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap
-umount "$root/proc" "$root/dev/shm" 2>/dev/null || true
+umount "$root/proc" "$root/dev/shm" "$root/dev/pts" 2>/dev/null || true
 rm -rf "$root"
 debootstrap --variant=minbase bookworm "$root" http://deb.debian.org/debian > /dev/null
 cp /etc/apt/sources.list.d/*.sources "$root/etc/apt/sources.list.d/" 2>/dev/null &&
@@ -20,7 +20,8 @@ cp /etc/apt/sources.list.d/*.sources "$root/etc/apt/sources.list.d/" 2>/dev/null
 cp /etc/resolv.conf "$root/etc/"
 mount -t proc proc "$root/proc"
 mount -t tmpfs tmpfs "$root/dev/shm"
-trap 'umount "$root/proc" "$root/dev/shm"' EXIT
+mount -t devpts devpts "$root/dev/pts"
+trap 'umount "$root/proc" "$root/dev/shm" "$root/dev/pts"' EXIT
 chroot "$root" /bin/bash -c "export DEBIAN_FRONTEND=noninteractive; apt-get update -qq &&
   apt-get install -y -qq --no-install-recommends ${IMAGE_PACKAGES[*]} > /tmp/image.log &&
   apt-get clean"
