@@ -5,6 +5,7 @@
 #define CONNEX_BASE_STRINGS_H_
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -36,6 +37,8 @@ class StrCatPiece {
   StrCatPiece(std::string_view s) : view_(s) {}
   StrCatPiece(const std::string& s) : view_(s) {}
   StrCatPiece(const char* s) : view_(s) {}
+  // A null pointer is no text: StrCat(nullptr) would read address 0 through the const char* above.
+  StrCatPiece(std::nullptr_t) = delete;
   StrCatPiece(absl::string_view s) : view_(s.data(), s.size()) {}
   StrCatPiece(char c) : view_(buffer_, 1) { buffer_[0] = c; }
   StrCatPiece(bool b) : view_(b ? "true" : "false") {}

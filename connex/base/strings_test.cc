@@ -1,9 +1,11 @@
 #include "connex/base/strings.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
@@ -63,6 +65,10 @@ TEST(StrCatTest, FloatingPointBoolAndCharAsFmtWritesThem) {
   ExpectFmtText(false);
   ExpectFmtText('x');
 }
+
+// StrCat(nullptr) does not compile (it would have read address 0 as text).
+static_assert(!std::is_constructible_v<internal::StrCatPiece, std::nullptr_t>);
+static_assert(std::is_constructible_v<internal::StrCatPiece, const char*>);
 
 TEST(StrCatTest, TextOfEveryKindIsJoinedAsItIs) {
   const std::string s = "string";
