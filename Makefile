@@ -31,7 +31,10 @@ deps:
 deps-packages:
 	@bash scripts/install-deps.sh --no-test-data
 
-# What `make demo` needs alone: the demo programs' packages (cmake/optional_parts.cmake).
+# The optional parts (cmake/optional_parts.cmake): ON, OFF or AUTO at configure time.
+OPTIONAL_PARTS := CONNEX_ETCD CONNEX_UCX CONNEX_PYTHON
+
+# What `make demo` needs alone: the demo programs' packages.
 deps-demo:
 	@bash scripts/install-deps.sh --demo
 
@@ -42,7 +45,10 @@ configure: deps
 	@if [ ! -f build/CMakeCache.txt ]; then \
 	  cmake --preset default; \
 	else \
-	  on=$$(sed -n 's/^\(CONNEX_\(ETCD\|UCX\|PYTHON\)\):[A-Z]*=[Aa][Uu][Tt][Oo]$$/-D\1=ON/p' build/CMakeCache.txt); \
+	  on=""; \
+	  for part in $(OPTIONAL_PARTS); do \
+	    grep -qi "^$$part:[A-Z]*=auto$$" build/CMakeCache.txt && on="$$on -D$$part=ON"; \
+	  done; \
 	  if [ -n "$$on" ]; then cmake --preset default $$on; fi; \
 	fi
 
@@ -82,7 +88,7 @@ DEMO_TARGETS := connex-chaos connex-mkmodel connex-directory connex-stage connex
 # `make build` and one that does not leaves them out.
 demo-configure: deps-demo
 	@test -f build/CMakeCache.txt || \
-	  cmake --preset default -DCONNEX_ETCD=AUTO -DCONNEX_UCX=AUTO -DCONNEX_PYTHON=AUTO
+	  cmake --preset default $(addprefix -D,$(addsuffix =AUTO,$(OPTIONAL_PARTS)))
 
 demo-build: demo-configure
 	cmake --build build -j$(JOBS) --target $(DEMO_TARGETS)
