@@ -15,14 +15,23 @@
 #include "connex/directory/server.h"
 
 int main(int argc, char** argv) {
-  // Fixed malloc thresholds. By default glibc raises its trim threshold to twice the largest
-  // mapped block freed so far (up to 64 MB), and malloc_trim, which the server calls after a
-  // storm, never shrinks a thread arena's top: a directory that had once freed a block of a few
-  // MB kept the next storm's memory for good (14 MB instead of 8 in a loaded `make test`). With
-  // GLIBC_TUNABLES=glibc.malloc.trim_threshold=8000000 the directory kept 1.6-8.1 MB more than
-  // before LimitedDirectoryTest.AConnectionStormsMemoryIsGivenBack's storm (6 runs), 0.7-1.6 MB
-  // with these: blocks of 1 MB and more are mapped, and an arena's top is given back as it grows
-  // past 1 MB free.
+  // One malloc arena and fixed thresholds, so that the server's malloc_trim after a storm
+  // (connex/directory/server.cc) gives the storm's memory back.
+  // - One arena: ZeroMQ's I/O thread allocates every request it reads, in an arena of its own by
+  //   default, and malloc_trim gives back a thread arena's free chunks only where they lie in
+  //   its bins: it first merges them, and those next to the arena's top become the top, which it
+  //   trims in the main arena only. A thread that allocated 2,000 chunks of 16 KB and 64 bytes,
+  //   all freed by another: malloc_trim gave back nothing of 33 MB in a thread arena, all but
+  //   1.7 MB with one arena. The directory kept 2.5-5 MB of a storm's memory that way in about
+  //   one storm of 15 on a loaded machine
+  //   (LimitedDirectoryTest.AConnectionStormsMemoryIsGivenBack). The directory's two threads share
+  //   the one arena (each message is freed by the other thread than the one that allocated it,
+  //   under that arena's lock, in any case).
+  // - Fixed thresholds: by default glibc raises its trim threshold to twice the largest mapped
+  //   block freed so far (up to 64 MB): a directory that had once freed a block of a few MB kept
+  //   the next storm's memory (14 MB instead of 8 in a loaded `make test`). Blocks of 1 MB and
+  //   more are mapped, and a heap's top is given back as it grows past 1 MB free.
+  mallopt(M_ARENA_MAX, 1);
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 20);
   absl::StatusOr<connex::directory::DirectoryServerOptions> defaults =

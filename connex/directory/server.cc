@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
 #include <utility>
 
 #include "connex/base/config.h"
@@ -50,6 +51,13 @@ int64_t ResidentBytes() {
 // resident, plus what is not heap at all (code, stacks, ZeroMQ's own mappings; about constant).
 int64_t ResidentSlackBytes(const struct mallinfo2& heap) {
   return ResidentBytes() - static_cast<int64_t>(heap.uordblks + heap.hblkhd);
+}
+
+// "12.3 MiB".
+std::string MibText(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
 }
 
 }  // namespace
@@ -171,29 +179,44 @@ void DirectoryServer::Loop::Run() {
       PublishTick();
       next_tick = now + options_.tick_ms;
     }
-    // After a storm of requests (connections come and go, each with ZeroMQ's buffers), glibc
-    // keeps the freed memory resident: once a second, when more than kTrimFreeBytes of the heap
-    // are free and the resident memory the heap does not hold in use grew by kTrimGrowthBytes
-    // since the last trim, give it back (a storm of 500 connections kept 14 MB without it).
-    // Neither free bytes nor the process's growth alone tell: a trimmed heap counts its
-    // given-back chunks as free still (a storm that re-used them made them resident again
-    // without adding to the count), and a trim in the storm's peak, with the process at its
-    // largest, left the memory its connections freed as they closed resident for good (29 MB
-    // instead of 8 in a CI run, then 15.8 in a `make test`). Resident-minus-in-use grows exactly
-    // when freed memory stays resident. malloc_trim does not shrink a thread arena's top past
-    // glibc's trim threshold, which glibc raises by itself: the connex-directory binary fixes
-    // the thresholds at start (apps/connex-directory/main.cc).
-    if (options_.trim_heap && now - last_trim_check_ms_ >= kTrimCheckEveryMs) {
-      last_trim_check_ms_ = now;
-      const struct mallinfo2 heap = mallinfo2();
-      const int64_t slack = ResidentSlackBytes(heap);
-      // The kernel may take idle pages back by itself (swap, DAMON): the baseline follows down.
-      slack_after_trim_ = std::min(slack_after_trim_, slack);
-      if (heap.fordblks > kTrimFreeBytes && slack > slack_after_trim_ + kTrimGrowthBytes) {
-        malloc_trim(0);
-        slack_after_trim_ = ResidentSlackBytes(mallinfo2());
-      }
-    }
+    MaybeTrimHeap(now);
+  }
+}
+
+// After a storm of requests (connections come and go, each with ZeroMQ's buffers), glibc keeps
+// the freed memory resident: once a second, when more than kTrimFreeBytes of the heap are free
+// and the resident memory the heap does not hold in use grew by kTrimGrowthBytes since the last
+// trim, give it back (a storm of 500 connections kept 14 MB without it). Neither free bytes nor
+// the process's growth alone tell: a trimmed heap counts its given-back chunks as free still (a
+// storm that re-used them made them resident again without adding to the count), and a trim in
+// the storm's peak, with the process at its largest, left the memory its connections freed as
+// they closed resident for good (29 MB instead of 8 in a CI run). Resident-minus-in-use grows
+// exactly when freed memory stays resident. malloc_trim gives back a thread arena's free memory
+// only where it lies in the arena's bins, never its top: the connex-directory binary keeps one
+// arena and fixes glibc's thresholds at start (apps/connex-directory/main.cc).
+void DirectoryServer::Loop::MaybeTrimHeap(int64_t now) {
+  if (!options_.trim_heap || now - last_trim_check_ms_ < kTrimCheckEveryMs) return;
+  last_trim_check_ms_ = now;
+  const struct mallinfo2 heap = mallinfo2();
+  const int64_t slack = ResidentSlackBytes(heap);
+  // The kernel may take idle pages back by itself (swap, DAMON): the baseline follows down.
+  slack_after_trim_ = std::min(slack_after_trim_, slack);
+  if (heap.fordblks <= kTrimFreeBytes || slack <= slack_after_trim_ + kTrimGrowthBytes) return;
+  const int64_t resident = ResidentBytes();
+  malloc_trim(0);
+  const struct mallinfo2 after = mallinfo2();
+  slack_after_trim_ = ResidentSlackBytes(after);
+  const int64_t given_back = resident - ResidentBytes();
+  const std::string line =
+      StrCat("directory: freed heap given back to the system: resident ", MibText(resident), " -> ",
+             MibText(resident - given_back), ", heap in use ",
+             MibText(static_cast<int64_t>(after.uordblks + after.hblkhd)),
+             ", free (given back or not) ", MibText(static_cast<int64_t>(after.fordblks)));
+  // A trim that gives back much follows a storm, and is worth an operator's line.
+  if (given_back >= kTrimLogBytes) {
+    CONNEX_LOG_INFO("{}", line);
+  } else {
+    CONNEX_LOG_DEBUG("{}", line);
   }
 }
 

@@ -100,6 +100,9 @@ class DirectoryServer::Loop {
 
   // ---- PUB: server_publish.cc ----
 
+  // Gives the freed heap back to the system when due (server.cc).
+  void MaybeTrimHeap(int64_t now);
+
   void Publish();
   // The directory-wide TICK, then one per model with a known latest event (a watcher of that
   // model alone finds a dropped event by it).
@@ -131,6 +134,7 @@ class DirectoryServer::Loop {
   static constexpr int64_t kTrimCheckEveryMs = 1'000;
   static constexpr size_t kTrimFreeBytes = 1 << 20;
   static constexpr int64_t kTrimGrowthBytes = 1 << 20;
+  static constexpr int64_t kTrimLogBytes = 4 << 20;  // a trim giving back more logs at info
   int64_t last_trim_check_ms_ = 0;
   // The lowest "resident but not in use" seen since the last trim (ResidentSlackBytes in
   // server.cc): the memory a trim could not give back, plus what is not heap.
