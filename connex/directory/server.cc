@@ -53,13 +53,6 @@ int64_t ResidentSlackBytes(const struct mallinfo2& heap) {
   return ResidentBytes() - static_cast<int64_t>(heap.uordblks + heap.hblkhd);
 }
 
-// "12.3 MiB".
-std::string MibText(int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return text;
-}
-
 }  // namespace
 
 absl::StatusOr<DirectoryServerOptions> DirectoryServerOptions::FromEnv() {
@@ -208,10 +201,10 @@ void DirectoryServer::Loop::MaybeTrimHeap(int64_t now) {
   slack_after_trim_ = ResidentSlackBytes(after);
   const int64_t given_back = resident - ResidentBytes();
   const std::string line =
-      StrCat("directory: freed heap given back to the system: resident ", MibText(resident), " -> ",
-             MibText(resident - given_back), ", heap in use ",
-             MibText(static_cast<int64_t>(after.uordblks + after.hblkhd)),
-             ", free (given back or not) ", MibText(static_cast<int64_t>(after.fordblks)));
+      StrCat("directory: freed heap given back to the system: resident ", Mib(resident), " -> ",
+             Mib(resident - given_back), ", heap in use ",
+             Mib(static_cast<int64_t>(after.uordblks + after.hblkhd)),
+             ", free (given back or not) ", Mib(static_cast<int64_t>(after.fordblks)));
   // A trim that gives back much follows a storm, and is worth an operator's line.
   if (given_back >= kTrimLogBytes) {
     CONNEX_LOG_INFO("{}", line);

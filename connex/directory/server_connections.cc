@@ -38,11 +38,11 @@ void FreeReply(void* /*data*/, void* hint) {
   reply->connection->fetch_sub(n, std::memory_order_relaxed);
 }
 
+}  // namespace
+
 std::string Mib(int64_t bytes) {
   return bytes >= (1 << 20) ? StrCat(bytes >> 20, " MiB") : StrCat(bytes >> 10, " KiB");
 }
-
-}  // namespace
 
 void DirectoryServer::Loop::HandleMessage(std::vector<zmq::message_t>& parts) {
   if (parts.empty()) return;
