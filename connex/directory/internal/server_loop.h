@@ -31,12 +31,12 @@
 
 namespace connex::directory {
 
+// "12 MiB", or "300 KiB" below 1 MiB (server_connections.cc): the directory's log lines.
+std::string Mib(int64_t bytes);
+
 // Bytes of replies handed to ZeroMQ and not yet sent (or dropped): libzmq frees a message's
 // data once it has written it to the connection, or when the connection goes. Counted per
 // connection and in total; the counters outlive the loop (libzmq may free a message after it).
-// "12 MiB", or "300 KiB" below 1 MiB (server_connections.cc).
-std::string Mib(int64_t bytes);
-
 struct Unread {
   std::atomic<int64_t> total{0};
 };
