@@ -24,6 +24,7 @@ std::string_view Digits(char (&buffer)[32], T v) {
 
 StrCatPiece::StrCatPiece(double v) : view_(Digits(buffer_, v)) {}
 StrCatPiece::StrCatPiece(float v) : view_(Digits(buffer_, v)) {}
+StrCatPiece::StrCatPiece(long double v) : owned_(fmt::format("{}", v)), view_(owned_) {}
 std::string_view StrCatPiece::FormatSigned(int64_t v) { return Digits(buffer_, v); }
 std::string_view StrCatPiece::FormatUnsigned(uint64_t v) { return Digits(buffer_, v); }
 

@@ -44,6 +44,7 @@ class StrCatPiece {
   StrCatPiece(bool b) : view_(b ? "true" : "false") {}
   StrCatPiece(double v);
   StrCatPiece(float v);
+  StrCatPiece(long double v);  // its text may not fit buffer_: owned
   template <std::integral T>
   StrCatPiece(T v) {
     if constexpr (std::is_signed_v<T>) {

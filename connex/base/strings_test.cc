@@ -61,6 +61,10 @@ TEST(StrCatTest, FloatingPointBoolAndCharAsFmtWritesThem) {
   }
   for (float v : {0.1f, 1.5f, 3.4028235e38f, 1e-7f}) ExpectFmtText(v);  // float's shortest text
   EXPECT_EQ(StrCat(0.1f), "0.1");
+  for (long double v : {0.1L, -1.5L, std::numeric_limits<long double>::max(),
+                        std::numeric_limits<long double>::denorm_min()}) {
+    ExpectFmtText(v);
+  }
   ExpectFmtText(true);
   ExpectFmtText(false);
   ExpectFmtText('x');
