@@ -7,8 +7,8 @@ namespace connex::internal {
 
 namespace {
 
-// `v` written into `buffer` as {fmt}'s "{}" writes it (integers in decimal; a float or double in
-// its shortest form that reads back the same), viewed.
+// `v` written into `buffer` as {fmt}'s "{}" writes it (integers in decimal; a floating-point
+// number in its shortest form that reads back the same), viewed.
 template <typename T>
 std::string_view Digits(char (&buffer)[32], T v) {
   if constexpr (std::is_integral_v<T>) {
@@ -24,7 +24,7 @@ std::string_view Digits(char (&buffer)[32], T v) {
 
 StrCatPiece::StrCatPiece(double v) : view_(Digits(buffer_, v)) {}
 StrCatPiece::StrCatPiece(float v) : view_(Digits(buffer_, v)) {}
-StrCatPiece::StrCatPiece(long double v) : owned_(fmt::format("{}", v)), view_(owned_) {}
+StrCatPiece::StrCatPiece(long double v) : view_(Digits(buffer_, v)) {}
 std::string_view StrCatPiece::FormatSigned(int64_t v) { return Digits(buffer_, v); }
 std::string_view StrCatPiece::FormatUnsigned(uint64_t v) { return Digits(buffer_, v); }
 

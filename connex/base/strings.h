@@ -44,7 +44,7 @@ class StrCatPiece {
   StrCatPiece(bool b) : view_(b ? "true" : "false") {}
   StrCatPiece(double v);
   StrCatPiece(float v);
-  StrCatPiece(long double v);  // its text may not fit buffer_: owned
+  StrCatPiece(long double v);
   template <std::integral T>
   StrCatPiece(T v) {
     if constexpr (std::is_signed_v<T>) {
@@ -70,7 +70,7 @@ class StrCatPiece {
 
   std::string owned_;
   std::string_view view_;
-  char buffer_[32];  // a number's digits: "{}" of a double is at most 24 characters
+  char buffer_[32];  // a number's digits: "{}" of a long double is at most 29 characters
 };
 
 // The pieces, one after the other, in one allocation.
