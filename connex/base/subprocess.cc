@@ -45,20 +45,19 @@ std::optional<Subprocess> Subprocess::Start(const std::vector<std::string>& argv
   };
   if (argv.empty()) return fail("no program to start");
   // Everything the child needs is made before fork: after it, only async-signal-safe calls.
+  // This environment, then `env`: an entry replaces any earlier one of its name.
   std::vector<std::string> environment;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string entry(*e);
-    bool overridden = false;
-    for (const std::string& o : options.env) {
-      size_t eq = o.find('=');
-      if (eq != std::string::npos && entry.compare(0, eq + 1, o, 0, eq + 1) == 0) {
-        overridden = true;
-        break;
-      }
+  auto add = [&environment](std::string entry) {
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) {
+      std::erase_if(environment, [&](const std::string& e) {
+        return e.compare(0, eq + 1, entry, 0, eq + 1) == 0;
+      });
     }
-    if (!overridden) environment.push_back(std::move(entry));
-  }
-  for (const std::string& e : options.env) environment.push_back(e);
+    environment.push_back(std::move(entry));
+  };
+  for (char** e = environ; *e != nullptr; ++e) environment.emplace_back(*e);
+  for (const std::string& e : options.env) add(e);
   std::vector<char*> cargv, cenv;
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);

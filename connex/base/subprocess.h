@@ -19,9 +19,10 @@ namespace connex {
 std::string BinDir();
 
 struct SubprocessOptions {
-  std::vector<std::string> env;  // NAME=VALUE, added to (and overriding) this environment
-  bool capture_stderr = false;   // stderr to the stdout pipe
-  std::string stderr_path;       // else, when set: stderr appended to this file
+  // NAME=VALUE, added to (and overriding) this environment; of two entries of a name, the later.
+  std::vector<std::string> env;
+  bool capture_stderr = false;  // stderr to the stdout pipe
+  std::string stderr_path;      // else, when set: stderr appended to this file
   // Run in this network namespace (a name under /run/netns, as `ip netns add` makes); empty:
   // this process's.
   std::string netns;
