@@ -73,6 +73,7 @@ void ServingE2eTest::SetUp() {
   o.stage_env = {"CONNEX_HTTP_READ_TIMEOUT_MS=2000"};
   o.proxy_env = {"CONNEX_HTTP_READ_TIMEOUT_MS=2000"};
   o.start_timeout_ms = 20'000;
+  Configure(o);
   absl::StatusOr<std::unique_ptr<chaos::Cluster>> cluster = chaos::Cluster::Start(std::move(o));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   cluster_ = std::move(*cluster);

@@ -53,6 +53,8 @@ class ServingE2eTest : public ::testing::Test {
   static void TearDownTestSuite();
   void SetUp() override;
   void TearDown() override;
+  // A test's changes to the deployment (the fixture's options, above, come first).
+  virtual void Configure(chaos::ClusterOptions& /*options*/) {}
 
   static std::string ModelPath();
   chaos::Cluster& cluster() { return *cluster_; }

@@ -375,5 +375,50 @@ TEST_F(ServingE2eTest, ADrainedStageHandsOverItsWorkAndExitsZero) {
   }
 }
 
+// A stage 0 at work is not a dead one. Behind a proxy whose idle timeout (400 ms) is shorter
+// than the pipeline's own failover (a step timeout of 1 s, then a probe), a middle stage is
+// stopped (SIGSTOP) under streams: stage 0 keeps its streams alive while its owner moves the
+// steps to the other replica's stage, so the proxy resumes nothing and every response is exact.
+// Without the keep-alive (CONNEX_STAGE_STREAM_KEEPALIVE_MS=0) the proxy takes each silent stage
+// 0 for dead and resumes its streams elsewhere, recomputing them.
+class ShortIdleProxyTest : public ServingE2eTest {
+ protected:
+  void Configure(chaos::ClusterOptions& o) override { o.proxy_idle_timeout_ms = 400; }
+};
+
+TEST_F(ShortIdleProxyTest, AFailoverBehindStageZeroIsNotTakenForADeadReplica) {
+  constexpr int kTokens = 120;
+  Streams streams;
+  std::vector<std::shared_ptr<chaos::Outcome>> outcomes;
+  for (int i = 0; i < 4; ++i) {
+    std::optional<chaos::RequestSpec> spec = RunningFullLength(
+        [&](int k) {
+          return chaos::RequestSpec{
+              .prompt = "keep alive " + std::to_string(i) + " " + std::to_string(k),
+              .max_tokens = kTokens};
+        },
+        40);
+    ASSERT_TRUE(spec.has_value());
+    outcomes.push_back(streams.Start(*spec, proxy(), "proxy"));
+  }
+  ASSERT_TRUE(streams.WaitForTokens(2));
+  // Stage 1 of a replica whose stage 0 has streams (a stage 0 routes through its own replica).
+  int victim = -1;
+  for (int r = 0; r < 2 && victim < 0; ++r) {
+    if (MetricSum(http_port(r), "connex_stage_requests_in_flight") > 0) victim = r;
+  }
+  ASSERT_GE(victim, 0) << "no stage 0 has a stream in flight";
+  const double failovers_before = StageZeroSum("connex_failovers_total");
+  ASSERT_TRUE(cluster().Stop(1, victim).ok());
+  streams.Wait();
+  ExpectCorrect(outcomes);
+  for (const auto& o : outcomes) EXPECT_EQ(o->result.finish_reason, "length") << o->spec.prompt;
+  EXPECT_GT(StageZeroSum("connex_failovers_total"), failovers_before)
+      << "no step went through the stopped stage";
+  EXPECT_EQ(ProxyMetric("connex_proxy_resumes_total"), 0.0);
+  EXPECT_EQ(ProxyMetric("connex_request_failure_total"), 0.0);
+  ASSERT_TRUE(cluster().Resume(1, victim).ok());
+}
+
 }  // namespace
 }  // namespace connex::testing

@@ -81,6 +81,14 @@ int main(int argc, char** argv) {
       ->envname("CONNEX_STAGE_QUEUE_MAX")
       ->check(connex::cli::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
+  int64_t stream_keepalive_ms = 250;
+  app.add_option("--stream-keepalive-ms", stream_keepalive_ms,
+                 "stage 0: a stream silent this long gets an SSE comment while the stage works "
+                 "on it, so that connex-proxy's idle timeout (keep it several times this) takes "
+                 "only a hung stage 0 as dead; 0: none")
+      ->envname("CONNEX_STAGE_STREAM_KEEPALIVE_MS")
+      ->check(connex::cli::Range(int64_t{0}, int64_t{3'600'000}))
+      ->capture_default_str();
   std::string chat_template;
   app.add_option("--chat-template", chat_template,
                  "stage 0: the chat template of /v1/chat/completions (a Jinja file, or a .json "
@@ -117,6 +125,7 @@ int main(int argc, char** argv) {
   api.default_max_tokens = default_max_tokens;
   api.kv_budget_bytes = static_cast<int64_t>(*connex::ParseSize(kv_budget));
   api.queue_max = queue_max;
+  api.stream_keepalive_ms = stream_keepalive_ms;
   api.chat_template_path = chat_template;
   api.generation_config = generation_config == "auto";
   if (!http.empty()) {

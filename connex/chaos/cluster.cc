@@ -304,6 +304,12 @@ absl::Status Cluster::LaunchStage(uint32_t stage, uint32_t replica,
             StrCat("CONNEX_PP_PROBE_TIMEOUT_MS=", o.probe_timeout_ms)};
   if (o.inflight > 0) so.env.push_back(StrCat("CONNEX_PP_INFLIGHT=", o.inflight));
   so.env.push_back(StrCat("CONNEX_PP_KV_STANDBY=", o.kv_standby ? "on" : "off"));
+  // Stage 0's streams keep alive well within the proxy's idle timeout, so that only a hung or
+  // cut-off stage 0 is silent that long.
+  if (stage == 0 && o.proxy_idle_timeout_ms > 0) {
+    so.env.push_back(StrCat("CONNEX_STAGE_STREAM_KEEPALIVE_MS=",
+                            std::max<int64_t>(1, o.proxy_idle_timeout_ms / 4)));
+  }
   if (o.netns) so.env.push_back("CONNEX_INSECURE=1");  // the tool's own test network
   so.env.insert(so.env.end(), o.stage_env.begin(), o.stage_env.end());
   so.env.insert(so.env.end(), extra_env.begin(), extra_env.end());

@@ -44,7 +44,9 @@ struct ClusterOptions {
   int64_t step_timeout_ms = 1000;
   int64_t probe_timeout_ms = 300;
   // A replica whose response stays silent this long is taken as dead by the proxy (a hung or
-  // cut-off stage 0), which resumes the request elsewhere; 0: the proxy's default.
+  // cut-off stage 0), which resumes the request elsewhere; 0: the proxy's default. Stage 0s then
+  // keep their streams alive every quarter of it (CONNEX_STAGE_STREAM_KEEPALIVE_MS) while they
+  // work, through a failover behind them; 0 leaves them their default.
   int64_t proxy_idle_timeout_ms = 1500;
   bool kv_standby = false;             // CONNEX_PP_KV_STANDBY of every stage
   std::vector<std::string> stage_env;  // more NAME=VALUE for every stage

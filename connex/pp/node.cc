@@ -275,6 +275,7 @@ const Lid& StageNode::lid() const { return impl_->lid(); }
 uint64_t StageNode::epoch() const { return impl_->epoch(); }
 absl::Status StageNode::health() const { return impl_->PublicHealth(); }
 void StageNode::OnDrained(std::function<void()> callback) { impl_->OnDrained(std::move(callback)); }
+bool StageNode::Turning(int64_t within_ms) const { return impl_->Turning(within_ms); }
 StageNodeStats StageNode::stats() const { return impl_->Stats(); }
 
 }  // namespace connex::pp

@@ -268,6 +268,10 @@ class StageNode {
   // Unavailable (a client through connex-proxy continues on another replica). connex-stage then
   // exits 0. It must not block.
   void OnDrained(std::function<void()> callback);
+  // Whether the node's loop turned within the last `within_ms` (by the node's clock). The loop
+  // turns at least every 20 ms while it runs, through failovers and waits; a stopped process or
+  // node, or a loop stuck in a call, does not. Any thread; it does not block.
+  bool Turning(int64_t within_ms) const;
   // A snapshot published once per turn of the node's loop, and before a request's outcome is
   // delivered (its callback then sees what led to it): it may lag a signal the node has just
   // sent by that turn (wait for such a counter with a deadline, never read it once).

@@ -27,11 +27,13 @@ void StageNode::Impl::Lead() {
       batch_ = queue_.Take(absl::Milliseconds(wait));
     }
     guard_->NoteAlive();
+    last_turn_ms_.store(NowMs(), std::memory_order_relaxed);
     drain_->BeforeTurn();
     while (!batch_.empty()) {
       Item item = std::move(batch_.front());
       batch_.pop_front();
       guard_->NoteAlive();
+      last_turn_ms_.store(NowMs(), std::memory_order_relaxed);
       if (stop_.load()) {
         if (auto* cmd = std::get_if<Command>(&item)) {
           if (cmd->cancel) cmd->cancel();

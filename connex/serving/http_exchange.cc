@@ -106,6 +106,18 @@ bool HttpExchange::Send(std::string data) {
   return false;
 }
 
+bool HttpExchange::KeepStreamAlive(int64_t every_ms, std::string data,
+                                   std::function<bool()> alive) {
+  {
+    MutexLock lock(&mu_);
+    if (state_ != State::kStreaming || cancelled_ || every_ms <= 0 || data.empty()) return false;
+  }
+  return Post([every_ms, data = std::move(data),
+               alive = std::move(alive)](internal::Connection& c) mutable {
+    c.KeepStreamAlive(every_ms, std::move(data), std::move(alive));
+  });
+}
+
 void HttpExchange::EndStream() {
   {
     MutexLock lock(&mu_);

@@ -114,6 +114,13 @@ class HttpExchange {
   bool Send(std::string data);
   // Ends the stream; the connection then serves the client's next request.
   void EndStream();
+  // While the stream is open, sends `data` as a chunk whenever nothing went for `every_ms` and
+  // `alive()` (run on the server's I/O thread: it must not block) says the stream's producer is
+  // still at work: a reader with an idle timeout (connex-proxy's) then tells a server that is
+  // slow — waiting, or recovering from a failure behind it — from one that is hung or stopped.
+  // For a server-sent event stream `data` is a comment (": keep-alive\n\n"), which readers skip.
+  // False unless the exchange is streaming; every_ms must be positive.
+  bool KeepStreamAlive(int64_t every_ms, std::string data, std::function<bool()> alive);
 
   // Runs `on_cancel` once when the client goes away before the response is complete (it closed
   // the connection, reads too slowly, or the server stopped), on the server's I/O thread; or at

@@ -5,6 +5,7 @@
 // http_server_limits_test.cc.
 #include "connex/serving/http_server.h"
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -219,6 +220,42 @@ TEST(HttpServerTest, AnHttp10ClientGetsAStreamWithoutChunkedEncoding) {
   EXPECT_EQ(r->version(), 10u);
   EXPECT_EQ(r->body(), "GET /x ");
   EXPECT_TRUE(e.ClosedByPeer());
+}
+
+// A stream whose producer has nothing to send gets the keep-alive chunk after each quiet period
+// while the producer says it is alive, and none once it says it is not; the stream's own chunks
+// go as they come, and it ends as any stream.
+TEST(HttpServerTest, AStreamIsKeptAliveOnlyWhileItsProducerIsAlive) {
+  Parked parked;
+  std::unique_ptr<HttpServer> server = Start({}, parked.Handler());
+  TestConnection c(server->port());
+  ASSERT_TRUE(c.Send("POST", "/v1/completions", "{}"));
+  std::shared_ptr<HttpExchange> exchange = parked.Await();
+  ASSERT_NE(exchange, nullptr);
+  EXPECT_FALSE(exchange->KeepStreamAlive(20, ": k\n\n", [] { return true; }));  // not a stream
+  ASSERT_TRUE(exchange->StartStream());
+  EXPECT_FALSE(exchange->KeepStreamAlive(0, ": k\n\n", [] { return true; }));
+  // Alive when asked the first two times, then not.
+  std::atomic<int> asked{0};
+  ASSERT_TRUE(exchange->KeepStreamAlive(20, ": keep-alive\n\n", [&] { return ++asked <= 2; }));
+  ASSERT_TRUE(c.ReadHead());
+  ASSERT_TRUE(c.ReadUntil(": keep-alive\n\n: keep-alive\n\n"));
+  ASSERT_TRUE(WaitUntil([&] { return asked.load() >= 5; }, kDeadlineMs));
+  ASSERT_TRUE(exchange->Send("data: one\n\n"));
+  exchange->EndStream();
+  ASSERT_TRUE(c.ReadToEnd());
+  EXPECT_EQ(c.parser().get().body(), ": keep-alive\n\n: keep-alive\n\ndata: one\n\n");
+  // The stream is over: the connection serves its next request with nothing of the keep-alive
+  // in it, and the producer is not asked any more.
+  const int asked_at_end = asked.load();
+  ASSERT_TRUE(c.Send("POST", "/v1/completions", "{}"));
+  std::shared_ptr<HttpExchange> second = parked.Await();
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE(second->Respond(HttpResponse{200, "text/plain", "whole", {}}));
+  std::optional<Response> r = c.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->body(), "whole");
+  EXPECT_EQ(asked.load(), asked_at_end);
 }
 
 // Nothing decodes a compressed body: parsed as JSON it would be garbage, so it is refused.

@@ -436,6 +436,10 @@ void OpenAiServer::Complete(StageProcess& stage, Endpoint endpoint,
       }
       return;
     }
+    if (const int64_t every = options_.stream_keepalive_ms; every > 0) {
+      exchange->KeepStreamAlive(every, std::string(kSseKeepAlive),
+                                [&stage, every] { return stage.node().Turning(every); });
+    }
   }
   if (admitted) return StartGeneration(stage, g);
   std::weak_ptr<Generation> weak = g;

@@ -38,6 +38,12 @@ struct OpenAiServerOptions {
   // Past both a request is answered 429 with Retry-After (connex-proxy tries another replica).
   int64_t kv_budget_bytes = int64_t{1} << 30;  // CONNEX_STAGE_KV_BUDGET_BYTES
   int64_t queue_max = 64;                      // CONNEX_STAGE_QUEUE_MAX
+  // A stream that sent nothing this long gets an SSE comment (": keep-alive") while the node's
+  // loop turns — while the request waits in the queue, or for a stage behind stage 0 (a long
+  // prefill there, a failover) — so that connex-proxy's idle timeout (keep it several times
+  // this) takes only a hung or stopped stage 0 as dead. 0: none.
+  // CONNEX_STAGE_STREAM_KEEPALIVE_MS.
+  int64_t stream_keepalive_ms = 250;
   // --chat-template (CONNEX_CHAT_TEMPLATE): a template file that overrides the model's own
   // (tokenizer_config.json's chat_template); empty: the model's.
   std::string chat_template_path;

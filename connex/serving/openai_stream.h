@@ -29,6 +29,9 @@ namespace connex::serving {
 std::string SseEvent(std::string_view json);
 // The stream's terminator, `data: [DONE]\n\n`.
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+// A comment, which readers skip: what a stream sends while it waits
+// (HttpExchange::KeepStreamAlive).
+inline constexpr std::string_view kSseKeepAlive = ": keep-alive\n\n";
 
 // The chunks of one streamed response, each already framed as an SSE event.
 class ChunkBuilder {

@@ -118,6 +118,9 @@ class StageNode::Impl final : private OwnerHost {
   // What health() reports: the registration's state, and Unavailable while draining.
   absl::Status PublicHealth() const { return drain_->health(); }
   void OnDrained(std::function<void()> callback) { drain_->OnDrained(std::move(callback)); }
+  bool Turning(int64_t within_ms) const {
+    return !stop_.load() && NowMs() - last_turn_ms_.load(std::memory_order_relaxed) <= within_ms;
+  }
 
  private:
   static constexpr size_t kGonePeers = 4096;
@@ -387,8 +390,9 @@ class StageNode::Impl final : private OwnerHost {
   std::thread loop_;
   std::thread follower_;  // stages > 0: takes the loop over while a step's read hangs
   std::atomic<bool> stop_{false};
-  internal::WorkQueue<Item> queue_;  // frames, peer changes and commands for the loop
-  std::deque<Item> batch_;           // taken from the queue, not handled yet (the loop's)
+  std::atomic<int64_t> last_turn_ms_{0};  // NowMs() at the loop's last turn (Turning)
+  internal::WorkQueue<Item> queue_;       // frames, peer changes and commands for the loop
+  std::deque<Item> batch_;                // taken from the queue, not handled yet (the loop's)
   // A read that lasts this long moves the loop to the follower: well above a slot's read here
   // (8 MiB in under 10 ms), well below a probe timeout, so the stage keeps answering.
   internal::LoopBaton baton_{std::min<int64_t>(50, std::max<int64_t>(o_.probe_timeout_ms / 4, 1))};

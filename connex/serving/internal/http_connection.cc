@@ -50,7 +50,8 @@ Connection::Connection(ConnectionContext server, tcp::socket socket)
     : server_(std::move(server)),
       socket_(std::move(socket)),
       read_timer_(socket_.get_executor()),
-      write_timer_(socket_.get_executor()) {}
+      write_timer_(socket_.get_executor()),
+      keep_alive_timer_(socket_.get_executor()) {}
 
 Connection::~Connection() {
   // Every end of a connection ends its request (the handler may hold the exchange for long).

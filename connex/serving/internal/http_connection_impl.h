@@ -8,8 +8,10 @@
 #define CONNEX_SERVING_INTERNAL_HTTP_CONNECTION_IMPL_H_
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,6 +62,9 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
 
   void WriteChunk(std::string data);  // data is not empty (HttpExchange::Send)
   void WriteLastChunk();
+  // HttpExchange::KeepStreamAlive: `data` after every `every_ms` of nothing queued on the open
+  // stream, while `alive()`.
+  void KeepStreamAlive(int64_t every_ms, std::string data, std::function<bool()> alive);
 
   void ClientGone();
 
@@ -106,6 +111,11 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   // ---- writing and closing: http_connection_write.cc ----
 
   void WriteError(int status, std::string message, std::string_view code);
+  // The stream's keep-alive: armed for `every_ms` after `from`; due, it queues its chunk if
+  // nothing was queued meanwhile, nothing waits to be written and the producer is alive.
+  void ArmKeepAlive(std::chrono::steady_clock::time_point from);
+  void OnKeepAliveDue();
+  void StopKeepAlive();
   void Queue(Write write);
   void WriteNext();
   void OnWritten(ErrorCode ec);
@@ -137,6 +147,15 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   AfterMonitor after_monitor_ = AfterMonitor::kNothing;
   std::deque<Write> writes_;
   bool writing_ = false;
+  std::chrono::steady_clock::time_point last_queued_;  // of the last bytes queued
+  struct StreamKeepAlive {
+    std::chrono::milliseconds every;
+    std::string bytes;  // the chunk as it goes on the wire
+    std::function<bool()> alive;
+  };
+  std::optional<StreamKeepAlive> stream_keep_alive_;
+  net::steady_timer keep_alive_timer_;
+  uint64_t keep_alive_generation_ = 0;  // of the armed keep-alive timer
   std::array<char, 4096> discard_;
   static constexpr size_t kReadBytes = 65536;  // one read's room at most (Beast's reads' size)
 };

@@ -105,8 +105,44 @@ void Connection::WriteChunk(std::string data) {
 }
 
 void Connection::WriteLastChunk() {
+  StopKeepAlive();
   // Nothing to write to HTTP/1.0: the close ends its stream.
   Queue(Write{Write::kLast, chunked_ ? "0\r\n\r\n" : "", 0, true});
+}
+
+void Connection::KeepStreamAlive(int64_t every_ms, std::string data, std::function<bool()> alive) {
+  if (phase_ == Phase::kClosed || response_complete_ || exchange_ == nullptr) return;
+  if (chunked_) data = fmt::format("{:x}\r\n{}\r\n", data.size(), data);
+  stream_keep_alive_ =
+      StreamKeepAlive{std::chrono::milliseconds(every_ms), std::move(data), std::move(alive)};
+  ArmKeepAlive(last_queued_);
+}
+
+void Connection::ArmKeepAlive(std::chrono::steady_clock::time_point from) {
+  const uint64_t generation = ++keep_alive_generation_;
+  keep_alive_timer_.expires_at(from + stream_keep_alive_->every);
+  keep_alive_timer_.async_wait([self = shared_from_this(), generation](ErrorCode ec) {
+    if (ec || generation != self->keep_alive_generation_) return;
+    self->OnKeepAliveDue();
+  });
+}
+
+void Connection::OnKeepAliveDue() {
+  if (!stream_keep_alive_ || phase_ == Phase::kClosed || response_complete_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < last_queued_ + stream_keep_alive_->every) return ArmKeepAlive(last_queued_);
+  // A client that has not read what was queued needs no more; a producer that is not alive
+  // gets none (the reader's idle timeout is then right to give up on it).
+  if (!writes_.empty() || !stream_keep_alive_->alive()) return ArmKeepAlive(now);
+  Queue(Write{Write::kChunk, stream_keep_alive_->bytes, 0, false});
+  ArmKeepAlive(last_queued_);
+}
+
+void Connection::StopKeepAlive() {
+  if (!stream_keep_alive_) return;
+  stream_keep_alive_.reset();
+  ++keep_alive_generation_;
+  keep_alive_timer_.cancel();
 }
 
 void Connection::WriteError(int status, std::string message, std::string_view code) {
@@ -119,6 +155,7 @@ void Connection::WriteError(int status, std::string message, std::string_view co
 
 void Connection::Queue(Write write) {
   if (phase_ == Phase::kClosed) return;
+  last_queued_ = std::chrono::steady_clock::now();
   writes_.push_back(std::move(write));
   WriteNext();
 }
@@ -152,6 +189,7 @@ void Connection::OnWritten(ErrorCode ec) {
   if (write.kind == Write::kChunk && exchange_ != nullptr) exchange_->Written(write.payload);
   if (!write.ends_response) return WriteNext();
   response_complete_ = true;
+  StopKeepAlive();
   exchange_.reset();
   writes_.clear();
   if (!keep_alive_ || server_.stopping()) return GracefulClose();
@@ -196,6 +234,7 @@ void Connection::Close() {
   DisarmReadDeadline();
   ++write_deadline_;
   write_timer_.cancel();
+  StopKeepAlive();
 }
 
 }  // namespace connex::serving::internal
