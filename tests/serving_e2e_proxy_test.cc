@@ -375,7 +375,7 @@ TEST_F(ServingE2eTest, ADrainedStageHandsOverItsWorkAndExitsZero) {
   }
 }
 
-// A stage 0 at work is not a dead one. Behind a proxy whose idle timeout (400 ms) is shorter
+// A stage 0 at work is not a dead one. Behind a proxy whose idle timeout (600 ms) is shorter
 // than the pipeline's own failover (a step timeout of 1 s, then a probe), a middle stage is
 // stopped (SIGSTOP) under streams: stage 0 keeps its streams alive while its owner moves the
 // steps to the other replica's stage, so the proxy resumes nothing and every response is exact.
@@ -383,7 +383,7 @@ TEST_F(ServingE2eTest, ADrainedStageHandsOverItsWorkAndExitsZero) {
 // 0 for dead and resumes its streams elsewhere, recomputing them.
 class ShortIdleProxyTest : public ServingE2eTest {
  protected:
-  void Configure(chaos::ClusterOptions& o) override { o.proxy_idle_timeout_ms = 400; }
+  void Configure(chaos::ClusterOptions& o) override { o.proxy_idle_timeout_ms = 600; }
 };
 
 TEST_F(ShortIdleProxyTest, AFailoverBehindStageZeroIsNotTakenForADeadReplica) {
