@@ -59,6 +59,12 @@ int main(int argc, char** argv) {
       ->envname("CONNEX_PROXY_IDLE_TIMEOUT_MS")
       ->check(connex::cli::Range(int64_t{1}, int64_t{3'600'000}))
       ->capture_default_str();
+  app.add_option("--stream-keepalive-ms", options.stream_keepalive_ms,
+                 "a client's stream silent this long (the proxy waits for a replica, or "
+                 "resumes) gets an SSE comment; 0: none")
+      ->envname("CONNEX_PROXY_STREAM_KEEPALIVE_MS")
+      ->check(connex::cli::Range(int64_t{0}, int64_t{3'600'000}))
+      ->capture_default_str();
   app.add_option("--default-max-tokens", options.default_max_tokens,
                  "max_tokens of a request that gives none (as the stages' flag)")
       ->envname("CONNEX_DEFAULT_MAX_TOKENS")

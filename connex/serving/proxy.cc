@@ -62,8 +62,9 @@ absl::Status ProxyOptions::Validate() const {
     return absl::InvalidArgumentError(
         StrCat("default max_tokens ", default_max_tokens, " must be at least 1"));
   }
-  if (connect_timeout_ms < 1 || idle_timeout_ms < 1) {
-    return absl::InvalidArgumentError("the connect and idle timeouts must be at least 1 ms");
+  if (connect_timeout_ms < 1 || idle_timeout_ms < 1 || stream_keepalive_ms < 0) {
+    return absl::InvalidArgumentError(
+        "the connect and idle timeouts must be at least 1 ms, the stream keep-alive at least 0");
   }
   return absl::OkStatus();
 }
@@ -375,6 +376,8 @@ class ResumeProxy::Impl {
                                       {{std::string(kReplicaHeader), a->replica().name}})) {
           return Cancel(p);
         }
+        p->exchange->KeepStreamAlive(options_.stream_keepalive_ms, std::string(kSseKeepAlive),
+                                     [] { return true; });  // the retry budget bounds its waits
       }
       if (!p->exchange->Send(
               p->chunks->Delta(event.text, event.token_ids, p->prompt, event.finish))) {

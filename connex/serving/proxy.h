@@ -43,6 +43,10 @@ struct ProxyOptions {
   int64_t connect_timeout_ms = 2'000;  // CONNEX_PROXY_CONNECT_TIMEOUT_MS
   // An upstream that sends nothing for this long (no head, no chunk) is taken as dead.
   int64_t idle_timeout_ms = 30'000;  // CONNEX_PROXY_IDLE_TIMEOUT_MS
+  // A client's stream that got nothing this long — the proxy waits for a replica, or resumes —
+  // gets an SSE comment (": keep-alive"), so that the client can tell a request still served
+  // from a proxy gone. 0: none. CONNEX_PROXY_STREAM_KEEPALIVE_MS.
+  int64_t stream_keepalive_ms = 1'000;
 
   absl::Status Validate() const;  // InvalidArgument naming the bad option
 };

@@ -41,6 +41,27 @@ TEST_F(ResumeProxyTest, TheOnlyReplicaRestartingIsWaitedForWithinTheBudget) {
   EXPECT_EQ(a.requests().size(), 3u);
 }
 
+// While the proxy waits for a replica to come back, its client's stream hears the keep-alive
+// comment (a client with an idle timeout of its own keeps the request); the answer is unchanged.
+TEST_F(ResumeProxyTest, AClientsStreamIsKeptAliveWhileTheProxyWaitsForAReplica) {
+  FakeReplica a;
+  a.Then({FakeReplica::Act::kDieAfter, 3});
+  a.Then({FakeReplica::Act::kStatus, 0, 503});  // "starting": the proxy then backs off
+  StartProxy(/*retry_budget_ms=*/10'000, 20, 10'000, /*stream_keepalive_ms=*/20);
+  proxy_->SetReplicas({a.replica("a@1")});
+  TestConnection c(port(), 20'000);
+  ASSERT_TRUE(c.Send("POST", "/v1/completions", kStreamRequest.dump()));
+  ASSERT_TRUE(c.ReadHead());
+  ASSERT_TRUE(Eventually([&] { return proxy_->stats().retries >= 2; }));
+  proxy_->SetReplicas({});  // its replica is gone: the proxy waits within its budget
+  ASSERT_TRUE(c.ReadUntil(": keep-alive\n\n"));
+  proxy_->SetReplicas({a.replica("a@2")});
+  ASSERT_TRUE(c.ReadToEnd());
+  Streamed s = Collect(Events(c.parser().get().body()));
+  EXPECT_EQ(s.tokens, Expected(6, 12, 5));
+  EXPECT_EQ(s.done, 1);
+}
+
 TEST_F(ResumeProxyTest, AnOutageLongerThanTheBudgetEndsWithAnErrorNamingTheModel) {
   StartProxy(/*retry_budget_ms=*/300);
   Json request = kStreamRequest;

@@ -293,12 +293,13 @@ inline std::string Text(const std::vector<int32_t>& tokens) {
 class ResumeProxyTest : public ::testing::Test {
  protected:
   void StartProxy(int64_t retry_budget_ms = 5'000, int max_attempts = 20,
-                  int64_t idle_timeout_ms = 10'000) {
+                  int64_t idle_timeout_ms = 10'000, int64_t stream_keepalive_ms = 1'000) {
     ProxyOptions options;
     options.model = "tiny";
     options.retry_budget_ms = retry_budget_ms;
     options.max_attempts = max_attempts;
     options.idle_timeout_ms = idle_timeout_ms;
+    options.stream_keepalive_ms = stream_keepalive_ms;
     auto proxy = ResumeProxy::Start(options);
     ASSERT_TRUE(proxy.ok()) << proxy.status();
     proxy_ = *std::move(proxy);
