@@ -111,6 +111,8 @@ class Connection final : public ConnectionHandle, public std::enable_shared_from
   // ---- writing and closing: http_connection_write.cc ----
 
   void WriteError(int status, std::string message, std::string_view code);
+  // A stream's chunk as it goes on the wire (chunked, or as it is to HTTP/1.0).
+  std::string Framed(std::string data) const;
   // The stream's keep-alive: armed for `every_ms` after `from`; due, it queues its chunk if
   // nothing was queued meanwhile, nothing waits to be written and the producer is alive.
   void ArmKeepAlive(std::chrono::steady_clock::time_point from);

@@ -98,10 +98,13 @@ void Connection::WriteStreamHead(int status, std::string content_type,
   Queue(Write{Write::kHead, head.Bytes(), 0, false});
 }
 
+std::string Connection::Framed(std::string data) const {
+  return chunked_ ? fmt::format("{:x}\r\n{}\r\n", data.size(), data) : data;
+}
+
 void Connection::WriteChunk(std::string data) {
   const size_t payload = data.size();
-  if (chunked_) data = fmt::format("{:x}\r\n{}\r\n", payload, data);
-  Queue(Write{Write::kChunk, std::move(data), payload, false});
+  Queue(Write{Write::kChunk, Framed(std::move(data)), payload, false});
 }
 
 void Connection::WriteLastChunk() {
@@ -112,9 +115,8 @@ void Connection::WriteLastChunk() {
 
 void Connection::KeepStreamAlive(int64_t every_ms, std::string data, std::function<bool()> alive) {
   if (phase_ == Phase::kClosed || response_complete_ || exchange_ == nullptr) return;
-  if (chunked_) data = fmt::format("{:x}\r\n{}\r\n", data.size(), data);
-  stream_keep_alive_ =
-      StreamKeepAlive{std::chrono::milliseconds(every_ms), std::move(data), std::move(alive)};
+  stream_keep_alive_ = StreamKeepAlive{std::chrono::milliseconds(every_ms), Framed(std::move(data)),
+                                       std::move(alive)};
   ArmKeepAlive(last_queued_);
 }
 
